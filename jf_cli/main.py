@@ -1,0 +1,166 @@
+"""`jf`: the command line over jf_core (and, for orchestration commands, over tasks/ and flows/).
+
+jf bootstrap                                   train and cache the embedded default model
+jf decode --prompt TEXT [--model PATH_OR_ID] [--block-size N]
+jf bench decode [--json PATH] [--num-prompts N] [--batch-size B]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+class UsageError(ValueError):
+    """A bad command-line value: printed as `jf: error: ...` with exit status 2, no traceback."""
+
+
+def _model_and_tokenizer(model: str | None):
+    from jf_core.models import load_model
+    from jf_core.toy.bootstrap import ensure_embedded_model
+
+    return load_model(str(ensure_embedded_model()) if model is None else model)
+
+
+def cmd_bootstrap(args: argparse.Namespace) -> int:
+    from jf_core.toy.bootstrap import BootstrapConfig, bootstrap, embedded_model_dir
+
+    cfg = BootstrapConfig()
+    out = embedded_model_dir(cfg)
+    if (out / "bootstrap.json").is_file() and not args.force:
+        report = json.loads((out / "bootstrap.json").read_text())
+        print(f"embedded model cached at {out}")
+    else:
+        report = bootstrap(cfg, out)
+        print(f"embedded model trained and saved to {out}")
+    print(
+        f"accuracy {report['accuracy']:.4f} on {report['test_size']} test items (greedy, exact match); "
+        f"{report['parameters'] / 1e6:.2f}M parameters; bootstrap {report['total_seconds']:.0f} s"
+    )
+    return 0
+
+
+def cmd_decode(args: argparse.Namespace) -> int:
+    from jf_core.decoding.jacobi import JacobiConfig, jacobi_decode
+
+    if not args.prompt.strip():
+        raise UsageError("--prompt is empty")
+    cfg = JacobiConfig(block_size=args.block_size, max_new_tokens=args.max_new_tokens, draft_init=args.draft_init)
+    model, tokenizer = _model_and_tokenizer(args.model)
+    ids = tokenizer(args.prompt, add_special_tokens=False)["input_ids"]
+    if not ids:
+        raise UsageError("--prompt encodes to no tokens")
+    out = jacobi_decode(model, [ids], cfg, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    print(tokenizer.decode(out.sequences[0], skip_special_tokens=True))
+    s = out.stats
+    print(
+        f"[n={cfg.block_size}] {s.new_tokens} tokens in {s.forwards} forwards: TPF {s.tpf:.2f}, TPS {s.tps:.1f}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def cmd_bench_decode(args: argparse.Namespace) -> int:
+    import torch
+
+    from jf_core.evaluation.speed import bench, format_table, standard_methods, write_json
+    from jf_core.toy.task import make_split, score
+
+    model, tokenizer = _model_and_tokenizer(args.model)
+    examples = make_split("test", args.num_prompts)
+    prompts = [tokenizer(e.prompt, add_special_tokens=False)["input_ids"] for e in examples]
+    methods = standard_methods(
+        model,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        max_new_tokens=args.max_new_tokens,
+        block_sizes=args.block_sizes,
+    )
+
+    def scorer(i: int, seq: list[int]) -> bool:
+        return score(tokenizer.decode(seq, skip_special_tokens=True), examples[i])
+
+    results = bench(
+        methods,
+        prompts,
+        batch_size=args.batch_size,
+        scorer=scorer,
+        progress=lambda m: print(f"  running {m}", file=sys.stderr),
+    )
+    print(format_table(results))
+    if args.json:
+        meta = {
+            "model": args.model or "embedded-default",
+            "num_prompts": len(prompts),
+            "batch_size": args.batch_size,
+            "max_new_tokens": args.max_new_tokens,
+            "device": str(model.device),
+            "dtype": str(model.dtype),
+            "torch_threads": torch.get_num_threads(),
+            "attn_implementation": model.config._attn_implementation,
+        }
+        write_json(results, Path(args.json), meta)
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0
+
+
+def _positive(name: str):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{name} must be >= 1, got {value}")
+        return value
+
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="jf", description="Jacobi Forcing: train a causal LM into its own parallel decoder."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("bootstrap", help="train and cache the embedded default model")
+    p.add_argument("--force", action="store_true", help="retrain even when cached")
+    p.set_defaults(func=cmd_bootstrap)
+
+    p = sub.add_parser("decode", help="Jacobi-decode one prompt and print the text and TPF")
+    p.add_argument("--model", help="local directory or hub id (default: the embedded model)")
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--block-size", type=_positive("--block-size"), default=16)
+    p.add_argument("--max-new-tokens", type=_positive("--max-new-tokens"), default=256)
+    p.add_argument("--draft-init", choices=["prompt_sample", "repeat_last", "random_vocab"], default="prompt_sample")
+    p.set_defaults(func=cmd_decode)
+
+    bench_p = sub.add_parser("bench", help="benchmarks")
+    bench_sub = bench_p.add_subparsers(dest="bench", required=True)
+    p = bench_sub.add_parser("decode", help="decoding speed of every method on the same prompts, in one run")
+    p.add_argument("--model", help="local directory or hub id (default: the embedded model)")
+    p.add_argument("--num-prompts", type=_positive("--num-prompts"), default=50)
+    p.add_argument("--batch-size", type=_positive("--batch-size"), default=1)
+    p.add_argument("--max-new-tokens", type=_positive("--max-new-tokens"), default=160)
+    p.add_argument("--block-sizes", type=_positive("--block-sizes"), nargs="+", default=[8, 16, 32, 64])
+    p.add_argument("--json", help="also write the results as JSON here")
+    p.set_defaults(func=cmd_bench_decode)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from jf_core.models import ModelLoadError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except (UsageError, ModelLoadError) as err:
+        parser.exit(2, f"jf: error: {err}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""Greedy autoregressive decoding with a KV cache: the baseline every speedup is measured against.
+
+Deliberately lean (2D padding mask, one token per forward, finished rows dropped), and timed with the same `Timer`
+and `DecodeStats` as the Jacobi decoders, so a ratio between them compares algorithms, not bookkeeping.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from transformers import DynamicCache
+
+from jf_core.decoding.common import DecodeOutput, check_inputs, finish, left_pad, model_device
+from jf_core.decoding.stats import DecodeStats, SequenceStats, Timer
+
+
+@torch.inference_mode()
+def ar_decode(
+    model: torch.nn.Module,
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int,
+    eos_token_id: int | None,
+    pad_token_id: int,
+) -> DecodeOutput:
+    prompts = check_inputs(prompts, max_new_tokens)
+    device = model_device(model)
+    timer = Timer(device)
+    stats = [SequenceStats() for _ in prompts]
+    outputs: list[list[int]] = [[] for _ in prompts]
+
+    start = timer.now()
+    ids, mask = left_pad(prompts, pad_token_id, device)
+    positions = (mask.cumsum(1) - 1).clamp(min=0)
+    cache = DynamicCache(config=model.config)
+    logits = model(
+        input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True
+    ).logits
+    nxt = logits[:, -1].argmax(-1)
+    active = list(range(len(prompts)))
+    prefilled = timer.now()
+
+    forwards = 0
+    while True:
+        keep = []
+        for row, (i, tok) in enumerate(zip(active, nxt.tolist(), strict=False)):
+            outputs[i], done = finish(outputs[i] + [tok], eos_token_id, max_new_tokens)
+            stats[i].new_tokens = len(outputs[i])
+            if not done:
+                keep.append(row)
+        if not keep:
+            break
+        if len(keep) < len(active):
+            rows = torch.tensor(keep, device=device)
+            cache.batch_select_indices(rows)
+            mask, positions, nxt = mask[rows], positions[rows], nxt[rows]
+            active = [active[r] for r in keep]
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+        positions = positions[:, -1:] + 1
+        logits = model(
+            input_ids=nxt[:, None], attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True
+        ).logits
+        nxt = logits[:, -1].argmax(-1)
+        forwards += 1
+        for i in active:
+            stats[i].forwards += 1
+            stats[i].accepted.append(1)
+    end = timer.now()
+    return DecodeOutput(
+        sequences=outputs,
+        stats=DecodeStats(
+            sequences=stats, prefill_seconds=prefilled - start, decode_seconds=end - prefilled, batch_forwards=forwards
+        ),
+    )

@@ -1,0 +1,52 @@
+"""Input checks, prompt batching and the output type shared by every decoder."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from jf_core.decoding.stats import DecodeStats
+
+
+@dataclass
+class DecodeOutput:
+    sequences: list[list[int]]  # new tokens per prompt, in input order; EOS included when it was reached
+    stats: DecodeStats
+
+
+def check_inputs(prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[list[int]]:
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if not prompts:
+        raise ValueError("no prompts given")
+    out = []
+    for i, p in enumerate(prompts):
+        if len(p) == 0:
+            raise ValueError(f"prompt {i} is empty: a decoder needs at least one prompt token")
+        out.append([int(t) for t in p])
+    return out
+
+
+def left_pad(
+    prompts: Sequence[Sequence[int]], pad_token_id: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+        mask[i, width - len(p) :] = 1
+    return ids.to(device), mask.to(device)
+
+
+def finish(tokens: list[int], eos_token_id: int | None, max_new_tokens: int) -> tuple[list[int], bool]:
+    """Cut at the first EOS (kept) and at max_new_tokens; say whether the sequence is finished."""
+    if eos_token_id is not None and eos_token_id in tokens:
+        return tokens[: tokens.index(eos_token_id) + 1][:max_new_tokens], True
+    return tokens[:max_new_tokens], len(tokens) >= max_new_tokens
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device

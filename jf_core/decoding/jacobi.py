@@ -1,0 +1,213 @@
+"""Greedy Jacobi decoding with exact KV-cache reuse, batched, lossless.
+
+A block of n tokens starts as [the known-correct next token] + an initial draft of n - 1 tokens. Each forward runs
+a sequence's unverified window on top of its committed KV, takes the argmax at every position and accepts the
+longest prefix that greedy AR would have produced (`verify.accepted_length`). Accepted tokens' KV was computed under
+a fully correct prefix, so it is committed as is; the rest is dropped. The window shrinks to
+[correct token at the mismatch] + [greedy guesses for the rest]; when a whole block is accepted, the bonus argmax
+after it opens the next block. Every forward commits >= 1 token, so output equals greedy AR token for token, in
+at most as many forwards.
+
+Sequences in a batch accept different counts per forward; `KVState` keeps their caches exact with per-row slot
+masks. Extensions (rejection recycling, multi-block) change what goes into a window and how the verdict is read,
+through `JacobiDecoder.windows` and `JacobiDecoder.settle`; the forward and verification below are the only copy
+of the Jacobi step.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from jf_core.decoding.common import DecodeOutput, check_inputs, finish, left_pad, model_device
+from jf_core.decoding.draft import DraftInitName, make_draft_init, sequence_rng
+from jf_core.decoding.kv import KVState
+from jf_core.decoding.stats import DecodeStats, SequenceStats, Timer
+from jf_core.decoding.verify import accepted_length
+
+
+@dataclass(frozen=True)
+class JacobiConfig:
+    block_size: int = 16
+    max_new_tokens: int = 256
+    draft_init: DraftInitName = "prompt_sample"
+    seed: int = 0
+    compact_waste: float = 0.5  # squeeze cache holes out once this fraction of slots is dead
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1:
+            raise ValueError(f"block_size (n) must be >= 1, got {self.block_size}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if not 0.0 <= self.compact_waste <= 1.0:
+            raise ValueError(f"compact_waste must be in [0, 1], got {self.compact_waste}")
+
+
+class BlockRecorder(Protocol):
+    """Receives every draft state of every block, the initial draft first, down to the fixed point.
+
+    Each state is a fresh list of the block's tokens (accepted prefix + current window); nothing passed here is
+    written to afterwards. A block cut short by EOS or max_new_tokens gets states but no `block_converged`."""
+
+    def block_state(self, sequence: int, block: int, state: list[int]) -> None: ...
+
+    def block_converged(self, sequence: int, block: int, fixed_point: list[int]) -> None: ...
+
+
+@dataclass
+class _Sequence:
+    index: int
+    prompt: list[int]
+    rng: random.Random
+    committed: list[int] = field(default_factory=list)  # generated tokens whose KV is in the cache
+    window: list[int] = field(default_factory=list)  # unverified tokens of the current block; [0] is known-correct
+    block: int = 0
+    block_accepted: list[int] = field(default_factory=list)
+    block_converged: bool = False
+    stats: SequenceStats = field(default_factory=SequenceStats)
+    output: list[int] = field(default_factory=list)
+    done: bool = False
+
+
+class JacobiDecoder:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        config: JacobiConfig,
+        *,
+        eos_token_id: int | None,
+        pad_token_id: int,
+        recorder: BlockRecorder | None = None,
+    ) -> None:
+        self.model = model
+        self.config = config
+        self.eos_token_id = eos_token_id
+        self.pad_token_id = pad_token_id
+        self.recorder = recorder
+        self.draft_init = make_draft_init(config.draft_init, model.config.vocab_size)
+
+    @torch.inference_mode()
+    def decode(self, prompts: Sequence[Sequence[int]]) -> DecodeOutput:
+        cfg = self.config
+        prompts = check_inputs(prompts, cfg.max_new_tokens)
+        device = model_device(self.model)
+        timer = Timer(device)
+        seqs = [_Sequence(index=i, prompt=p, rng=sequence_rng(cfg.seed, p)) for i, p in enumerate(prompts)]
+
+        start = timer.now()
+        ids, mask = left_pad(prompts, self.pad_token_id, device)
+        kv, last_logits = KVState.prefill(self.model, ids, mask)
+        for seq, first in zip(seqs, last_logits.argmax(-1).tolist(), strict=False):
+            self._open_block(seq, first)
+        active = self._drop_finished(kv, seqs)
+        prefilled = timer.now()
+
+        batch_forwards = 0
+        while active:
+            self.step(kv, active)
+            batch_forwards += 1
+            active = self._drop_finished(kv, active)
+            kv.compact(cfg.compact_waste)
+        end = timer.now()
+
+        stats = DecodeStats(
+            sequences=[s.stats for s in seqs],
+            prefill_seconds=prefilled - start,
+            decode_seconds=end - prefilled,
+            batch_forwards=batch_forwards,
+        )
+        return DecodeOutput(sequences=[s.output for s in seqs], stats=stats)
+
+    # -- the Jacobi step ---------------------------------------------------------------------------------------
+
+    def step(self, kv: KVState, active: list[_Sequence]) -> None:
+        """One forward for every active sequence: run windows, verify, commit, rebuild windows."""
+        windows = self.windows(active)
+        width = max(len(w) for w in windows)
+        device = kv.valid.device
+        tokens = torch.full((len(active), width), self.pad_token_id, dtype=torch.long)
+        for row, w in enumerate(windows):
+            tokens[row, : len(w)] = torch.tensor(w, dtype=torch.long)
+        rel_pos = torch.arange(width, device=device).expand(len(active), width)
+        causal = torch.tril(torch.ones(width, width, dtype=torch.bool, device=device)).expand(len(active), width, width)
+        logits = kv.forward(tokens.to(device), rel_pos, causal)
+        greedy = logits.argmax(-1).tolist()
+        live = torch.zeros((len(active), width), dtype=torch.bool)
+        for row, (seq, window) in enumerate(zip(active, windows, strict=False)):
+            accepted = accepted_length(window, greedy[row])
+            live[row, :accepted] = True
+            self.settle(seq, window, greedy[row][: len(window)], accepted)
+        kv.keep(live.to(device))
+
+    def windows(self, active: list[_Sequence]) -> list[list[int]]:
+        return [s.window for s in active]
+
+    def settle(self, seq: _Sequence, window: list[int], greedy: list[int], accepted: int) -> None:
+        """Commit `window[:accepted]` and set up the next window (or the next block)."""
+        seq.stats.forwards += 1
+        seq.stats.accepted.append(accepted)
+        seq.committed += window[:accepted]
+        seq.block_accepted += window[:accepted]
+        if accepted < len(window):
+            # The argmax at the mismatch is correct (its prefix is); the later guesses seed the next iteration.
+            seq.window = [greedy[accepted - 1], *greedy[accepted : len(window) - 1]]
+            if self.recorder is not None:
+                self.recorder.block_state(seq.index, seq.block, seq.block_accepted + seq.window)
+                if len(seq.window) == 1:
+                    # Every token of the block is now known: this state is the fixed point. The next forward only
+                    # computes the bonus token, and the sequence may even stop before it (max_new_tokens).
+                    self._converged(seq, seq.block_accepted + seq.window)
+            self._check_done(seq)
+            return
+        if self.recorder is not None and not seq.block_converged:
+            # A fully accepted window leaves the state as it was: the last recorded state is the fixed point and
+            # this forward only confirmed it, so it is not recorded twice.
+            self._converged(seq, list(seq.block_accepted))
+        seq.block += 1
+        self._open_block(seq, greedy[-1])
+
+    def _converged(self, seq: _Sequence, fixed_point: list[int]) -> None:
+        assert self.recorder is not None
+        seq.block_converged = True
+        self.recorder.block_converged(seq.index, seq.block, fixed_point)
+
+    def _open_block(self, seq: _Sequence, first: int) -> None:
+        seq.block_accepted = []
+        seq.block_converged = False
+        seq.window = [first]
+        if self._check_done(seq):
+            return
+        # Never draft past max_new_tokens: those positions could not be emitted anyway.
+        length = min(self.config.block_size, self.config.max_new_tokens - len(seq.committed))
+        context = seq.prompt + seq.committed + [first]
+        seq.window = [first, *self.draft_init(context, length - 1, seq.rng)]
+        if self.recorder is not None:
+            self.recorder.block_state(seq.index, seq.block, list(seq.window))
+
+    def _check_done(self, seq: _Sequence) -> bool:
+        seq.output, seq.done = finish(seq.committed + seq.window[:1], self.eos_token_id, self.config.max_new_tokens)
+        seq.stats.new_tokens = len(seq.output)
+        return seq.done
+
+    def _drop_finished(self, kv: KVState, seqs: list[_Sequence]) -> list[_Sequence]:
+        keep = [i for i, s in enumerate(seqs) if not s.done]
+        if len(keep) < len(seqs) and keep:
+            kv.select_rows(torch.tensor(keep, device=kv.valid.device))
+        return [seqs[i] for i in keep]
+
+
+def jacobi_decode(
+    model: torch.nn.Module,
+    prompts: Sequence[Sequence[int]],
+    config: JacobiConfig,
+    *,
+    eos_token_id: int | None,
+    pad_token_id: int,
+    recorder: BlockRecorder | None = None,
+) -> DecodeOutput:
+    decoder = JacobiDecoder(model, config, eos_token_id=eos_token_id, pad_token_id=pad_token_id, recorder=recorder)
+    return decoder.decode(prompts)

@@ -1,0 +1,200 @@
+"""`jf bench decode`: every decoding method on the same prompts, in one run, side by side.
+
+Each method gets a warmup on a few prompts, then decodes all prompts at the same batch size. Outputs are compared
+with HF greedy `generate` (the reference for `identical_fraction`) and, when the prompts come with a scorer, with
+the task's answers (`accuracy`). Forwards of HF methods are counted with a forward hook on the model, so their TPF
+is measured, not assumed. HF methods cannot separate prefill from decoding; theirs is reported as null, and TPS is
+end to end (prefill included) for every method. Ratios are computed here, from numbers taken in this run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from jf_core.decoding.ar import ar_decode
+from jf_core.decoding.common import DecodeOutput, finish
+from jf_core.decoding.jacobi import JacobiConfig, jacobi_decode
+from jf_core.decoding.stats import DecodeStats, SequenceStats, Timer
+
+Decoder = Callable[[list[list[int]]], DecodeOutput]
+Scorer = Callable[[int, list[int]], bool]  # (prompt index, generated ids) -> correct?
+
+
+@dataclass
+class MethodResult:
+    method: str
+    tpf: float
+    tps: float
+    decode_tps: float | None
+    prefill_seconds: float | None
+    seconds: float
+    new_tokens: int
+    speedup_vs_hf_generate: float = math.nan
+    speedup_vs_ar: float = math.nan
+    identical_fraction: float = math.nan
+    accuracy: float | None = None
+    tpf_per_example: list[float] = field(default_factory=list)
+    accepted_histogram: dict[int, int] = field(default_factory=dict)
+
+
+class ForwardCounter:
+    """Counts `model.forward` calls (one per decoding step of HF generate, prefill included)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.count = 0
+        self._handle = model.register_forward_pre_hook(self._hook)
+
+    def _hook(self, *_args) -> None:
+        self.count += 1
+
+    def close(self) -> None:
+        self._handle.remove()
+
+
+def hf_generate_decoder(model, eos_token_id, pad_token_id, max_new_tokens: int, **generate_kwargs) -> Decoder:
+    """HF `generate` wrapped to the project's decoder interface; one call per prompt when batched generation is
+    not supported by the method (prompt lookup), else left-padded batches."""
+
+    def run_one(prompt: list[int]) -> tuple[list[int], int]:
+        ids = torch.tensor([prompt], device=model.device)
+        counter = ForwardCounter(model)
+        try:
+            out = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                eos_token_id=eos_token_id,
+                pad_token_id=pad_token_id,
+                **generate_kwargs,
+            )
+        finally:
+            counter.close()
+        return out[0, len(prompt) :].tolist(), counter.count
+
+    def decode(prompts: list[list[int]]) -> DecodeOutput:
+        timer = Timer(model.device)
+        start = timer.now()
+        seqs, stats = [], []
+        for p in prompts:
+            tokens, forwards = run_one(p)
+            tokens, _ = finish(tokens, eos_token_id, max_new_tokens)
+            seqs.append(tokens)
+            stats.append(SequenceStats(new_tokens=len(tokens), forwards=forwards))
+        return DecodeOutput(seqs, DecodeStats(stats, decode_seconds=timer.now() - start, prefill_timed=False))
+
+    return decode
+
+
+def standard_methods(
+    model,
+    *,
+    eos_token_id: int,
+    pad_token_id: int,
+    max_new_tokens: int,
+    block_sizes: Sequence[int] = (8, 16, 32, 64),
+    prompt_lookup_tokens: int = 10,
+) -> dict[str, Decoder]:
+    methods: dict[str, Decoder] = {
+        "hf_generate": hf_generate_decoder(model, eos_token_id, pad_token_id, max_new_tokens),
+        "ar": lambda ps: ar_decode(
+            model, ps, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id, pad_token_id=pad_token_id
+        ),
+    }
+    for n in block_sizes:
+        cfg = JacobiConfig(block_size=n, max_new_tokens=max_new_tokens)
+        methods[f"jacobi_n{n}"] = lambda ps, cfg=cfg: jacobi_decode(
+            model, ps, cfg, eos_token_id=eos_token_id, pad_token_id=pad_token_id
+        )
+    methods["hf_prompt_lookup"] = hf_generate_decoder(
+        model, eos_token_id, pad_token_id, max_new_tokens, prompt_lookup_num_tokens=prompt_lookup_tokens
+    )
+    return methods
+
+
+def _run(decoder: Decoder, prompts: list[list[int]], batch_size: int) -> DecodeOutput:
+    seqs: list[list[int]] = []
+    stats: DecodeStats | None = None
+    for start in range(0, len(prompts), batch_size):
+        out = decoder(prompts[start : start + batch_size])
+        seqs += out.sequences
+        stats = out.stats if stats is None else stats.merge(out.stats)
+    assert stats is not None
+    return DecodeOutput(seqs, stats)
+
+
+def bench(
+    methods: dict[str, Decoder],
+    prompts: list[list[int]],
+    *,
+    batch_size: int = 1,
+    warmup_prompts: int = 2,
+    scorer: Scorer | None = None,
+    reference: str = "hf_generate",
+    baseline_ar: str = "ar",
+    progress: Callable[[str], None] | None = None,
+) -> list[MethodResult]:
+    if reference not in methods:
+        raise ValueError(f"the reference method {reference!r} is not among {sorted(methods)}")
+    outputs: dict[str, DecodeOutput] = {}
+    for name, decoder in methods.items():
+        if progress:
+            progress(name)
+        _run(decoder, prompts[:warmup_prompts], batch_size)
+        outputs[name] = _run(decoder, prompts, batch_size)
+    ref = outputs[reference]
+    results = []
+    for name, out in outputs.items():
+        s = out.stats
+        hf_style = not s.prefill_timed
+        results.append(
+            MethodResult(
+                method=name,
+                tpf=s.tpf,
+                tps=s.tps,
+                decode_tps=None if hf_style else s.decode_tps,
+                prefill_seconds=None if hf_style else s.prefill_seconds,
+                seconds=s.seconds,
+                new_tokens=s.new_tokens,
+                speedup_vs_hf_generate=s.tps / ref.stats.tps,
+                speedup_vs_ar=s.tps / outputs[baseline_ar].stats.tps if baseline_ar in outputs else math.nan,
+                identical_fraction=sum(a == b for a, b in zip(out.sequences, ref.sequences, strict=False))
+                / len(prompts),
+                accuracy=None
+                if scorer is None
+                else sum(scorer(i, seq) for i, seq in enumerate(out.sequences)) / len(prompts),
+                tpf_per_example=[q.tpf for q in s.sequences],
+                accepted_histogram=s.accepted_histogram(),
+            )
+        )
+    return results
+
+
+def format_table(results: list[MethodResult]) -> str:
+    header = (
+        f"{'method':<18} {'TPF':>6} {'TPS':>9} {'x HF gen':>9} {'x AR':>7} "
+        f"{'identical':>9} {'accuracy':>8} {'prefill s':>9}"
+    )
+    lines = [header, "-" * len(header)]
+    for r in results:
+        acc = "-" if r.accuracy is None else f"{r.accuracy:.3f}"
+        pre = "-" if r.prefill_seconds is None else f"{r.prefill_seconds:.3f}"
+        lines.append(
+            f"{r.method:<18} {r.tpf:>6.2f} {r.tps:>9.1f} {r.speedup_vs_hf_generate:>9.2f} {r.speedup_vs_ar:>7.2f} "
+            f"{r.identical_fraction:>9.3f} {acc:>8} {pre:>9}"
+        )
+    return "\n".join(lines)
+
+
+def write_json(results: list[MethodResult], path: Path, meta: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"meta": meta, "methods": {r.method: asdict(r) for r in results}}
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(payload, indent=2))
+    tmp.replace(path)

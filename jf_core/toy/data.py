@@ -1,0 +1,46 @@
+"""Tokenised, padded batches of the embedded task for AR training (labels only on the answer and its EOS)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator, Sequence
+
+import torch
+
+from jf_core.toy.task import ToyExample
+
+
+def encode_example(tokenizer, example: ToyExample) -> tuple[list[int], list[int]]:
+    prompt = tokenizer(example.prompt, add_special_tokens=False)["input_ids"]
+    answer = tokenizer(example.answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    return prompt, answer
+
+
+def ar_batches(
+    tokenizer, examples: Sequence[ToyExample], batch_size: int, seed: int
+) -> Iterator[dict[str, torch.Tensor]]:
+    """Endless shuffled epochs of right-padded batches of similar lengths: a shuffled pool of 32 batches is sorted
+    by length and cut into batches, which are then shuffled, so padding (compute spent on nothing) stays small."""
+    encoded = [encode_example(tokenizer, e) for e in examples]
+    rng = random.Random(seed)
+    order = list(range(len(encoded)))
+    pool = 32 * batch_size
+    while True:
+        rng.shuffle(order)
+        batches = []
+        for start in range(0, len(order) - pool + 1, pool):
+            chunk = sorted(order[start : start + pool], key=lambda i: len(encoded[i][0]) + len(encoded[i][1]))
+            batches += [chunk[b : b + batch_size] for b in range(0, pool, batch_size)]
+        rng.shuffle(batches)
+        for batch in batches:
+            rows = [encoded[i] for i in batch]
+            width = max(len(p) + len(a) for p, a in rows)
+            ids = torch.full((batch_size, width), tokenizer.pad_token_id, dtype=torch.long)
+            labels = torch.full((batch_size, width), -100, dtype=torch.long)
+            mask = torch.zeros((batch_size, width), dtype=torch.long)
+            for r, (p, a) in enumerate(rows):
+                seq = p + a
+                ids[r, : len(seq)] = torch.tensor(seq)
+                labels[r, len(p) : len(seq)] = torch.tensor(a)
+                mask[r, : len(seq)] = 1
+            yield {"input_ids": ids, "attention_mask": mask, "labels": labels}

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Create .venv and install the project with its dev tools. Idempotent: a second run only checks.
+# torch is installed first and pinned: an unpinned resolve would pull the multi-GB CUDA build on CPU machines.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON="${PYTHON:-python3}"
+TORCH_SPEC="${JF_TORCH_SPEC:-torch==2.13.0}"
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+pip_install() {
+  # The filter only hides this machine's noisy mirror warnings; with pipefail a pip failure still fails the script.
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check "$@" 2>&1 | { grep -v "^WARNING: Location" || true; }
+}
+pip_install "$TORCH_SPEC"
+pip_install -e ".[dev]"
+.venv/bin/python -c "import torch, transformers, jf_core; print(f'ready: torch {torch.__version__}, transformers {transformers.__version__}')"

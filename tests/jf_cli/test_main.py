@@ -1,0 +1,82 @@
+"""`jf` answers bad input with exit status 2 and a message naming the problem."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from jf_cli.main import main
+from tests.jf_core.test_models import save_tiny
+
+
+def run(capsys, *argv):
+    with pytest.raises(SystemExit) as exc:
+        main(list(argv))
+    return exc.value.code, capsys.readouterr()
+
+
+@pytest.fixture
+def tiny_dir(tmp_path):
+    save_tiny(tmp_path / "m")
+    return str(tmp_path / "m")
+
+
+def test_decode_prints_text_and_tpf(tiny_dir, capsys):
+    assert (
+        main(
+            [
+                "decode",
+                "--model",
+                tiny_dir,
+                "--prompt",
+                "program: a=5; step +3; return f",
+                "--max-new-tokens",
+                "12",
+                "--block-size",
+                "4",
+            ]
+        )
+        == 0
+    )
+    out = capsys.readouterr()
+    assert out.out.strip()
+    assert "TPF" in out.err and "[n=4]" in out.err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--block-size", "0"], "--block-size must be >= 1"),
+        (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
+        (["--block-size", "x"], "--block-size must be an integer"),
+    ],
+)
+def test_bad_numbers(tiny_dir, capsys, argv, message):
+    code, out = run(capsys, "decode", "--model", tiny_dir, "--prompt", "a", *argv)
+    assert code == 2 and message in out.err
+
+
+def test_empty_prompt(tiny_dir, capsys):
+    code, out = run(capsys, "decode", "--model", tiny_dir, "--prompt", "  ")
+    assert code == 2 and "--prompt is empty" in out.err
+
+
+def test_missing_model(tmp_path, capsys):
+    code, out = run(capsys, "decode", "--model", str(tmp_path / "absent"), "--prompt", "a")
+    assert code == 2 and "does not exist" in out.err
+
+
+def test_tokenizer_without_eos(tiny_dir, capsys):
+    from pathlib import Path
+
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        f = Path(tiny_dir) / name
+        if f.exists():
+            data = json.loads(f.read_text())
+            data.pop("eos_token", None)
+            if name == "tokenizer_config.json":
+                data["eos_token"] = None
+            f.write_text(json.dumps(data))
+    code, out = run(capsys, "decode", "--model", tiny_dir, "--prompt", "a")
+    assert code == 2 and "no eos token" in out.err

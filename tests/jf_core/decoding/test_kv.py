@@ -1,0 +1,112 @@
+"""KVState: whatever was committed, cropped, selected or compacted, a row's next logits equal a fresh forward over
+exactly that row's live tokens."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from jf_core.decoding.common import left_pad
+from jf_core.decoding.kv import KVState
+from tests.conftest import PAD, VOCAB
+
+
+def fresh_logits(model, tokens: list[int]) -> torch.Tensor:
+    with torch.inference_mode():
+        return model(input_ids=torch.tensor([tokens])).logits[0, -1]
+
+
+def window_step(kv: KVState, windows: list[list[int]], keep: list[int]) -> None:
+    width = max(map(len, windows))
+    tokens = torch.full((len(windows), width), PAD)
+    for i, w in enumerate(windows):
+        tokens[i, : len(w)] = torch.tensor(w)
+    rel = torch.arange(width).expand(len(windows), width)
+    causal = torch.tril(torch.ones(width, width, dtype=torch.bool)).expand(len(windows), width, width)
+    with torch.inference_mode():
+        kv.forward(tokens, rel, causal)
+    live = torch.zeros(len(windows), width, dtype=torch.bool)
+    for i, k in enumerate(keep):
+        live[i, :k] = True
+    kv.keep(live)
+
+
+def next_logits(kv: KVState, tokens: list[int]) -> torch.Tensor:
+    """Logits of one more token per row without committing it."""
+    batch = kv.batch_size
+    with torch.inference_mode():
+        logits = kv.forward(
+            torch.tensor(tokens)[:, None],
+            torch.zeros(batch, 1, dtype=torch.long),
+            torch.ones(batch, 1, 1, dtype=torch.bool),
+        )
+    kv.keep(torch.zeros(batch, 1, dtype=torch.bool))
+    return logits[:, -1]
+
+
+def build(model, prompts):
+    ids, mask = left_pad(prompts, PAD, torch.device("cpu"))
+    with torch.inference_mode():
+        kv, last = KVState.prefill(model, ids, mask)
+    return kv, last
+
+
+def test_prefill_matches_unpadded_forward(tiny_model):
+    prompts = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]]
+    _, last = build(tiny_model, prompts)
+    for row, p in enumerate(prompts):
+        torch.testing.assert_close(last[row], fresh_logits(tiny_model, p), rtol=1e-4, atol=1e-4)
+
+
+def test_partial_commits_leave_exact_cache(tiny_model):
+    prompts = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]]
+    kv, _ = build(tiny_model, prompts)
+    seqs = [list(p) for p in prompts]
+    g = torch.Generator().manual_seed(0)
+    for keep in ([3, 1, 4], [1, 2, 2], [4, 4, 1]):
+        windows = [torch.randint(3, VOCAB, (4,), generator=g).tolist() for _ in prompts]
+        window_step(kv, windows, keep)
+        for s, w, k in zip(seqs, windows, keep, strict=False):
+            s += w[:k]
+    assert kv.lengths.tolist() == [len(s) for s in seqs]
+    probe = [20, 21, 22]
+    got = next_logits(kv, probe)
+    for row, s in enumerate(seqs):
+        torch.testing.assert_close(got[row], fresh_logits(tiny_model, [*s, probe[row]]), rtol=1e-4, atol=1e-4)
+
+
+def test_trailing_dead_slots_are_cropped(tiny_model):
+    kv, _ = build(tiny_model, [[5, 6, 7], [8, 9, 10]])
+    window_step(kv, [[1, 2, 3, 4], [1, 2, 3, 4]], [2, 1])
+    assert kv.slots == 3 + 2
+    assert kv.cache.get_seq_length() == kv.slots
+
+
+def test_compact_and_select_rows_preserve_logits(tiny_model):
+    prompts = [[5, 6, 7, 8, 9, 10, 11], [10, 11], [12, 13, 14, 15]]
+    kv, _ = build(tiny_model, prompts)
+    seqs = [list(p) for p in prompts]
+    window = [30, 31, 32, 33, 34, 35]
+    for keep in ([6, 1, 3], [1, 6, 2]):
+        window_step(kv, [window] * 3, keep)
+        for s, k in zip(seqs, keep, strict=False):
+            s += window[:k]
+    assert kv.waste > 0.2
+    kv.compact(min_waste=0.0)
+    assert kv.slots == max(len(s) for s in seqs)
+    assert kv.lengths.tolist() == [len(s) for s in seqs]
+    kv.select_rows(torch.tensor([0, 2]))
+    seqs = [seqs[0], seqs[2]]
+    got = next_logits(kv, [40, 41])
+    for row, s in enumerate(seqs):
+        torch.testing.assert_close(got[row], fresh_logits(tiny_model, [*s, [40, 41][row]]), rtol=1e-4, atol=1e-4)
+
+
+def test_misuse_is_reported(tiny_model):
+    kv, _ = build(tiny_model, [[5, 6]])
+    with pytest.raises(ValueError, match="keep"):
+        kv.keep(torch.ones(1, 3, dtype=torch.bool))
+    with torch.inference_mode():
+        kv.forward(torch.tensor([[1, 2]]), torch.arange(2)[None], torch.tril(torch.ones(1, 2, 2, dtype=torch.bool)))
+        with pytest.raises(RuntimeError, match="unsettled"):
+            kv.forward(torch.tensor([[1]]), torch.zeros(1, 1, dtype=torch.long), torch.ones(1, 1, 1, dtype=torch.bool))

@@ -1,0 +1,65 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+from transformers import T5Config, T5ForConditionalGeneration
+
+from jf_core.models import ModelLoadError, load_model, pick_attention
+from jf_core.toy.model import ToyModelConfig, build_model
+from jf_core.toy.tokenizer import build_tokenizer
+
+
+def save_tiny(path):
+    tok = build_tokenizer()
+    model = build_model(ToyModelConfig(hidden_size=32, num_hidden_layers=1, intermediate_size=64), len(tok), 0, 1, 0)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return tok
+
+
+def test_loads_a_local_directory_with_sdpa_on_cpu(tmp_path):
+    save_tiny(tmp_path)
+    model, tok = load_model(str(tmp_path))
+    assert model.config._attn_implementation == "sdpa"
+    assert not model.training and tok.eos_token_id == 1
+
+
+def test_attention_choice():
+    assert pick_attention("eager") == "eager"
+    import torch
+
+    assert pick_attention("auto", torch.device("cpu")) == "sdpa"
+
+
+def test_missing_directory_is_named(tmp_path):
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        load_model(str(tmp_path / "nope"))
+
+
+def test_directory_without_config_is_named(tmp_path):
+    with pytest.raises(ModelLoadError, match=r"no config\.json"):
+        load_model(str(tmp_path))
+
+
+def test_non_causal_checkpoint_is_named(tmp_path):
+    # An encoder-decoder: AutoModelForCausalLM has no class for it (BERT would not do: HF maps it to BertLMHeadModel).
+    cfg = T5Config(vocab_size=100, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=2)
+    T5ForConditionalGeneration(cfg).save_pretrained(tmp_path)
+    with pytest.raises(ModelLoadError, match="not a causal language model"):
+        load_model(str(tmp_path))
+
+
+def test_tokenizer_without_eos_is_named(tmp_path):
+    save_tiny(tmp_path)
+    cfg_path = tmp_path / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["eos_token"] = None
+    cfg_path.write_text(json.dumps(cfg))
+    special = tmp_path / "special_tokens_map.json"
+    if special.exists():
+        data = json.loads(special.read_text())
+        data.pop("eos_token", None)
+        special.write_text(json.dumps(data))
+    with pytest.raises(ModelLoadError, match="no eos token"):
+        load_model(str(tmp_path))
