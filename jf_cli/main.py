@@ -147,6 +147,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--block-sizes", type=_positive("--block-sizes"), nargs="+", default=[8, 16, 32, 64])
     p.add_argument("--json", help="also write the results as JSON here")
     p.set_defaults(func=cmd_bench_decode)
+
+    from jf_cli import trajectories
+
+    trajectories.register(sub)
+    trajectories.register_bench(bench_sub)
     return parser
 
 
@@ -157,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except (UsageError, ModelLoadError) as err:
+    except (UsageError, ModelLoadError, ValueError) as err:
         parser.exit(2, f"jf: error: {err}\n")
     return 0
 

@@ -51,11 +51,13 @@ class BlockRecorder(Protocol):
     """Receives every draft state of every block, the initial draft first, down to the fixed point.
 
     Each state is a fresh list of the block's tokens (accepted prefix + current window); nothing passed here is
-    written to afterwards. A block cut short by EOS or max_new_tokens gets states but no `block_converged`."""
+    written to afterwards. The last state of a converged block equals its fixed point. A block that ends at EOS
+    converges with `length` = tokens through EOS, and the positions after EOS hold the pad token in its fixed point
+    (and so in its last state): greedy decoding never computes them."""
 
     def block_state(self, sequence: int, block: int, state: list[int]) -> None: ...
 
-    def block_converged(self, sequence: int, block: int, fixed_point: list[int]) -> None: ...
+    def block_converged(self, sequence: int, block: int, fixed_point: list[int], length: int) -> None: ...
 
 
 @dataclass
@@ -67,7 +69,9 @@ class _Sequence:
     window: list[int] = field(default_factory=list)  # unverified tokens of the current block; [0] is known-correct
     block: int = 0
     block_accepted: list[int] = field(default_factory=list)
+    block_length: int = 0
     block_converged: bool = False
+    last_state: list[int] = field(default_factory=list)
     stats: SequenceStats = field(default_factory=SequenceStats)
     output: list[int] = field(default_factory=list)
     done: bool = False
@@ -156,11 +160,12 @@ class JacobiDecoder:
             # The argmax at the mismatch is correct (its prefix is); the later guesses seed the next iteration.
             seq.window = [greedy[accepted - 1], *greedy[accepted : len(window) - 1]]
             if self.recorder is not None:
-                self.recorder.block_state(seq.index, seq.block, seq.block_accepted + seq.window)
-                if len(seq.window) == 1:
-                    # Every token of the block is now known: this state is the fixed point. The next forward only
-                    # computes the bonus token, and the sequence may even stop before it (max_new_tokens).
-                    self._converged(seq, seq.block_accepted + seq.window)
+                self._emit(seq, seq.block_accepted + seq.window)
+                known = seq.block_accepted + seq.window[:1]
+                if len(seq.window) == 1 or self.eos_token_id in known:
+                    # Every token of the block (through EOS) is known: the fixed point is reached. The next
+                    # forward would only compute the bonus token; the sequence may stop before it.
+                    self._converged(seq, known)
             self._check_done(seq)
             return
         if self.recorder is not None and not seq.block_converged:
@@ -170,10 +175,20 @@ class JacobiDecoder:
         seq.block += 1
         self._open_block(seq, greedy[-1])
 
-    def _converged(self, seq: _Sequence, fixed_point: list[int]) -> None:
+    def _emit(self, seq: _Sequence, state: list[int]) -> None:
         assert self.recorder is not None
+        seq.last_state = state
+        self.recorder.block_state(seq.index, seq.block, state)
+
+    def _converged(self, seq: _Sequence, known: list[int]) -> None:
+        """`known`: the block's tokens known to be greedy's, all of them or at least through EOS."""
+        length = known.index(self.eos_token_id) + 1 if self.eos_token_id in known else len(known)
+        fixed_point = known[:length] + [self.pad_token_id] * (seq.block_length - length)
+        if fixed_point != seq.last_state:
+            self._emit(seq, fixed_point)
         seq.block_converged = True
-        self.recorder.block_converged(seq.index, seq.block, fixed_point)
+        assert self.recorder is not None
+        self.recorder.block_converged(seq.index, seq.block, list(fixed_point), length)
 
     def _open_block(self, seq: _Sequence, first: int) -> None:
         seq.block_accepted = []
@@ -182,11 +197,11 @@ class JacobiDecoder:
         if self._check_done(seq):
             return
         # Never draft past max_new_tokens: those positions could not be emitted anyway.
-        length = min(self.config.block_size, self.config.max_new_tokens - len(seq.committed))
+        seq.block_length = min(self.config.block_size, self.config.max_new_tokens - len(seq.committed))
         context = seq.prompt + seq.committed + [first]
-        seq.window = [first, *self.draft_init(context, length - 1, seq.rng)]
+        seq.window = [first, *self.draft_init(context, seq.block_length - 1, seq.rng)]
         if self.recorder is not None:
-            self.recorder.block_state(seq.index, seq.block, list(seq.window))
+            self._emit(seq, list(seq.window))
 
     def _check_done(self, seq: _Sequence) -> bool:
         seq.output, seq.done = finish(seq.committed + seq.window[:1], self.eos_token_id, self.config.max_new_tokens)

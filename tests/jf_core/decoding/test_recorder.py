@@ -18,12 +18,14 @@ class Collect:
     def __init__(self) -> None:
         self.states: dict[tuple[int, int], list[list[int]]] = defaultdict(list)
         self.fixed: dict[tuple[int, int], list[int]] = {}
+        self.lengths: dict[tuple[int, int], int] = {}
 
     def block_state(self, sequence, block, state):
         self.states[(sequence, block)].append(state)
 
-    def block_converged(self, sequence, block, fixed_point):
+    def block_converged(self, sequence, block, fixed_point, length):
         self.fixed[(sequence, block)] = fixed_point
+        self.lengths[(sequence, block)] = length
 
 
 @pytest.mark.parametrize("block_size", [4, 16])
@@ -61,3 +63,24 @@ def test_initial_draft_is_recorded_before_being_overwritten(tiny_model):
     states = rec.states[(0, 0)]
     assert len(states) >= 2
     assert states[0] != states[-1]
+
+
+def test_block_ending_at_eos_converges_with_its_length(tiny_model):
+    """The block holding EOS is recorded: fixed point through EOS, pad after it, and the valid length."""
+    prompt = [21, 22, 23, 24]
+    free = jacobi_decode(
+        tiny_model, [prompt], JacobiConfig(block_size=8, max_new_tokens=40), eos_token_id=None, pad_token_id=PAD
+    ).sequences[0]
+    # EOS := the first token inside block 2 (tokens 16..22) that greedy has not produced before
+    at = next(i for i in range(17, 23) if free[i] not in free[:i])
+    eos = free[at]
+    rec = Collect()
+    cfg = JacobiConfig(block_size=8, max_new_tokens=40)
+    out = jacobi_decode(tiny_model, [prompt], cfg, eos_token_id=eos, pad_token_id=PAD, recorder=rec)
+    assert out.sequences[0] == free[: at + 1]
+    assert sorted(rec.fixed) == [(0, 0), (0, 1), (0, 2)]
+    assert rec.lengths == {(0, 0): 8, (0, 1): 8, (0, 2): at - 15}
+    assert rec.fixed[(0, 2)] == free[16 : at + 1] + [PAD] * (23 - at)
+    assert rec.states[(0, 2)][-1] == rec.fixed[(0, 2)]
+    got = [t for b in range(3) for t in rec.fixed[(0, b)][: rec.lengths[(0, b)]]]
+    assert got == out.sequences[0]

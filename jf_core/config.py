@@ -1,0 +1,93 @@
+"""One typed config schema for the CLI, the flows' parameters and prefect.yaml.
+
+A profile (YAML under jf_core/profiles/, or any path) names a model, a prompt source and the knobs of each stage.
+`tiny` is the embedded default (CPU, minutes); real profiles (a 7B coder model on GPUs) use the same code.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from jf_core.trajectory.prompts import PromptSourceConfig
+
+PROFILES_DIR = Path(__file__).parent / "profiles"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelConfig(_Strict):
+    path: str = "embedded"  # local directory, hub id, or "embedded" (bootstrapped on first use)
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    device: str = "auto"
+    attn_implementation: str = "auto"
+    trust_remote_code: bool = False
+
+    def resolve(self) -> str:
+        """The model's location, bootstrapping the embedded default when asked for it."""
+        if self.path == "embedded":
+            from jf_core.toy.bootstrap import ensure_embedded_model
+
+            return str(ensure_embedded_model())
+        return self.path
+
+
+class TrajectoryConfig(_Strict):
+    block_size: int = Field(16, ge=1)
+    max_new_tokens: int = Field(256, ge=1)
+    seed: int = 0
+    batch_size: int = Field(16, ge=1)
+    shard_size: int = Field(64, ge=1)  # prompts per shard: the unit of work, retry and resume
+    draft_init: Literal["prompt_sample", "repeat_last", "random_vocab"] = "prompt_sample"
+    round_id: str = "round-0"
+
+
+class ComputeConfig(_Strict):
+    workers: int = Field(2, ge=1)  # actors: one per GPU on GPU hosts, one per CPU slot here
+    gpus_per_worker: float = Field(0, ge=0)
+    cpus_per_worker: float = Field(1, gt=0)
+    ray_address: str | None = None  # None: RAY_ADDRESS if set, else a local Ray
+    max_restarts: int = Field(2, ge=0)
+    max_task_retries: int = Field(2, ge=0)
+
+
+class Profile(_Strict):
+    name: str
+    model: ModelConfig = ModelConfig()
+    prompts: PromptSourceConfig = PromptSourceConfig()
+    trajectory: TrajectoryConfig = TrajectoryConfig()
+    compute: ComputeConfig = ComputeConfig()
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not value or "/" in value:
+            raise ValueError(f"profile name must be a plain non-empty word, got {value!r}")
+        return value
+
+
+def available_profiles() -> list[str]:
+    return sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
+
+
+def load_profile(name_or_path: str, **overrides: dict) -> Profile:
+    """A profile by name (jf_core/profiles/NAME.yaml) or path; `overrides` are merged per section."""
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = PROFILES_DIR / f"{name_or_path}.yaml"
+        if not path.is_file():
+            raise ValueError(f"unknown profile {name_or_path!r}; available: {', '.join(available_profiles())}")
+    elif not path.is_file():
+        raise ValueError(f"profile file {path} does not exist")
+    data = yaml.safe_load(path.read_text()) or {}
+    for section, values in overrides.items():
+        data.setdefault(section, {}).update({k: v for k, v in values.items() if v is not None})
+    try:
+        return Profile.model_validate(data)
+    except Exception as err:
+        raise ValueError(f"profile {path}: {err}") from err

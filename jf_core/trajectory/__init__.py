@@ -1,0 +1,1 @@
+"""Jacobi trajectories: prompt sources, collection through the decoding engine's recorder, and the Parquet store."""

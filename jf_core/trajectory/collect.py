@@ -1,0 +1,94 @@
+"""Collect Jacobi trajectories with the decoding engine's recorder: one record per prompt x converged block.
+
+There is no second copy of the Jacobi step: the recorder sees exactly what `JacobiDecoder` iterates. Generation
+runs to EOS or to `max_new_tokens` rounded up to a whole number of blocks, so every block but one ending at EOS
+is n tokens long.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+import torch
+
+from jf_core.decoding.draft import DraftInitName
+from jf_core.decoding.jacobi import JacobiConfig, JacobiDecoder
+from jf_core.trajectory.prompts import PromptItem
+
+
+@dataclass(frozen=True)
+class CollectConfig:
+    block_size: int = 16
+    max_new_tokens: int = 256
+    seed: int = 0
+    batch_size: int = 16
+    draft_init: DraftInitName = "prompt_sample"
+    round_id: str = "round-0"
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        JacobiConfig(block_size=self.block_size, max_new_tokens=self.max_new_tokens)  # same checks
+
+    def jacobi(self) -> JacobiConfig:
+        whole_blocks = math.ceil(self.max_new_tokens / self.block_size) * self.block_size
+        return JacobiConfig(
+            block_size=self.block_size, max_new_tokens=whole_blocks, draft_init=self.draft_init, seed=self.seed
+        )
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.states: dict[tuple[int, int], list[list[int]]] = defaultdict(list)
+        self.converged: list[tuple[int, int, list[int], int]] = []
+
+    def block_state(self, sequence: int, block: int, state: list[int]) -> None:
+        self.states[(sequence, block)].append(state)
+
+    def block_converged(self, sequence: int, block: int, fixed_point: list[int], length: int) -> None:
+        self.converged.append((sequence, block, fixed_point, length))
+
+
+@dataclass
+class CollectResult:
+    records: list[dict]
+    new_tokens: int
+    seconds: float
+
+
+def collect(
+    model: torch.nn.Module, tokenizer, prompts: list[PromptItem], cfg: CollectConfig, *, model_hash: str
+) -> CollectResult:
+    jacobi = cfg.jacobi()
+    records: list[dict] = []
+    new_tokens = 0
+    start = time.perf_counter()
+    for first in range(0, len(prompts), cfg.batch_size):
+        batch = prompts[first : first + cfg.batch_size]
+        recorder = _Recorder()
+        decoder = JacobiDecoder(
+            model, jacobi, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, recorder=recorder
+        )
+        out = decoder.decode([p.token_ids for p in batch])
+        new_tokens += out.stats.new_tokens
+        for sequence, block, fixed_point, length in sorted(recorder.converged, key=lambda c: (c[0], c[1])):
+            states = recorder.states[(sequence, block)]
+            records.append(
+                {
+                    "prompt_id": batch[sequence].prompt_id,
+                    "round_id": cfg.round_id,
+                    "block_index": block,
+                    "n": cfg.block_size,
+                    "prompt_ids": batch[sequence].token_ids,
+                    "states": states,
+                    "fixed_point": fixed_point,
+                    "length": length,
+                    "iterations": len(states) - 1,
+                    "model_hash": model_hash,
+                    "seed": cfg.seed,
+                }
+            )
+    return CollectResult(records=records, new_tokens=new_tokens, seconds=time.perf_counter() - start)

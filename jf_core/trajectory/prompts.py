@@ -1,0 +1,177 @@
+"""Prompt sources for trajectory collection.
+
+A source is a JSONL (optionally .gz) or Parquet file, a directory saved with `datasets.save_to_disk`, a hub dataset
+id, or `embedded` (the embedded task's train split). Rows give either a text field or chat messages; the
+tokenizer's chat template is applied when it has one (configurable). Text is used exactly as stored: whitespace is
+never collapsed (upstream's bucketing destroys code indentation that way).
+
+Rows that cannot be used are skipped and counted by reason (missing field, empty, too long); a file that cannot be
+parsed is an error naming the file and line.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+
+class PromptSourceError(ValueError):
+    pass
+
+
+class PromptSourceConfig(BaseModel):
+    source: str = "embedded"  # path (.jsonl, .jsonl.gz, .parquet, datasets dir), hub id, or "embedded"
+    split: str = "train"
+    text_field: str = "prompt"
+    messages_field: str | None = None  # e.g. "messages": a list of {"role", "content"}
+    id_field: str | None = None  # default: the row number
+    chat_template: bool | None = None  # None: apply when the tokenizer has one
+    system_prompt: str | None = None
+    min_prompt_tokens: int = Field(1, ge=1)
+    max_prompt_tokens: int | None = Field(None, ge=1)
+    limit: int | None = Field(None, ge=1)
+
+
+@dataclass(frozen=True)
+class PromptItem:
+    prompt_id: str
+    token_ids: list[int]
+
+
+@dataclass
+class PromptSet:
+    items: list[PromptItem]
+    skipped: Counter = field(default_factory=Counter)
+
+    def summary(self) -> dict:
+        return {"prompts": len(self.items), "skipped": dict(self.skipped)}
+
+
+def _read_jsonl(path: Path) -> Iterator[tuple[str, dict]]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise PromptSourceError(f"{path}:{lineno}: not valid JSON ({err.msg})") from err
+            if not isinstance(row, dict):
+                raise PromptSourceError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
+            yield str(lineno - 1), row
+
+
+def _read_parquet(path: Path) -> Iterator[tuple[str, dict]]:
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except Exception as err:  # pyarrow raises several types for a damaged file
+        raise PromptSourceError(f"{path}: cannot read as Parquet ({err})") from err
+    for i, row in enumerate(table.to_pylist()):
+        yield str(i), row
+
+
+def _read_datasets(source: str, split: str) -> Iterator[tuple[str, dict]]:
+    import datasets
+
+    path = Path(source)
+    if path.is_dir():
+        ds = datasets.load_from_disk(str(path))
+        if isinstance(ds, datasets.DatasetDict):
+            if split not in ds:
+                raise PromptSourceError(f"{path}: no split {split!r} (has {sorted(ds)})")
+            ds = ds[split]
+    else:
+        ds = datasets.load_dataset(source, split=split)
+    for i, row in enumerate(ds):
+        yield str(i), row
+
+
+def read_rows(cfg: PromptSourceConfig) -> Iterator[tuple[str, dict]]:
+    if cfg.source == "embedded":
+        from jf_core.toy.task import make_split
+
+        for example in make_split(cfg.split, cfg.limit or 1000):
+            yield example.uid, {cfg.text_field: example.prompt}
+        return
+    path = Path(cfg.source).expanduser()
+    name = path.name.lower()
+    if name.endswith((".jsonl", ".jsonl.gz", ".json.gz")):
+        if not path.is_file():
+            raise PromptSourceError(f"prompt file {path} does not exist")
+        yield from _read_jsonl(path)
+    elif name.endswith(".parquet"):
+        if not path.is_file():
+            raise PromptSourceError(f"prompt file {path} does not exist")
+        yield from _read_parquet(path)
+    else:
+        yield from _read_datasets(cfg.source, cfg.split)
+
+
+def _render(cfg: PromptSourceConfig, row: dict, tokenizer) -> tuple[str | None, str | None]:
+    """(text to tokenize, skip reason)."""
+    use_template = (
+        cfg.chat_template if cfg.chat_template is not None else bool(getattr(tokenizer, "chat_template", None))
+    )
+    if cfg.messages_field is not None:
+        messages = row.get(cfg.messages_field)
+        if not isinstance(messages, list) or not messages:
+            return None, f"missing_field:{cfg.messages_field}"
+        if not use_template:
+            raise PromptSourceError(f"messages_field {cfg.messages_field!r} needs a tokenizer with a chat template")
+        if all(not str(m.get("content", "")).strip() for m in messages):
+            return None, "empty"
+    else:
+        text = row.get(cfg.text_field)
+        if not isinstance(text, str):
+            return None, f"missing_field:{cfg.text_field}"
+        if not text.strip():
+            return None, "empty"
+        if not use_template:
+            return text, None
+        messages = [{"role": "user", "content": text}]
+    if cfg.system_prompt is not None:
+        messages = [{"role": "system", "content": cfg.system_prompt}, *messages]
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False), None
+
+
+def load_prompts(
+    cfg: PromptSourceConfig, tokenizer, *, context_length: int | None = None, max_new_tokens: int = 0
+) -> PromptSet:
+    """Tokenize the source's prompts, skipping (and counting) the unusable, sorted by length so that batches and
+    shards hold prompts of similar lengths. A prompt whose tokens plus `max_new_tokens` exceed `context_length` is
+    skipped as too long."""
+    items: list[PromptItem] = []
+    skipped: Counter = Counter()
+    seen = 0
+    for row_id, row in read_rows(cfg):
+        if cfg.limit is not None and seen >= cfg.limit:
+            break
+        seen += 1
+        text, reason = _render(cfg, row, tokenizer)
+        if text is None:
+            skipped[reason] += 1
+            continue
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(ids) < cfg.min_prompt_tokens:
+            skipped["too_short"] += 1
+            continue
+        too_long = cfg.max_prompt_tokens is not None and len(ids) > cfg.max_prompt_tokens
+        if too_long or (context_length is not None and len(ids) + max_new_tokens > context_length):
+            skipped["too_long"] += 1
+            continue
+        prompt_id = str(row[cfg.id_field]) if cfg.id_field and cfg.id_field in row else row_id
+        items.append(PromptItem(prompt_id=prompt_id, token_ids=ids))
+    ids_seen = [i.prompt_id for i in items]
+    if len(set(ids_seen)) != len(ids_seen):
+        raise PromptSourceError(f"{cfg.source}: prompt ids are not unique (id_field={cfg.id_field!r})")
+    items.sort(key=lambda item: len(item.token_ids))
+    return PromptSet(items=items, skipped=skipped)

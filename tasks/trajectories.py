@@ -1,0 +1,237 @@
+"""Trajectory generation over a Ray actor pool.
+
+One actor per GPU (`gpus_per_worker=1`) or per CPU slot loads the model once and takes prompt shards as they come.
+A shard's key hashes (model hash, the shard's prompts, block size, seed, generation settings), and its file is
+named by the key and written atomically, so an actor that dies mid-shard (Ray restarts it and retries the call), a
+retried call, or a re-run of the whole job can never add a second copy of a shard or lose one; a re-run skips
+shards the manifest lists with an unchanged hash. Only this driver writes the manifest.
+
+Local Ray by default; a cluster via `compute.ray_address` or RAY_ADDRESS.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from jf_core.config import Profile
+from jf_core.trajectory.collect import CollectConfig
+from jf_core.trajectory.prompts import PromptItem, load_prompts
+from jf_core.trajectory.store import ShardInfo, TrajectoryStore
+
+CHAOS_ENV = "JF_CHAOS_DIE_ONCE"  # test hook: path of a marker file; the first shard call that creates it dies
+
+
+@dataclass
+class TrajectoryRunSummary:
+    out: str
+    prompts: int
+    skipped: dict
+    shards: int
+    shards_generated: int
+    rows: int
+    new_tokens_generated: int
+    seconds: float
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens_generated / self.seconds if self.seconds else 0.0
+
+
+def collect_config(profile: Profile) -> CollectConfig:
+    t = profile.trajectory
+    return CollectConfig(
+        block_size=t.block_size,
+        max_new_tokens=t.max_new_tokens,
+        seed=t.seed,
+        batch_size=t.batch_size,
+        draft_init=t.draft_init,
+        round_id=t.round_id,
+    )
+
+
+def shard_key(model_hash: str, items: list[PromptItem], cfg: CollectConfig) -> str:
+    blob = json.dumps(
+        {"model": model_hash, "collect": asdict(cfg), "prompts": [(p.prompt_id, p.token_ids) for p in items]},
+        sort_keys=True,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def model_identity(path: str) -> str:
+    from jf_core.models import model_fingerprint
+
+    local = Path(path).expanduser()
+    return model_fingerprint(local) if local.is_dir() else hashlib.sha256(path.encode()).hexdigest()[:16]
+
+
+class TrajectoryWorker:
+    """Body of the Ray actor (wrapped with ray.remote in `_pool`); importable and testable without Ray."""
+
+    def __init__(
+        self,
+        model_path: str,
+        model_kwargs: dict,
+        cfg: CollectConfig,
+        out: str,
+        model_hash: str,
+        threads: int,
+        chaos_marker: str | None = None,
+    ) -> None:
+        import torch
+
+        from jf_core.models import load_model
+
+        torch.set_num_threads(max(1, threads))
+        self.model, self.tokenizer = load_model(model_path, **model_kwargs)
+        self.cfg, self.out, self.model_hash, self.model_path = cfg, Path(out), model_hash, model_path
+        self.chaos_marker = chaos_marker
+
+    def run_shard(self, key: str, items: list[tuple[str, list[int]]]) -> dict:
+        from jf_core.trajectory.collect import collect
+        from jf_core.trajectory.store import write_shard
+
+        prompts = [PromptItem(prompt_id=i, token_ids=ids) for i, ids in items]
+        result = collect(self.model, self.tokenizer, prompts, self.cfg, model_hash=self.model_hash)
+        if self.chaos_marker is not None and not os.path.exists(self.chaos_marker):
+            # Die as badly as possible: mid-write, leaving a partial temporary file behind.
+            Path(self.chaos_marker).write_text(key)
+            (self.out / f".shard-{key}.parquet.partial.tmp").write_bytes(b"PAR1 half a shard")
+            os._exit(1)
+        meta = {"jf.model_id": self.model_path, "jf.generation_config": json.dumps(asdict(self.cfg), sort_keys=True)}
+        info = write_shard(
+            self.out,
+            key,
+            result.records,
+            meta,
+            prompts=len(prompts),
+            new_tokens=result.new_tokens,
+            seconds=result.seconds,
+        )
+        return asdict(info)
+
+
+def _ray_init(profile: Profile) -> bool:
+    """Start or join Ray; return True when this call started it (and so should shut it down)."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    address = profile.compute.ray_address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    else:
+        cpus = max(os.cpu_count() or 1, int(profile.compute.workers * profile.compute.cpus_per_worker))
+        ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False)
+    return True
+
+
+def generate_trajectories(profile: Profile, out: str | Path, *, progress: bool = True) -> TrajectoryRunSummary:
+    from transformers import AutoConfig, AutoTokenizer
+
+    from jf_core.models import check_tokenizer
+
+    started = time.perf_counter()
+    model_path = profile.model.resolve()
+    tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=profile.model.trust_remote_code)
+    check_tokenizer(tokenizer, model_path)
+    context = getattr(
+        AutoConfig.from_pretrained(model_path, trust_remote_code=profile.model.trust_remote_code),
+        "max_position_embeddings",
+        None,
+    )
+    cfg = collect_config(profile)
+    prompt_set = load_prompts(
+        profile.prompts, tokenizer, context_length=context, max_new_tokens=cfg.jacobi().max_new_tokens
+    )
+    model_hash = model_identity(model_path)
+    size = profile.trajectory.shard_size
+    shards = [prompt_set.items[i : i + size] for i in range(0, len(prompt_set.items), size)]
+    keyed = [(shard_key(model_hash, s, cfg), s) for s in shards]
+
+    store = TrajectoryStore(out)
+    store.set_meta(
+        profile=profile.name, model=model_path, model_hash=model_hash, collect=asdict(cfg), prompts=prompt_set.summary()
+    )
+    todo = [(k, s) for k, s in keyed if not store.is_done(k)]
+    generated_tokens = 0
+    if todo:
+        generated_tokens = _run_pool(profile, model_path, model_hash, cfg, store, todo, progress)
+    manifest = store.manifest()["shards"]
+    return TrajectoryRunSummary(
+        out=str(out),
+        prompts=len(prompt_set.items),
+        skipped=dict(prompt_set.skipped),
+        shards=len(keyed),
+        shards_generated=len(todo),
+        rows=sum(manifest[k]["rows"] for k, _ in keyed),
+        new_tokens_generated=generated_tokens,
+        seconds=time.perf_counter() - started,
+    )
+
+
+def _run_pool(
+    profile: Profile,
+    model_path: str,
+    model_hash: str,
+    cfg: CollectConfig,
+    store: TrajectoryStore,
+    todo: list,
+    progress: bool,
+) -> int:
+    import ray
+    from ray.util.actor_pool import ActorPool
+
+    compute = profile.compute
+    started_ray = _ray_init(profile)
+    try:
+        actor_cls = ray.remote(TrajectoryWorker).options(
+            num_cpus=compute.cpus_per_worker,
+            num_gpus=compute.gpus_per_worker,
+            max_restarts=compute.max_restarts,
+            max_task_retries=compute.max_task_retries,
+        )
+        model_kwargs = {
+            "dtype": profile.model.dtype,
+            "device": "cuda"
+            if compute.gpus_per_worker > 0
+            else ("cpu" if profile.model.device == "auto" else profile.model.device),
+            "attn_implementation": profile.model.attn_implementation,
+            "trust_remote_code": profile.model.trust_remote_code,
+        }
+        workers = [
+            actor_cls.remote(
+                model_path,
+                model_kwargs,
+                cfg,
+                str(store.root),
+                model_hash,
+                int(compute.cpus_per_worker),
+                os.environ.get(CHAOS_ENV),
+            )
+            for _ in range(min(compute.workers, len(todo)))
+        ]
+        pool = ActorPool(workers)
+        payloads = [(key, [(p.prompt_id, p.token_ids) for p in items]) for key, items in todo]
+        tokens, t0 = 0, time.perf_counter()
+        bar = tqdm(
+            total=len(payloads), desc="trajectory shards", unit="shard", disable=not progress, dynamic_ncols=True
+        )
+        for info in pool.map_unordered(lambda actor, payload: actor.run_shard.remote(*payload), payloads):
+            store.commit(ShardInfo(**info))
+            tokens += info["new_tokens"]
+            bar.update(1)
+            bar.set_postfix(tokens_per_s=f"{tokens / (time.perf_counter() - t0):.0f}")
+        bar.close()
+        for leftover in store.root.glob(".shard-*.tmp"):
+            leftover.unlink()  # partial files of calls that died; their shards were rewritten under the real name
+        return tokens
+    finally:
+        if started_ray:
+            ray.shutdown()

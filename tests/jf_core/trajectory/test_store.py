@@ -1,0 +1,92 @@
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from jf_core.trajectory.schema import TrajectoryValidationError
+from jf_core.trajectory.store import TrajectoryStore, read_shard, write_shard
+
+
+def record(prompt_id="p0", block=0, n=4):
+    fixed = [5, 6, 7, 8][:n]
+    return {
+        "prompt_id": prompt_id,
+        "round_id": "r0",
+        "block_index": block,
+        "n": n,
+        "prompt_ids": [1, 2, 3],
+        "states": [[5, 9, 9, 9][:n], [5, 6, 9, 9][:n], fixed],
+        "fixed_point": fixed,
+        "length": n,
+        "iterations": 2,
+        "model_hash": "abc",
+        "seed": 0,
+    }
+
+
+def write(root, key="k1", records=None):
+    records = records if records is not None else [record("p0", 0), record("p0", 1), record("p1", 0)]
+    return write_shard(root, key, records, {"jf.model_id": "m"}, prompts=2, new_tokens=12, seconds=0.1)
+
+
+def test_round_trip_with_pyarrow_and_datasets(tmp_path):
+    store = TrajectoryStore(tmp_path)
+    store.commit(write(tmp_path))
+    table = store.read()
+    assert table.num_rows == 3 and table.column("states").to_pylist()[0] == [[5, 9, 9, 9], [5, 6, 9, 9], [5, 6, 7, 8]]
+    ds = store.dataset()
+    assert len(ds) == 3 and ds[2]["prompt_id"] == "p1" and ds[0]["fixed_point"] == [5, 6, 7, 8]
+    assert store.is_done("k1") and not store.is_done("k2")
+    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".parquet") == ["shard-k1.parquet"]
+
+
+def test_invalid_record_leaves_nothing(tmp_path):
+    bad = record()
+    bad["states"][-1] = [5, 6, 7, 0]
+    with pytest.raises(TrajectoryValidationError, match="last state is not the fixed point"):
+        write(tmp_path, records=[record(), bad])
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("length", 0, "length 0 outside"),
+        ("iterations", 5, "iterations 5"),
+        ("states", [], "no draft states"),
+        ("states", [[9, 6, 7, 8], [5, 6, 7, 8]], "initial draft"),
+    ],
+)
+def test_record_rules(tmp_path, field, value, message):
+    bad = record()
+    bad[field] = value
+    with pytest.raises(TrajectoryValidationError, match=message):
+        write(tmp_path, records=[bad])
+
+
+def test_corrupted_shard_is_named(tmp_path):
+    info = write(tmp_path)
+    path = tmp_path / info.file
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(TrajectoryValidationError, match=f"{info.file} is not a readable Parquet file"):
+        read_shard(path)
+    store = TrajectoryStore(tmp_path)
+    store.commit(info)
+    with pytest.raises(TrajectoryValidationError, match="content hash"):
+        store.read()
+    assert not store.is_done(info.key)
+
+
+def test_foreign_shard_is_named(tmp_path):
+    pq.write_table(pa.table({"prompt_id": ["x"], "text": ["hello"]}), tmp_path / "foreign.parquet")
+    with pytest.raises(
+        TrajectoryValidationError, match=r"foreign\.parquet is not a jf trajectory shard: missing columns"
+    ):
+        read_shard(tmp_path / "foreign.parquet")
+
+
+def test_empty_store_is_an_error(tmp_path):
+    with pytest.raises(TrajectoryValidationError, match="no trajectory shards"):
+        TrajectoryStore(tmp_path).read()
