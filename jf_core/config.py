@@ -77,13 +77,12 @@ def available_profiles() -> list[str]:
 
 def load_profile(name_or_path: str, **overrides: dict) -> Profile:
     """A profile by name (jf_core/profiles/NAME.yaml) or path; `overrides` are merged per section."""
-    path = Path(name_or_path)
-    if not path.suffix:
-        path = PROFILES_DIR / f"{name_or_path}.yaml"
-        if not path.is_file():
-            raise ValueError(f"unknown profile {name_or_path!r}; available: {', '.join(available_profiles())}")
-    elif not path.is_file():
-        raise ValueError(f"profile file {path} does not exist")
+    named = PROFILES_DIR / f"{name_or_path}.yaml"
+    path = named if named.is_file() else Path(name_or_path)
+    if not path.is_file():
+        if path.suffix in (".yaml", ".yml"):
+            raise ValueError(f"profile file {path} does not exist")
+        raise ValueError(f"unknown profile {name_or_path!r}; available: {', '.join(available_profiles())}")
     data = yaml.safe_load(path.read_text()) or {}
     for section, values in overrides.items():
         data.setdefault(section, {}).update({k: v for k, v in values.items() if v is not None})

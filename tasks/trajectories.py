@@ -37,11 +37,13 @@ class TrajectoryRunSummary:
     shards_generated: int
     rows: int
     new_tokens_generated: int
-    seconds: float
+    seconds: float  # end to end: prompts, Ray and actor start-up, generation
+    pool_seconds: float = 0.0  # generation only: from all actors ready to the last shard committed
 
     @property
     def tokens_per_second(self) -> float:
-        return self.new_tokens_generated / self.seconds if self.seconds else 0.0
+        """Generation throughput of the actor pool (start-up excluded)."""
+        return self.new_tokens_generated / self.pool_seconds if self.pool_seconds else 0.0
 
 
 def collect_config(profile: Profile) -> CollectConfig:
@@ -93,6 +95,9 @@ class TrajectoryWorker:
         self.cfg, self.out, self.model_hash, self.model_path = cfg, Path(out), model_hash, model_path
         self.chaos_marker = chaos_marker
 
+    def ready(self) -> bool:
+        return True
+
     def run_shard(self, key: str, items: list[tuple[str, list[int]]]) -> dict:
         from jf_core.trajectory.collect import collect
         from jf_core.trajectory.store import write_shard
@@ -127,6 +132,8 @@ def _ray_init(profile: Profile) -> bool:
     if address:
         ray.init(address=address, include_dashboard=False, log_to_driver=False)
     else:
+        # A private single-machine Ray: token auth (on by default in Ray 2.60) would only write ~/.ray/auth_token.
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         cpus = max(os.cpu_count() or 1, int(profile.compute.workers * profile.compute.cpus_per_worker))
         ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False)
     return True
@@ -160,9 +167,9 @@ def generate_trajectories(profile: Profile, out: str | Path, *, progress: bool =
         profile=profile.name, model=model_path, model_hash=model_hash, collect=asdict(cfg), prompts=prompt_set.summary()
     )
     todo = [(k, s) for k, s in keyed if not store.is_done(k)]
-    generated_tokens = 0
+    generated_tokens, pool_seconds = 0, 0.0
     if todo:
-        generated_tokens = _run_pool(profile, model_path, model_hash, cfg, store, todo, progress)
+        generated_tokens, pool_seconds = _run_pool(profile, model_path, model_hash, cfg, store, todo, progress)
     manifest = store.manifest()["shards"]
     return TrajectoryRunSummary(
         out=str(out),
@@ -173,6 +180,7 @@ def generate_trajectories(profile: Profile, out: str | Path, *, progress: bool =
         rows=sum(manifest[k]["rows"] for k, _ in keyed),
         new_tokens_generated=generated_tokens,
         seconds=time.perf_counter() - started,
+        pool_seconds=pool_seconds,
     )
 
 
@@ -184,7 +192,7 @@ def _run_pool(
     store: TrajectoryStore,
     todo: list,
     progress: bool,
-) -> int:
+) -> tuple[int, float]:
     import ray
     from ray.util.actor_pool import ActorPool
 
@@ -217,6 +225,7 @@ def _run_pool(
             )
             for _ in range(min(compute.workers, len(todo)))
         ]
+        ray.get([w.ready.remote() for w in workers])  # model loads are start-up, not generation time
         pool = ActorPool(workers)
         payloads = [(key, [(p.prompt_id, p.token_ids) for p in items]) for key, items in todo]
         tokens, t0 = 0, time.perf_counter()
@@ -231,7 +240,7 @@ def _run_pool(
         bar.close()
         for leftover in store.root.glob(".shard-*.tmp"):
             leftover.unlink()  # partial files of calls that died; their shards were rewritten under the real name
-        return tokens
+        return tokens, time.perf_counter() - t0
     finally:
         if started_ray:
             ray.shutdown()
