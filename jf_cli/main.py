@@ -152,6 +152,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     trajectories.register(sub)
     trajectories.register_bench(bench_sub)
+
+    from jf_cli import rounds
+
+    rounds.register(sub)
     return parser
 
 

@@ -56,12 +56,50 @@ class ComputeConfig(_Strict):
     max_task_retries: int = Field(2, ge=0)
 
 
+class JFTrainConfig(_Strict):
+    steps: int = Field(600, ge=1)
+    lr: float = Field(1e-3, gt=0)
+    warmup_steps: int = Field(30, ge=0)
+    batch_size: int = Field(16, ge=1)
+    grad_accum: int = Field(1, ge=1)
+    grad_clip: float = Field(1.0, gt=0)
+    ar_weight: float = Field(1.0, ge=0)  # lambda
+    consistency_weight: float = Field(1.0, ge=0)
+    temperature: float = Field(1.0, gt=0)  # tau
+    hard_targets: bool = False
+    schedule: Literal["progressive", "reverse", "random"] = "progressive"
+    window: int = Field(16, ge=1)  # w: blocks per noise window
+    min_ratio: float = Field(0.0, ge=0, le=1)
+    max_ratio: float = Field(1.0, ge=0, le=1)
+    mask: Literal["shipped", "clean_context"] = "shipped"
+    max_length: int = Field(2048, ge=8)
+    mix_ar_every: int = Field(0, ge=0)  # every k-th batch is plain AR on ground-truth data (embedded task only)
+    seed: int = 0
+
+
+class EvalConfig(_Strict):
+    num_prompts: int = Field(200, ge=1)  # accuracy and TPF
+    speed_prompts: int = Field(30, ge=1)  # TPS at batch 1, JF vs AR side by side
+    block_sizes: list[int] = [16, 32]
+    max_new_tokens: int = Field(160, ge=1)
+    batch_size: int = Field(32, ge=1)
+
+
+class RoundSpec(_Strict):
+    block_size: int = Field(ge=1)
+    window: int | None = Field(None, ge=1)
+    steps: int | None = Field(None, ge=1)
+
+
 class Profile(_Strict):
     name: str
     model: ModelConfig = ModelConfig()
     prompts: PromptSourceConfig = PromptSourceConfig()
     trajectory: TrajectoryConfig = TrajectoryConfig()
     compute: ComputeConfig = ComputeConfig()
+    training: JFTrainConfig = JFTrainConfig()
+    evaluation: EvalConfig = EvalConfig()
+    rounds: list[RoundSpec] = []  # for `jf rounds`: growing block sizes, each round from the previous model
 
     @field_validator("name")
     @classmethod

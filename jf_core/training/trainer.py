@@ -77,8 +77,15 @@ def train(
     *,
     on_log: Callable[[int, dict[str, float]], None] | None = None,
     checkpoint_dir: Path | None = None,
+    checkpoint_every: int = 0,
+    resume: bool = True,
     progress: bool = True,
+    save_model: Callable[[Path], None] | None = None,
 ) -> TrainResult:
+    """Run `cfg.steps` optimizer steps. With `checkpoint_dir` and `checkpoint_every`, a checkpoint (weights,
+    optimizer state, step) is written atomically every that many steps and at the end, and with `resume` a run
+    restarts from the latest complete one: the data stream is fast-forwarded, so a resumed run reaches the same
+    weights as an uninterrupted one."""
     torch.manual_seed(cfg.seed)
     device = next(model.parameters()).device
     decay = [p for n, p in model.named_parameters() if p.requires_grad and p.ndim >= 2]
@@ -90,8 +97,15 @@ def train(
     )
     model.train()
     history: list[dict[str, float]] = []
+    first_step = 0
+    if checkpoint_dir is not None and resume:
+        latest = latest_checkpoint(checkpoint_dir)
+        if latest is not None:
+            first_step, history = _load_training_state(latest, model, optimizer)
+            for _ in range(first_step * cfg.grad_accum):
+                next(batches)
     start = time.perf_counter()
-    bar = tqdm(range(cfg.steps), desc="train", disable=not progress, dynamic_ncols=True)
+    bar = tqdm(range(first_step, cfg.steps), desc="train", disable=not progress, dynamic_ncols=True)
     for step in bar:
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, cfg)
@@ -113,10 +127,47 @@ def train(
             bar.set_postfix({k: f"{v:.3g}" for k, v in totals.items()})
             if on_log is not None:
                 on_log(step, row)
+        done = step + 1
+        if checkpoint_dir is not None and checkpoint_every and (done % checkpoint_every == 0 or done == cfg.steps):
+            _save_training_state(checkpoint_dir, done, model, optimizer, history, save_model)
     model.eval()
-    if checkpoint_dir is not None:
-        save_checkpoint(model, checkpoint_dir)
     return TrainResult(steps=cfg.steps, seconds=time.perf_counter() - start, history=history)
+
+
+def latest_checkpoint(checkpoint_dir: Path) -> Path | None:
+    """The newest complete checkpoint (incomplete ones never have their final name: see `save_checkpoint`)."""
+    done = sorted(p for p in Path(checkpoint_dir).glob("step-*") if (p / "trainer_state.json").is_file())
+    return done[-1] if done else None
+
+
+def _save_training_state(root: Path, step: int, model, optimizer, history, save_model) -> None:
+    import json
+
+    state = {"step": step, "history": history}
+    extra = {"trainer_state.json": json.dumps(state)}
+    target = Path(root) / f"step-{step:08d}"
+
+    class _WithOptimizer:
+        def save_pretrained(self, path, **kwargs):
+            (save_model or (lambda p: model.save_pretrained(p, safe_serialization=True)))(Path(path))
+            torch.save(optimizer.state_dict(), Path(path) / "optimizer.pt")
+
+    save_checkpoint(_WithOptimizer(), target, extra_files=extra)
+
+
+def _load_training_state(path: Path, model, optimizer) -> tuple[int, list[dict[str, float]]]:
+    import json
+
+    from safetensors.torch import load_file
+
+    weights = load_file(str(path / "model.safetensors"))
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    # Tied embeddings are saved once; anything else missing means the checkpoint is not this model's.
+    if unexpected or any("lm_head" not in k for k in missing):
+        raise ValueError(f"checkpoint {path} does not match the model: missing {missing}, unexpected {unexpected}")
+    optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
+    state = json.loads((path / "trainer_state.json").read_text())
+    return state["step"], state["history"]
 
 
 def causal_lm_loss(model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:

@@ -72,3 +72,46 @@ def test_checkpoint_replaces_atomically(tmp_path):
         save_checkpoint(Exploding(), out)
     assert (out / "a.txt").read_text() == "2"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+
+
+def varying_batches(seed=0):
+    """A different batch every step, so a resume that does not fast-forward the stream ends elsewhere."""
+    g = torch.Generator().manual_seed(seed)
+    while True:
+        ids = torch.randint(3, 64, (4, 12), generator=g)
+        yield {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
+
+
+def test_resume_reaches_the_same_weights(tmp_path):
+    cfg = TrainConfig(steps=8, lr=3e-3, warmup_steps=2, log_every=1)
+    straight = TINY_MODELS["qwen2"]().train()
+    train(straight, varying_batches(), causal_lm_loss, cfg, progress=False)
+
+    class Crash(Exception):
+        pass
+
+    def crash_after_5(step, row):
+        if step == 5:
+            raise Crash
+
+    crashed = TINY_MODELS["qwen2"]().train()
+    with pytest.raises(Crash):
+        train(
+            crashed,
+            varying_batches(),
+            causal_lm_loss,
+            cfg,
+            checkpoint_dir=tmp_path,
+            checkpoint_every=3,
+            on_log=crash_after_5,
+            progress=False,
+        )
+    assert [p.name for p in sorted(tmp_path.iterdir())] == ["step-00000003"]
+    resumed = TINY_MODELS["qwen2"]().train()  # fresh weights: everything must come from the checkpoint
+    result = train(
+        resumed, varying_batches(), causal_lm_loss, cfg, checkpoint_dir=tmp_path, checkpoint_every=3, progress=False
+    )
+    assert [h["step"] for h in result.history] == list(map(float, range(8)))
+    for (name, a), (_, b) in zip(straight.state_dict().items(), resumed.state_dict().items(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6, msg=name)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000003", "step-00000006", "step-00000008"]

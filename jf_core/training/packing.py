@@ -1,0 +1,181 @@
+"""Sequence packing: [prompt][noisy_0][clean_0][noisy_1][clean_1]... per prompt, and the batch collator.
+
+Both copies of block j share position ids P + j*n + (0..n-1), so the noisy and the clean stream are two causal
+"universes" over the same prompt. The mask (mask.py) is built in the collator from the layout, never stored.
+
+Maximum length policy: whole (noisy, clean) pairs are dropped from the end until the example fits, because a block
+without its predecessors has no clean prefix; an example whose first pair does not fit is skipped. Blocks must be
+contiguous from 0: a gap ends the example there (upstream's cyclic packer leaves gaps, so clean blocks stop being a
+continuation).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from jf_core.training.mask import NOISY, build_mask, layout
+from jf_core.training.noise import NoiseSchedule, pick_noisy_state
+
+
+@dataclass
+class PackedExample:
+    prompt_id: str
+    prompt: list[int]
+    n: int
+    noisy: list[list[int]]
+    clean: list[list[int]]
+    lengths: list[int]  # valid tokens per clean block (n, or through EOS)
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.clean)
+
+    @property
+    def total_length(self) -> int:
+        return len(self.prompt) + 2 * self.num_blocks * self.n
+
+    def input_ids(self) -> list[int]:
+        ids = list(self.prompt)
+        for noisy, clean in zip(self.noisy, self.clean, strict=True):
+            ids += noisy + clean
+        return ids
+
+    def position_ids(self) -> list[int]:
+        p = len(self.prompt)
+        block = [list(range(p + j * self.n, p + (j + 1) * self.n)) for j in range(self.num_blocks)]
+        return list(range(p)) + [pos for j in range(self.num_blocks) for pos in block[j] + block[j]]
+
+    def noisy_start(self, j: int) -> int:
+        return len(self.prompt) + 2 * j * self.n
+
+    def clean_start(self, j: int) -> int:
+        return self.noisy_start(j) + self.n
+
+
+@dataclass
+class PackStats:
+    examples: int = 0
+    blocks: int = 0
+    dropped_blocks: dict = field(default_factory=lambda: defaultdict(int))
+
+
+def pack_records(
+    records: Iterable[dict], schedule: NoiseSchedule, max_length: int
+) -> tuple[list[PackedExample], PackStats]:
+    by_prompt: dict[str, list[dict]] = defaultdict(list)
+    for r in records:
+        by_prompt[r["prompt_id"]].append(r)
+    stats = PackStats()
+    out = []
+    for prompt_id in sorted(by_prompt):
+        rows = sorted(by_prompt[prompt_id], key=lambda r: r["block_index"])
+        contiguous = []
+        for expected, r in enumerate(rows):
+            if r["block_index"] != expected:
+                stats.dropped_blocks["gap"] += len(rows) - expected
+                break
+            contiguous.append(r)
+        prompt, n = contiguous[0]["prompt_ids"], contiguous[0]["n"]
+        fits = max(0, (max_length - len(prompt)) // (2 * n))
+        if fits < len(contiguous):
+            stats.dropped_blocks["max_length"] += len(contiguous) - fits
+            contiguous = contiguous[:fits]
+        if not contiguous:
+            continue
+        noisy = []
+        for r in contiguous:
+            target = schedule.target(r["block_index"], prompt_id)
+            noisy.append(list(r["states"][pick_noisy_state(r["states"], r["fixed_point"], r["length"], target)]))
+        out.append(
+            PackedExample(
+                prompt_id=prompt_id,
+                prompt=list(prompt),
+                n=n,
+                noisy=noisy,
+                clean=[list(r["fixed_point"]) for r in contiguous],
+                lengths=[r["length"] for r in contiguous],
+            )
+        )
+        stats.examples += 1
+        stats.blocks += len(contiguous)
+    return out, stats
+
+
+def loss_positions(ex: PackedExample) -> tuple[list[tuple[int, int]], list[tuple[int, int, int]]]:
+    """(AR pairs (source position, target token), consistency triples (student pos, teacher pos, hard target)).
+
+    AR: every clean-block token through its valid length, predicted from the clean token before it (for C_j[0]:
+    the last token of C_{j-1}, or of the prompt). Consistency: for block j, offsets t from the first position where
+    N_j differs from C_j to the end; the student is N_j[t], the teacher C_j[t]; t is kept while the token it
+    predicts is valid (post-EOS positions are ignored). The hard target is the fixed-point token t predicts."""
+    ar, cons = [], []
+    p = len(ex.prompt)
+    for j in range(ex.num_blocks):
+        c0, n0, length = ex.clean_start(j), ex.noisy_start(j), ex.lengths[j]
+        prev = p - 1 if j == 0 else ex.clean_start(j - 1) + ex.n - 1
+        sources = [prev] + [c0 + t for t in range(ex.n - 1)]
+        ar += [(sources[t], ex.clean[j][t]) for t in range(length)]
+        first = next((t for t in range(length) if ex.noisy[j][t] != ex.clean[j][t]), None)
+        if first is None:
+            continue
+        for t in range(first, ex.n):
+            if t + 1 < length:
+                hard = ex.clean[j][t + 1]
+            elif t == ex.n - 1 and length == ex.n:
+                hard = ex.clean[j + 1][0] if j + 1 < ex.num_blocks else -100
+            else:
+                break
+            cons.append((n0 + t, c0 + t, hard))
+    return ar, cons
+
+
+def collate(examples: Sequence[PackedExample], pad_token_id: int, variant: str = "shipped") -> dict[str, torch.Tensor]:
+    width = max(e.total_length for e in examples)
+    batch = len(examples)
+    ids = torch.full((batch, width), pad_token_id, dtype=torch.long)
+    pos = torch.zeros((batch, width), dtype=torch.long)
+    kinds, blocks = [], []
+    ar_lists, cons_lists = [], []
+    for b, e in enumerate(examples):
+        ids[b, : e.total_length] = torch.tensor(e.input_ids())
+        pos[b, : e.total_length] = torch.tensor(e.position_ids())
+        kind, block = layout(len(e.prompt), e.n, e.num_blocks, width)
+        kinds.append(kind)
+        blocks.append(block)
+        ar, cons = loss_positions(e)
+        ar_lists.append(ar)
+        cons_lists.append(cons)
+    kind, block = torch.stack(kinds), torch.stack(blocks)
+    k_ar = max(1, max(len(a) for a in ar_lists))
+    k_cons = max(1, max(len(c) for c in cons_lists))
+    ar_src = torch.zeros((batch, k_ar), dtype=torch.long)
+    ar_tgt = torch.full((batch, k_ar), -100, dtype=torch.long)
+    student = torch.zeros((batch, k_cons), dtype=torch.long)
+    teacher = torch.zeros((batch, k_cons), dtype=torch.long)
+    hard = torch.full((batch, k_cons), -100, dtype=torch.long)
+    cons_valid = torch.zeros((batch, k_cons), dtype=torch.bool)
+    for b, (ar, cons) in enumerate(zip(ar_lists, cons_lists, strict=True)):
+        if ar:
+            ar_src[b, : len(ar)] = torch.tensor([s for s, _ in ar])
+            ar_tgt[b, : len(ar)] = torch.tensor([t for _, t in ar])
+        if cons:
+            student[b, : len(cons)] = torch.tensor([s for s, _, _ in cons])
+            teacher[b, : len(cons)] = torch.tensor([t for _, t, _ in cons])
+            hard[b, : len(cons)] = torch.tensor([h for _, _, h in cons])
+            cons_valid[b, : len(cons)] = True
+    return {
+        "input_ids": ids,
+        "position_ids": pos,
+        "attention_mask": build_mask(kind, block, variant),
+        "ar_src": ar_src,
+        "ar_tgt": ar_tgt,
+        "cons_student": student,
+        "cons_teacher": teacher,
+        "cons_hard": hard,
+        "cons_valid": cons_valid,
+        "noisy_tokens": (kind == NOISY).sum(),
+    }

@@ -1,0 +1,173 @@
+"""Mask, packing and loss equivalence: the one-pass machinery computes exactly what separate passes would."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from jf_core.training.losses import JFLossConfig, jf_losses
+from jf_core.training.mask import build_mask, layout
+from jf_core.training.noise import NoiseSchedule
+from jf_core.training.packing import PackedExample, collate, loss_positions, pack_records
+from tests.conftest import PAD, TINY_MODELS
+
+
+def reference_mask(prompt_len, n, blocks, width, variant):
+    """The rules, written out position by position."""
+
+    def where(i):
+        if i < prompt_len:
+            return ("P", -1, i)
+        if i >= prompt_len + 2 * n * blocks:
+            return ("pad", -1, i)
+        seg = (i - prompt_len) // n
+        return ("N" if seg % 2 == 0 else "C", seg // 2, (i - prompt_len) % n)
+
+    m = torch.zeros(width, width, dtype=torch.bool)
+    for q in range(width):
+        kq, bq, oq = where(q)
+        for k in range(width):
+            kk, bk, ok = where(k)
+            if kq == "pad":
+                ok_ = q == k
+            elif kq == "P":
+                ok_ = kk == "P" and k <= q
+            elif kk == "P":
+                ok_ = True
+            elif kk == kq and bk == bq:
+                ok_ = ok <= oq
+            elif kq == "C":
+                ok_ = kk == "C" and bk < bq
+            else:
+                ok_ = kk == ("N" if variant == "shipped" else "C") and bk < bq
+            m[q, k] = ok_
+    return m
+
+
+@pytest.mark.parametrize("variant", ["shipped", "clean_context"])
+def test_mask_equals_rules_on_random_layouts(variant):
+    rng = random.Random(0)
+    for _ in range(25):
+        p, n, t = rng.randint(1, 6), rng.randint(1, 5), rng.randint(1, 4)
+        width = p + 2 * n * t + rng.randint(0, 5)
+        kind, block = layout(p, n, t, width)
+        assert torch.equal(build_mask(kind[None], block[None], variant)[0, 0], reference_mask(p, n, t, width, variant))
+
+
+def record(pid, j, states, fixed, length=None):
+    return {
+        "prompt_id": pid,
+        "block_index": j,
+        "n": len(fixed),
+        "prompt_ids": [7, 8, 9],
+        "states": states,
+        "fixed_point": fixed,
+        "length": length or len(fixed),
+    }
+
+
+def test_packing_layout_positions_and_policy():
+    recs = [
+        record("a", 0, [[1, 5, 5], [1, 2, 5], [1, 2, 3]], [1, 2, 3]),
+        record("a", 1, [[4, 9, 9], [4, 5, 6]], [4, 5, 6]),
+        record("a", 2, [[7, 9, 9], [7, 8, 9]], [7, 8, 9]),
+        record("b", 0, [[1, 1, 1]], [1, 1, 1]),
+        record("b", 2, [[2, 2, 2]], [2, 2, 2]),  # gap: block 1 missing
+    ]
+    packed, stats = pack_records(
+        recs, NoiseSchedule("progressive", window=2, min_ratio=0.0, max_ratio=1.0), max_length=3 + 2 * 3 * 2
+    )
+    a, b = packed
+    assert a.num_blocks == 2 and stats.dropped_blocks == {"max_length": 1, "gap": 1}
+    # block 0 target ratio 0 -> the fixed point itself; block 1 target 1.0 -> the initial draft (ratio 2/3)
+    assert a.noisy == [[1, 2, 3], [4, 9, 9]]
+    assert a.input_ids() == [7, 8, 9, 1, 2, 3, 1, 2, 3, 4, 9, 9, 4, 5, 6]
+    assert a.position_ids() == [0, 1, 2, 3, 4, 5, 3, 4, 5, 6, 7, 8, 6, 7, 8]
+    assert b.num_blocks == 1
+
+
+def test_loss_positions_skip_converged_prefix_and_post_eos():
+    ex = PackedExample(
+        "x", [7, 8], 4, noisy=[[1, 9, 9, 9], [5, 6, 9, 9]], clean=[[1, 2, 3, 4], [5, 6, 2, 0]], lengths=[4, 3]
+    )
+    ar, cons = loss_positions(ex)
+    # AR: C0 from the prompt's last token, C1[0] from C0's last token; C1 only through its valid length 3
+    assert ar == [(1, 1), (6, 2), (7, 3), (8, 4), (9, 5), (14, 6), (15, 2)]
+    # N0 differs from offset 1: t = 1..3 (t=3 predicts C1[0]); N1 differs from offset 2, and t=2 would predict a
+    # post-EOS token, so nothing is kept for block 1
+    assert cons == [(3, 7, 3), (4, 8, 4), (5, 9, 5)]
+
+
+def separate_pass_losses(model, ex: PackedExample, cfg: JFLossConfig):
+    """Reference: per block, plain causal forwards over [prompt][N_0..N_j] and [prompt][C_0..C_j]."""
+    p, n = len(ex.prompt), ex.n
+    at: dict[int, torch.Tensor] = {}
+    for j in range(ex.num_blocks):
+        noisy_seq = ex.prompt + [t for b in ex.noisy[: j + 1] for t in b]
+        clean_seq = ex.prompt + [t for b in ex.clean[: j + 1] for t in b]
+        ln = model(input_ids=torch.tensor([noisy_seq])).logits[0]
+        lc = model(input_ids=torch.tensor([clean_seq])).logits[0]
+        for t in range(n):
+            at[ex.noisy_start(j) + t] = ln[p + j * n + t]
+            at[ex.clean_start(j) + t] = lc[p + j * n + t]
+        if j == 0:
+            at[p - 1] = lc[p - 1]
+    ar_pairs, cons = loss_positions(ex)
+    ar = torch.stack([torch.nn.functional.cross_entropy(at[s][None], torch.tensor([t])) for s, t in ar_pairs]).mean()
+    kls = []
+    for s, t, _ in cons:
+        log_p_t = torch.log_softmax(at[t] / cfg.temperature, -1)
+        log_p_s = torch.log_softmax(at[s] / cfg.temperature, -1)
+        kls.append((log_p_t.exp() * (log_p_t - log_p_s)).sum() * cfg.temperature**2)
+    return ar, torch.stack(kls).mean()
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_one_pass_losses_equal_separate_passes(arch):
+    model = TINY_MODELS[arch]()
+    g = torch.Generator().manual_seed(0)
+    examples = []
+    for prompt_len, blocks in ((3, 3), (6, 2)):
+        clean = [torch.randint(3, 500, (4,), generator=g).tolist() for _ in range(blocks)]
+        noisy = [[c[0], *torch.randint(3, 500, (3,), generator=g).tolist()] for c in clean]
+        examples.append(
+            PackedExample(
+                "e", torch.randint(3, 500, (prompt_len,), generator=g).tolist(), 4, noisy, clean, [4] * blocks
+            )
+        )
+    cfg = JFLossConfig(temperature=2.0)
+    batch = collate(examples, PAD)  # batch of 2 with padding
+    with torch.no_grad():
+        logits = model(
+            input_ids=batch["input_ids"], position_ids=batch["position_ids"], attention_mask=batch["attention_mask"]
+        ).logits
+        _, metrics = jf_losses(logits, batch, cfg)
+        refs = [separate_pass_losses(model, e, cfg) for e in examples]
+    n_ar = [len(loss_positions(e)[0]) for e in examples]
+    n_cons = [len(loss_positions(e)[1]) for e in examples]
+    ar_ref = sum(r[0] * k for r, k in zip(refs, n_ar, strict=True)) / sum(n_ar)
+    cons_ref = sum(r[1] * k for r, k in zip(refs, n_cons, strict=True)) / sum(n_cons)
+    assert metrics["ar_loss"] == pytest.approx(ar_ref.item(), abs=1e-5)
+    assert metrics["consistency_loss"] == pytest.approx(cons_ref.item(), abs=1e-5)
+
+
+def test_consistency_is_zero_when_noisy_equals_clean():
+    model = TINY_MODELS["qwen2"]()
+    clean = [[11, 12, 13, 14], [15, 16, 17, 18]]
+    same = PackedExample("s", [5, 6], 4, noisy=[list(c) for c in clean], clean=clean, lengths=[4, 4])
+    batch = collate([same], PAD)
+    logits = model(
+        input_ids=batch["input_ids"], position_ids=batch["position_ids"], attention_mask=batch["attention_mask"]
+    ).logits
+    for cfg in (JFLossConfig(), JFLossConfig(hard_targets=True)):
+        _, m = jf_losses(logits, batch, cfg)
+        assert m["consistency_loss"] == 0.0 and m["consistency_positions"] == 0.0
+    # a noisy copy whose history is identical but whose own tokens agree gives KL exactly 0 at kept positions too
+    forced = dict(batch)
+    forced["cons_student"] = torch.tensor([[2 + 4 + 4 + 1]])  # N_1[1]
+    forced["cons_teacher"] = torch.tensor([[2 + 4 + 4 + 4 + 1]])  # C_1[1]
+    forced["cons_valid"] = torch.tensor([[True]])
+    _, m = jf_losses(logits, forced, JFLossConfig())
+    assert m["consistency_loss"] == pytest.approx(0.0, abs=1e-6)

@@ -1,0 +1,43 @@
+from __future__ import annotations
+
+import pytest
+
+from jf_core.training.noise import NoiseSchedule, noise_ratio, pick_noisy_state
+
+
+def test_progressive_rises_over_the_window_then_cycles():
+    s = NoiseSchedule("progressive", window=5, min_ratio=0.0, max_ratio=1.0)
+    assert [s.target(j) for j in range(7)] == [0.0, 0.25, 0.5, 0.75, 1.0, 0.0, 0.25]
+    r = NoiseSchedule("reverse", window=5)
+    assert [r.target(j) for j in range(6)] == [1.0, 0.75, 0.5, 0.25, 0.0, 1.0]
+
+
+def test_random_is_seeded_and_uses_the_levels():
+    a = NoiseSchedule("random", window=4, seed=1)
+    assert [a.target(j, "p") for j in range(20)] == [a.target(j, "p") for j in range(20)]
+    assert {a.target(j, "p") for j in range(50)} <= set(a.levels())
+    b = NoiseSchedule("random", window=4, seed=2)
+    assert [a.target(j, "p") for j in range(20)] != [b.target(j, "p") for j in range(20)]
+
+
+def test_noise_ratio_counts_from_the_first_unconverged_position():
+    fixed = [1, 2, 3, 4]
+    assert noise_ratio([1, 2, 3, 4], fixed, 4) == 0.0
+    assert noise_ratio([1, 2, 9, 4], fixed, 4) == 0.5
+    assert noise_ratio([9, 2, 3, 4], fixed, 4) == 1.0
+    assert noise_ratio([1, 2, 9, 9], fixed, 2) == 0.0  # only the valid length (through EOS) counts
+
+
+def test_pick_closest_state_ties_to_the_earliest():
+    fixed = [1, 2, 3, 4]
+    states = [[1, 9, 9, 9], [1, 2, 9, 9], [1, 2, 3, 9], fixed]  # ratios .75 .5 .25 0
+    assert pick_noisy_state(states, fixed, 4, 0.5) == 1
+    assert pick_noisy_state(states, fixed, 4, 0.375) == 1  # equidistant from .5 and .25: the earlier
+    assert pick_noisy_state(states, fixed, 4, 0.0) == 3
+
+
+def test_bad_schedules_are_named():
+    with pytest.raises(ValueError, match="window"):
+        NoiseSchedule(window=0)
+    with pytest.raises(ValueError, match="min_ratio"):
+        NoiseSchedule(min_ratio=0.8, max_ratio=0.2)
