@@ -12,6 +12,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+import torch
+
 from jf_core.checkpoint import save_checkpoint
 from jf_core.config import Profile
 from jf_core.decoding.ar import ar_decode
@@ -20,7 +22,7 @@ from jf_core.models import load_model
 from jf_core.toy.evaluate import evaluate
 from jf_core.toy.task import make_split
 from jf_core.training.jf_data import jf_batches
-from jf_core.training.losses import JacobiForcingObjective, JFLossConfig
+from jf_core.training.losses import JacobiForcingObjective, JFLossConfig, training_attention
 from jf_core.training.noise import NoiseSchedule
 from jf_core.training.packing import pack_records
 from jf_core.training.trainer import TrainConfig, train
@@ -82,7 +84,10 @@ def run_round(
     schedule = NoiseSchedule(t.schedule, window=t.window, min_ratio=t.min_ratio, max_ratio=t.max_ratio, seed=t.seed)
     packed, pack_stats = pack_records(records, schedule, t.max_length)
 
-    model, tok = load_model(model_in, dtype=profile.model.dtype)
+    device = torch.device("cuda" if torch.cuda.is_available() and profile.model.device in ("auto", "cuda") else "cpu")
+    model, tok = load_model(
+        model_in, dtype=profile.model.dtype, device=str(device), attn_implementation=training_attention(device)
+    )
     ar_mix = None
     if t.mix_ar_every and profile.prompts.source == "embedded":
         from jf_core.toy.data import ar_batches
@@ -106,7 +111,7 @@ def run_round(
         seed=t.seed,
         log_every=10,
     )
-    result = train(model.train(), batches, JacobiForcingObjective(loss_cfg), train_cfg, progress=progress)
+    result = train(model.train(), batches, JacobiForcingObjective(loss_cfg, t.mask), train_cfg, progress=progress)
     save_checkpoint(model, out / "model", tokenizer=tok)
 
     base_eval = base_eval or evaluate_model(model_in, profile)

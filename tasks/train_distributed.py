@@ -26,7 +26,7 @@ def _worker_loop(config: dict) -> None:
     from jf_core.config import Profile
     from jf_core.models import load_model
     from jf_core.training.jf_data import jf_batches
-    from jf_core.training.losses import JacobiForcingObjective, JFLossConfig
+    from jf_core.training.losses import JacobiForcingObjective, JFLossConfig, training_attention
     from jf_core.training.noise import NoiseSchedule
     from jf_core.training.packing import pack_records
     from jf_core.training.trainer import TrainConfig, train
@@ -37,7 +37,13 @@ def _worker_loop(config: dict) -> None:
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     torch.set_num_threads(max(1, int(config["threads"])))
-    model, tok = load_model(config["model_in"], dtype=profile.model.dtype, device=str(ray.train.torch.get_device()))
+    device = ray.train.torch.get_device()
+    model, tok = load_model(
+        config["model_in"],
+        dtype=profile.model.dtype,
+        device=str(device),
+        attn_implementation=training_attention(device),
+    )
     records = TrajectoryStore(config["trajectories"]).read().to_pylist()
     schedule = NoiseSchedule(t.schedule, window=t.window, min_ratio=t.min_ratio, max_ratio=t.max_ratio, seed=t.seed)
     packed, _ = pack_records(records, schedule, t.max_length)
@@ -66,7 +72,7 @@ def _worker_loop(config: dict) -> None:
         last.update(row, rank=rank, world_size=world)
         ray.train.report(dict(last))
 
-    train(ddp, batches, JacobiForcingObjective(loss_cfg), train_cfg, on_log=report, progress=False)
+    train(ddp, batches, JacobiForcingObjective(loss_cfg, t.mask), train_cfg, on_log=report, progress=False)
     if rank == 0:
         save_checkpoint(model, Path(config["out"]), tokenizer=tok, extra_files={"train_metrics.json": json.dumps(last)})
 

@@ -70,8 +70,9 @@ class JacobiForcingObjective:
     """The trainer's objective: one forward over a packed batch with its noise-aware mask. Plain AR batches of
     ground-truth data (those with `labels`) are scored with the ordinary causal LM loss."""
 
-    def __init__(self, cfg: JFLossConfig) -> None:
+    def __init__(self, cfg: JFLossConfig, mask_variant: str = "shipped") -> None:
         self.cfg = cfg
+        self.mask_variant = mask_variant
 
     def __call__(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
         if "labels" in batch:
@@ -79,7 +80,35 @@ class JacobiForcingObjective:
 
             loss, metrics = causal_lm_loss(model, batch)
             return self.cfg.mixed_ar_weight * loss, {"mixed_ar_loss": metrics["loss"]}
-        logits = model(
-            input_ids=batch["input_ids"], position_ids=batch["position_ids"], attention_mask=batch["attention_mask"]
-        ).logits
+        mask = batch["attention_mask"]
+        config = getattr(model, "module", model).config
+        if getattr(config, "_attn_implementation", None) == "flex_attention":
+            mask = flex_block_mask(batch["layout_kind"], batch["layout_block"], self.mask_variant)
+        logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], attention_mask=mask).logits
         return jf_losses(logits, batch, self.cfg)
+
+
+def flex_block_mask(kind: torch.Tensor, block: torch.Tensor, variant: str):
+    """The noise-aware mask as a FlexAttention BlockMask: on GPUs it skips fully masked tiles instead of
+    materialising B x L x L."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    from jf_core.training.mask import mask_mod
+
+    batch, width = kind.shape
+    return create_block_mask(
+        mask_mod(kind, block, variant), B=batch, H=None, Q_LEN=width, KV_LEN=width, device=kind.device
+    )
+
+
+def training_attention(device: torch.device) -> str:
+    """Attention backend for training with the noise-aware mask: FlexAttention on CUDA (flash-attention takes no
+    custom masks), SDPA elsewhere."""
+    if device.type == "cuda":
+        try:
+            import torch.nn.attention.flex_attention  # noqa: F401
+
+            return "flex_attention"
+        except ImportError:
+            return "sdpa"
+    return "sdpa"

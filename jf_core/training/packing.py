@@ -171,6 +171,8 @@ def collate(examples: Sequence[PackedExample], pad_token_id: int, variant: str =
         "input_ids": ids,
         "position_ids": pos,
         "attention_mask": build_mask(kind, block, variant),
+        "layout_kind": kind,
+        "layout_block": block,
         "ar_src": ar_src,
         "ar_tgt": ar_tgt,
         "cons_student": student,

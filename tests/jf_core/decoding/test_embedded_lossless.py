@@ -11,6 +11,9 @@ from jf_core.toy.task import make_split
 
 MAX_NEW = 160
 
+# The first test here may bootstrap the embedded model (about 8.5 minutes on 2 cores) inside its fixture.
+pytestmark = pytest.mark.timeout(1800)
+
 
 @pytest.fixture(scope="module")
 def setup(embedded):

@@ -171,3 +171,35 @@ def test_consistency_is_zero_when_noisy_equals_clean():
     forced["cons_valid"] = torch.tensor([[True]])
     _, m = jf_losses(logits, forced, JFLossConfig())
     assert m["consistency_loss"] == pytest.approx(0.0, abs=1e-6)
+
+
+@pytest.mark.parametrize("variant", ["shipped", "clean_context"])
+def test_flex_mask_mod_states_the_same_rule(variant):
+    from jf_core.training.mask import mask_mod
+
+    kinds, blocks = zip(*(layout(p, n, t, 40) for p, n, t in ((3, 4, 3), (7, 2, 5))), strict=True)
+    kind, block = torch.stack(kinds), torch.stack(blocks)
+    mod = mask_mod(kind, block, variant)
+    q = torch.arange(40)[:, None].expand(40, 40)
+    k = torch.arange(40)[None, :].expand(40, 40)
+    dense = build_mask(kind, block, variant)
+    for b in range(2):
+        assert torch.equal(mod(torch.full_like(q, b), 0, q, k), dense[b, 0])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_flex_attention_training_forward_equals_sdpa_on_gpu():
+    from jf_core.training.losses import JacobiForcingObjective, JFLossConfig
+
+    model = TINY_MODELS["qwen2"]().cuda()
+    g = torch.Generator().manual_seed(0)
+    clean = [torch.randint(3, 500, (8,), generator=g).tolist() for _ in range(3)]
+    noisy = [[c[0], *torch.randint(3, 500, (7,), generator=g).tolist()] for c in clean]
+    batch = {k: v.cuda() for k, v in collate([PackedExample("e", [5, 6, 7], 8, noisy, clean, [8] * 3)], PAD).items()}
+    model.set_attn_implementation("sdpa")
+    _, sdpa = JacobiForcingObjective(JFLossConfig())(model, batch)
+    model.set_attn_implementation("flex_attention")
+    _, flex = JacobiForcingObjective(JFLossConfig())(model, batch)
+    assert flex["ar_loss"] == pytest.approx(sdpa["ar_loss"], abs=1e-4)
+    assert flex["consistency_loss"] == pytest.approx(sdpa["consistency_loss"], abs=1e-4)

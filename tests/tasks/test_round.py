@@ -1,0 +1,42 @@
+"""`run_round` end to end on a tiny random model: trajectories (real Ray) -> pack -> train -> evaluate -> report;
+a second call returns the finished round instead of redoing it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import ray
+
+from jf_core.config import EvalConfig, JFTrainConfig
+from tasks.round import run_round
+from tests.tasks.test_trajectories import profile  # noqa: F401  (the fixture)
+
+pytestmark = pytest.mark.timeout(600)
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def test_round_writes_a_report_and_is_not_redone(ray_local, profile, tmp_path):  # noqa: F811
+    p = profile.model_copy(
+        update={
+            "training": JFTrainConfig(steps=3, batch_size=4, warmup_steps=1),
+            "evaluation": EvalConfig(
+                num_prompts=6, speed_prompts=2, block_sizes=[4, 8], max_new_tokens=24, batch_size=3
+            ),
+        }
+    )
+    report = run_round(p, tmp_path / "r", progress=False)
+    for key in ("base_accuracy", "accuracy", "tpf", "speedup_vs_ar", "train_seconds"):
+        assert key in report
+    assert set(report["tpf"]) == {"4", "8"} and all(v >= 1.0 for v in report["tpf"].values())
+    assert report["packing"]["examples"] == 22 and report["loss_curve"][-1]["step"] == 2.0
+    assert (tmp_path / "r" / "model" / "model.safetensors").is_file()
+    assert json.loads((tmp_path / "r" / "report.json").read_text())["tpf"] == report["tpf"]
+    again = run_round(p, tmp_path / "r", progress=False)
+    assert again == json.loads((tmp_path / "r" / "report.json").read_text())
