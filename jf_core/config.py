@@ -76,6 +76,38 @@ class JFTrainConfig(_Strict):
     mix_ar_every: int = Field(0, ge=0)  # every k-th batch is plain AR on ground-truth data (embedded task only)
     seed: int = 0
 
+    # The one mapping from this config to the training objects, shared by the local and the distributed trainer.
+    def noise_schedule(self):
+        from jf_core.training.noise import NoiseSchedule
+
+        return NoiseSchedule(
+            self.schedule, window=self.window, min_ratio=self.min_ratio, max_ratio=self.max_ratio, seed=self.seed
+        )
+
+    def objective(self):
+        from jf_core.training.losses import JacobiForcingObjective, JFLossConfig
+
+        loss = JFLossConfig(
+            ar_weight=self.ar_weight,
+            consistency_weight=self.consistency_weight,
+            temperature=self.temperature,
+            hard_targets=self.hard_targets,
+        )
+        return JacobiForcingObjective(loss, self.mask)
+
+    def loop(self, log_every: int = 10):
+        from jf_core.training.trainer import TrainConfig
+
+        return TrainConfig(
+            steps=self.steps,
+            lr=self.lr,
+            warmup_steps=self.warmup_steps,
+            grad_accum=self.grad_accum,
+            grad_clip=self.grad_clip,
+            seed=self.seed,
+            log_every=log_every,
+        )
+
 
 class EvalConfig(_Strict):
     num_prompts: int = Field(200, ge=1)  # accuracy and TPF

@@ -22,10 +22,9 @@ from jf_core.models import load_model
 from jf_core.toy.evaluate import evaluate
 from jf_core.toy.task import make_split
 from jf_core.training.jf_data import jf_batches
-from jf_core.training.losses import JacobiForcingObjective, JFLossConfig, training_attention
-from jf_core.training.noise import NoiseSchedule
+from jf_core.training.losses import training_attention
 from jf_core.training.packing import pack_records
-from jf_core.training.trainer import TrainConfig, train
+from jf_core.training.trainer import train
 from jf_core.trajectory.store import TrajectoryStore
 from tasks.trajectories import generate_trajectories
 
@@ -81,8 +80,7 @@ def run_round(
     round_profile = profile.model_copy(update={"model": profile.model.model_copy(update={"path": model_in})})
     summary = generate_trajectories(round_profile, out / "trajectories", progress=progress)
     records = TrajectoryStore(out / "trajectories").read().to_pylist()
-    schedule = NoiseSchedule(t.schedule, window=t.window, min_ratio=t.min_ratio, max_ratio=t.max_ratio, seed=t.seed)
-    packed, pack_stats = pack_records(records, schedule, t.max_length)
+    packed, pack_stats = pack_records(records, t.noise_schedule(), t.max_length)
 
     device = torch.device("cuda" if torch.cuda.is_available() and profile.model.device in ("auto", "cuda") else "cpu")
     model, tok = load_model(
@@ -96,22 +94,7 @@ def run_round(
     batches = jf_batches(
         packed, t.batch_size, tok.pad_token_id, seed=t.seed, variant=t.mask, ar_batches=ar_mix, ar_every=t.mix_ar_every
     )
-    loss_cfg = JFLossConfig(
-        ar_weight=t.ar_weight,
-        consistency_weight=t.consistency_weight,
-        temperature=t.temperature,
-        hard_targets=t.hard_targets,
-    )
-    train_cfg = TrainConfig(
-        steps=t.steps,
-        lr=t.lr,
-        warmup_steps=t.warmup_steps,
-        grad_accum=t.grad_accum,
-        grad_clip=t.grad_clip,
-        seed=t.seed,
-        log_every=10,
-    )
-    result = train(model.train(), batches, JacobiForcingObjective(loss_cfg, t.mask), train_cfg, progress=progress)
+    result = train(model.train(), batches, t.objective(), t.loop(), progress=progress)
     save_checkpoint(model, out / "model", tokenizer=tok)
 
     base_eval = base_eval or evaluate_model(model_in, profile)

@@ -26,10 +26,9 @@ def _worker_loop(config: dict) -> None:
     from jf_core.config import Profile
     from jf_core.models import load_model
     from jf_core.training.jf_data import jf_batches
-    from jf_core.training.losses import JacobiForcingObjective, JFLossConfig, training_attention
-    from jf_core.training.noise import NoiseSchedule
+    from jf_core.training.losses import training_attention
     from jf_core.training.packing import pack_records
-    from jf_core.training.trainer import TrainConfig, train
+    from jf_core.training.trainer import train
     from jf_core.trajectory.store import TrajectoryStore
 
     profile = Profile.model_validate(config["profile"])
@@ -45,26 +44,10 @@ def _worker_loop(config: dict) -> None:
         attn_implementation=training_attention(device),
     )
     records = TrajectoryStore(config["trajectories"]).read().to_pylist()
-    schedule = NoiseSchedule(t.schedule, window=t.window, min_ratio=t.min_ratio, max_ratio=t.max_ratio, seed=t.seed)
-    packed, _ = pack_records(records, schedule, t.max_length)
+    packed, _ = pack_records(records, t.noise_schedule(), t.max_length)
     mine = packed[rank::world]
     ddp = prepare_model(model)
     batches = jf_batches(mine, t.batch_size, tok.pad_token_id, seed=t.seed + rank, variant=t.mask)
-    loss_cfg = JFLossConfig(
-        ar_weight=t.ar_weight,
-        consistency_weight=t.consistency_weight,
-        temperature=t.temperature,
-        hard_targets=t.hard_targets,
-    )
-    train_cfg = TrainConfig(
-        steps=t.steps,
-        lr=t.lr,
-        warmup_steps=t.warmup_steps,
-        grad_accum=t.grad_accum,
-        grad_clip=t.grad_clip,
-        seed=t.seed,
-        log_every=1,
-    )
 
     last: dict = {}
 
@@ -72,7 +55,7 @@ def _worker_loop(config: dict) -> None:
         last.update(row, rank=rank, world_size=world)
         ray.train.report(dict(last))
 
-    train(ddp, batches, JacobiForcingObjective(loss_cfg, t.mask), train_cfg, on_log=report, progress=False)
+    train(ddp, batches, t.objective(), t.loop(log_every=1), on_log=report, progress=False)
     if rank == 0:
         save_checkpoint(model, Path(config["out"]), tokenizer=tok, extra_files={"train_metrics.json": json.dumps(last)})
 

@@ -6,23 +6,14 @@ from __future__ import annotations
 import json
 
 import pytest
-import ray
 
 from jf_core.config import EvalConfig, JFTrainConfig
 from tasks.round import run_round
-from tests.tasks.test_trajectories import profile  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.timeout(600)
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
-def test_round_writes_a_report_and_is_not_redone(ray_local, profile, tmp_path):  # noqa: F811
+def test_round_writes_a_report_and_is_not_redone(ray_local, profile, tmp_path):
     p = profile.model_copy(
         update={
             "training": JFTrainConfig(steps=3, batch_size=4, warmup_steps=1),

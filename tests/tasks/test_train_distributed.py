@@ -3,26 +3,17 @@
 from __future__ import annotations
 
 import pytest
-import ray
 import torch
 from safetensors.torch import load_file
 
 from jf_core.config import JFTrainConfig
 from tasks.train_distributed import train_distributed
 from tasks.trajectories import generate_trajectories
-from tests.tasks.test_trajectories import profile  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.timeout(600)
 
 
-@pytest.fixture(scope="module")
-def ray_two_cpus():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
-def test_two_worker_ddp_training(ray_two_cpus, profile, tmp_path):  # noqa: F811
+def test_two_worker_ddp_training(ray_local, profile, tmp_path):
     generate_trajectories(profile, tmp_path / "t", progress=False)
     p = profile.model_copy(update={"training": JFTrainConfig(steps=4, batch_size=2, warmup_steps=1, lr=1e-3)})
     metrics = train_distributed(
