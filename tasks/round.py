@@ -68,8 +68,11 @@ def run_round(
     *,
     model_in: str | None = None,
     base_eval: dict | None = None,
+    trajectories_dir: str | Path | None = None,
     progress: bool = True,
 ) -> dict:
+    """`trajectories_dir` shares one trajectory store between rounds with the same model and block size (the
+    ablations); by default trajectories live in the round's own directory."""
     out = Path(out)
     report_path = out / "report.json"
     if report_path.is_file() and (out / "model" / "config.json").is_file():
@@ -78,8 +81,9 @@ def run_round(
     model_in = model_in or profile.model.resolve()
     t = profile.training
     round_profile = profile.model_copy(update={"model": profile.model.model_copy(update={"path": model_in})})
-    summary = generate_trajectories(round_profile, out / "trajectories", progress=progress)
-    records = TrajectoryStore(out / "trajectories").read().to_pylist()
+    trajectories = Path(trajectories_dir) if trajectories_dir is not None else out / "trajectories"
+    summary = generate_trajectories(round_profile, trajectories, progress=progress)
+    records = TrajectoryStore(trajectories).read().to_pylist()
     packed, pack_stats = pack_records(records, t.noise_schedule(), t.max_length)
 
     device = torch.device("cuda" if torch.cuda.is_available() and profile.model.device in ("auto", "cuda") else "cpu")
