@@ -204,7 +204,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
             for pid, expected in zip(chunk, greedy, strict=True):
                 rows = sorted(by_prompt[pid], key=lambda r: r["block_index"])
                 got = [t for r in rows for t in r["fixed_point"][: r["length"]]]
-                mismatches += got != expected[: len(got)] or len(got) != min(len(expected), len(got))
+                mismatches += got != expected[: len(got)]
     print(f"{len(ds)} records of {len(ids)} prompts read with datasets; schema and record rules valid")
     print(f"initial draft starts with the block's known token in {first_is_known}/{len(ds)} records")
     print(f"fixed points equal greedy AR output for {len(ids) - mismatches}/{len(ids)} prompts")

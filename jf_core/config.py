@@ -46,6 +46,11 @@ class TrajectoryConfig(_Strict):
     draft_init: Literal["prompt_sample", "repeat_last", "random_vocab"] = "prompt_sample"
     round_id: str = "round-0"
 
+    def collect_config(self):
+        from jf_core.trajectory.collect import CollectConfig
+
+        return CollectConfig(**self.model_dump(exclude={"shard_size"}))
+
 
 class ComputeConfig(_Strict):
     workers: int = Field(2, ge=1)  # actors: one per GPU on GPU hosts, one per CPU slot here

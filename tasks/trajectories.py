@@ -46,18 +46,6 @@ class TrajectoryRunSummary:
         return self.new_tokens_generated / self.pool_seconds if self.pool_seconds else 0.0
 
 
-def collect_config(profile: Profile) -> CollectConfig:
-    t = profile.trajectory
-    return CollectConfig(
-        block_size=t.block_size,
-        max_new_tokens=t.max_new_tokens,
-        seed=t.seed,
-        batch_size=t.batch_size,
-        draft_init=t.draft_init,
-        round_id=t.round_id,
-    )
-
-
 def shard_key(model_hash: str, items: list[PromptItem], cfg: CollectConfig) -> str:
     blob = json.dumps(
         {"model": model_hash, "collect": asdict(cfg), "prompts": [(p.prompt_id, p.token_ids) for p in items]},
@@ -153,7 +141,7 @@ def generate_trajectories(profile: Profile, out: str | Path, *, progress: bool =
         "max_position_embeddings",
         None,
     )
-    cfg = collect_config(profile)
+    cfg = profile.trajectory.collect_config()
     prompt_set = load_prompts(
         profile.prompts, tokenizer, context_length=context, max_new_tokens=cfg.jacobi().max_new_tokens
     )
