@@ -1,2 +1,2 @@
-"""Prefect flows (`jf-round`, `jf-progressive`, `jf-bootstrap`) chaining the tasks package; see the orchestration
-issue. Nothing here yet."""
+"""Prefect flows: `jf-round` (flows/round.py), `jf-progressive` (flows/progressive.py) and `jf-bootstrap`
+(flows/bootstrap.py). Flows call tasks/, tasks call jf_core; deployments are declared in prefect.yaml."""

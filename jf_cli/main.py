@@ -3,6 +3,9 @@
 jf bootstrap                                   train and cache the embedded default model
 jf decode --prompt TEXT [--model PATH_OR_ID] [--block-size N]
 jf bench decode [--json PATH] [--num-prompts N] [--batch-size B]
+jf eval --benchmark NAME [--source PATH_OR_ID] [--model M]   accuracy with TPF and TPS
+jf run [--profile tiny] [--set section.key=value]    one jf-round flow run (the main job)
+jf stack up|down|status                        local Prefect + MLflow servers and a worker
 """
 
 from __future__ import annotations
@@ -43,16 +46,18 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
 
 
 def cmd_decode(args: argparse.Namespace) -> int:
-    from jf_core.decoding.jacobi import JacobiConfig, jacobi_decode
+    from jf_core.decoding.config_io import decode, load_decode_config
 
     if not args.prompt.strip():
         raise UsageError("--prompt is empty")
-    cfg = JacobiConfig(block_size=args.block_size, max_new_tokens=args.max_new_tokens, draft_init=args.draft_init)
+    cfg = load_decode_config(
+        args.model, block_size=args.block_size, max_new_tokens=args.max_new_tokens, draft_init=args.draft_init
+    )
     model, tokenizer = _model_and_tokenizer(args.model)
     ids = tokenizer(args.prompt, add_special_tokens=False)["input_ids"]
     if not ids:
         raise UsageError("--prompt encodes to no tokens")
-    out = jacobi_decode(model, [ids], cfg, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    out = decode(model, [ids], cfg, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     print(tokenizer.decode(out.sequences[0], skip_special_tokens=True))
     s = out.stats
     print(
@@ -79,6 +84,25 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
         block_sizes=args.block_sizes,
     )
 
+    same_output_as: dict[str, str] = {}
+    if args.jf_model:
+        from jf_core.decoding.config_io import load_decode_config
+        from jf_core.decoding.multiblock import JFDecodeConfig
+        from jf_core.evaluation.speed import jf_methods
+        from jf_core.models import load_model
+
+        jf_model, _ = load_model(args.jf_model)
+        saved = load_decode_config(args.jf_model)
+        extra, same_output_as = jf_methods(
+            jf_model,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            max_new_tokens=args.max_new_tokens,
+            block_size=args.jf_block_size or saved.block_size,
+            tuned=saved if isinstance(saved, JFDecodeConfig) else None,
+        )
+        methods.update(extra)
+
     def scorer(i: int, seq: list[int]) -> bool:
         return score(tokenizer.decode(seq, skip_special_tokens=True), examples[i])
 
@@ -88,8 +112,17 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         scorer=scorer,
         progress=lambda m: print(f"  running {m}", file=sys.stderr),
+        same_output_as=same_output_as,
     )
     print(format_table(results))
+    if args.out:
+        from jf_core.evaluation.speed import format_markdown, save_plots
+
+        out = Path(args.out)
+        save_plots(results, out)
+        (out / "bench.md").write_text(format_markdown(results) + "\n")
+        args.json = args.json or str(out / "bench.json")
+        print(f"wrote {out}/bench.md, bench.json and plots", file=sys.stderr)
     if args.json:
         meta = {
             "model": args.model or "embedded-default",
@@ -100,6 +133,7 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
             "dtype": str(model.dtype),
             "torch_threads": torch.get_num_threads(),
             "attn_implementation": model.config._attn_implementation,
+            "jf_model": args.jf_model,
         }
         write_json(results, Path(args.json), meta)
         print(f"wrote {args.json}", file=sys.stderr)
@@ -132,9 +166,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("decode", help="Jacobi-decode one prompt and print the text and TPF")
     p.add_argument("--model", help="local directory or hub id (default: the embedded model)")
     p.add_argument("--prompt", required=True)
-    p.add_argument("--block-size", type=_positive("--block-size"), default=16)
+    p.add_argument("--block-size", type=_positive("--block-size"), help="default: the model's decode config")
     p.add_argument("--max-new-tokens", type=_positive("--max-new-tokens"), default=256)
-    p.add_argument("--draft-init", choices=["prompt_sample", "repeat_last", "random_vocab"], default="prompt_sample")
+    p.add_argument("--draft-init", choices=["prompt_sample", "repeat_last", "random_vocab"])
     p.set_defaults(func=cmd_decode)
 
     bench_p = sub.add_parser("bench", help="benchmarks")
@@ -146,6 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=_positive("--max-new-tokens"), default=160)
     p.add_argument("--block-sizes", type=_positive("--block-sizes"), nargs="+", default=[8, 16, 32, 64])
     p.add_argument("--json", help="also write the results as JSON here")
+    p.add_argument("--jf-model", help="a Jacobi Forcing model: adds its vanilla, recycling, multi-block and tuned rows")
+    p.add_argument("--jf-block-size", type=_positive("--jf-block-size"), help="default: its decode config's n")
+    p.add_argument("--out", help="directory for bench.json, bench.md and the plots")
     p.set_defaults(func=cmd_bench_decode)
 
     from jf_cli import trajectories
@@ -156,6 +193,12 @@ def build_parser() -> argparse.ArgumentParser:
     from jf_cli import rounds
 
     rounds.register(sub)
+
+    from jf_cli import evaluate, orchestrate
+
+    orchestrate.register(sub)
+    evaluate.register(sub)
+    evaluate.register_tune(sub)
     return parser
 
 

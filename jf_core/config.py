@@ -114,12 +114,51 @@ class JFTrainConfig(_Strict):
         )
 
 
+class TuneConfig(_Strict):
+    """Autotuning of the round's decode config (n, K, pool_size, r) for TPS on this hardware."""
+
+    enabled: bool = False
+    prompts: int = Field(12, ge=1)  # calibration prompts
+    block_sizes: list[int] = [16, 32, 64]
+    num_blocks: list[int] = [1, 2, 3]
+    pool_sizes: list[int] = [0, 2, 4]
+    spawn_ratios: list[float] = [0.5, 0.85]
+
+    def space(self):
+        from jf_core.evaluation.tune import TuneSpace
+
+        return TuneSpace(
+            tuple(self.block_sizes), tuple(self.num_blocks), tuple(self.pool_sizes), tuple(self.spawn_ratios)
+        )
+
+
 class EvalConfig(_Strict):
+    benchmark: Literal["embedded"] = "embedded"  # the embedded task's test split (exact match)
+    tune: TuneConfig = TuneConfig()
     num_prompts: int = Field(200, ge=1)  # accuracy and TPF
     speed_prompts: int = Field(30, ge=1)  # TPS at batch 1, JF vs AR side by side
     block_sizes: list[int] = [16, 32]
     max_new_tokens: int = Field(160, ge=1)
     batch_size: int = Field(32, ge=1)
+
+
+class GateConfig(_Strict):
+    """When a round's model becomes `champion` (it is always registered and aliased `challenger`)."""
+
+    max_accuracy_drop: float = 0.03  # against the round's input model, on the same evaluation set
+    tpf_not_below_champion: bool = True  # headline TPF (at the decode config's block size) vs the champion's
+
+
+class RegistryConfig(_Strict):
+    tracking_uri: str | None = None  # None: MLFLOW_TRACKING_URI if set, else sqlite under $JF_HOME/mlflow
+    experiment: str = "jacobi-forcing"
+    model_name: str | None = None  # None: "jf-<profile name>"
+    ui_url: str | None = None  # for links from Prefect; None: the tracking URI when it is http(s)
+    gate: GateConfig = GateConfig()
+
+
+class StorageConfig(_Strict):
+    runs_dir: str | None = None  # None: $JF_HOME/runs; rounds live under <runs_dir>/<profile>/<round key>
 
 
 class RoundSpec(_Strict):
@@ -137,6 +176,17 @@ class Profile(_Strict):
     training: JFTrainConfig = JFTrainConfig()
     evaluation: EvalConfig = EvalConfig()
     rounds: list[RoundSpec] = []  # for `jf rounds`: growing block sizes, each round from the previous model
+    registry: RegistryConfig = RegistryConfig()
+    storage: StorageConfig = StorageConfig()
+
+    @property
+    def model_name(self) -> str:
+        return self.registry.model_name or f"jf-{self.name}"
+
+    def runs_dir(self) -> Path:
+        from jf_core.paths import jf_home
+
+        return Path(self.storage.runs_dir).expanduser() if self.storage.runs_dir else jf_home() / "runs"
 
     @field_validator("name")
     @classmethod

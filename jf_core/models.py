@@ -96,14 +96,19 @@ def check_tokenizer(tokenizer, where: str) -> None:
         raise ModelLoadError(f"the tokenizer of {where!r} has no eos token: decoding could never stop")
 
 
+NOT_THE_MODEL = {"done.json", "decode_config.json", "decode_tuning.json", "bootstrap.json"}
+
+
 def model_fingerprint(model_dir: str | Path) -> str:
-    """A content hash of a saved model directory's weights and config (sha256 over file contents)."""
+    """A content hash of a saved model directory's weights, config and tokenizer (sha256 over file contents).
+
+    Files about the model rather than of it (its training summary, decode config) do not count."""
     import hashlib
 
     digest = hashlib.sha256()
     directory = Path(model_dir)
     for f in sorted(directory.iterdir()):
-        if f.suffix in {".safetensors", ".json"} and f.is_file():
+        if f.suffix in {".safetensors", ".json"} and f.is_file() and f.name not in NOT_THE_MODEL:
             digest.update(f.name.encode())
             with f.open("rb") as fh:
                 for chunk in iter(lambda: fh.read(1 << 20), b""):

@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -127,7 +128,14 @@ def _ray_init(profile: Profile) -> bool:
     return True
 
 
-def generate_trajectories(profile: Profile, out: str | Path, *, progress: bool = True) -> TrajectoryRunSummary:
+def generate_trajectories(
+    profile: Profile,
+    out: str | Path,
+    *,
+    progress: bool = True,
+    on_shard: Callable[[int, int], None] | None = None,
+) -> TrajectoryRunSummary:
+    """`on_shard(done, total)` is called as shards are committed (Prefect progress artifacts use it)."""
     from transformers import AutoConfig, AutoTokenizer
 
     from jf_core.models import check_tokenizer
@@ -157,7 +165,17 @@ def generate_trajectories(profile: Profile, out: str | Path, *, progress: bool =
     todo = [(k, s) for k, s in keyed if not store.is_done(k)]
     generated_tokens, pool_seconds = 0, 0.0
     if todo:
-        generated_tokens, pool_seconds = _run_pool(profile, model_path, model_hash, cfg, store, todo, progress)
+        generated_tokens, pool_seconds = _run_pool(
+            profile,
+            model_path,
+            model_hash,
+            cfg,
+            store,
+            todo,
+            progress,
+            on_shard=on_shard,
+            already=len(keyed) - len(todo),
+        )
     manifest = store.manifest()["shards"]
     return TrajectoryRunSummary(
         out=str(out),
@@ -180,6 +198,9 @@ def _run_pool(
     store: TrajectoryStore,
     todo: list,
     progress: bool,
+    *,
+    on_shard: Callable[[int, int], None] | None = None,
+    already: int = 0,
 ) -> tuple[int, float]:
     import ray
     from ray.util.actor_pool import ActorPool
@@ -224,6 +245,8 @@ def _run_pool(
             store.commit(ShardInfo(**info))
             tokens += info["new_tokens"]
             bar.update(1)
+            if on_shard is not None:
+                on_shard(already + bar.n, already + len(payloads))
             bar.set_postfix(tokens_per_s=f"{tokens / (time.perf_counter() - t0):.0f}")
         bar.close()
         for leftover in store.root.glob(".shard-*.tmp"):

@@ -3,6 +3,7 @@ and the embedded default model (bootstrapped once into the project cache when mi
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -64,3 +65,37 @@ def embedded():
 
     path = ensure_embedded_model()
     return load_model(str(path))
+
+
+@pytest.fixture(scope="session")
+def profile(tmp_path_factory):
+    """A profile over a tiny random Qwen2 with the embedded task's tokenizer and a JSONL of prompts (three bad)."""
+    from jf_core.config import ComputeConfig, ModelConfig, Profile, StorageConfig, TrajectoryConfig
+    from jf_core.toy.model import ToyModelConfig, build_model
+    from jf_core.toy.task import make_split
+    from jf_core.toy.tokenizer import build_tokenizer
+    from jf_core.trajectory.prompts import PromptSourceConfig
+
+    root = tmp_path_factory.mktemp("traj")
+    tok = build_tokenizer()
+    model = build_model(
+        ToyModelConfig(hidden_size=32, num_hidden_layers=2, intermediate_size=64),
+        len(tok),
+        tok.pad_token_id,
+        tok.eos_token_id,
+        0,
+    )
+    model.config.max_position_embeddings = 64
+    model.save_pretrained(root / "model")
+    tok.save_pretrained(root / "model")
+    rows = [{"id": e.uid, "prompt": e.prompt} for e in make_split("train", 22)]
+    rows += [{"id": "empty", "prompt": "   "}, {"id": "huge", "prompt": "a=1; " * 40}, {"id": "nofield", "text": "x"}]
+    (root / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return Profile(
+        name="test",
+        model=ModelConfig(path=str(root / "model"), dtype="float32"),
+        prompts=PromptSourceConfig(source=str(root / "prompts.jsonl"), id_field="id"),
+        trajectory=TrajectoryConfig(block_size=8, max_new_tokens=24, batch_size=4, shard_size=4),
+        compute=ComputeConfig(workers=2),
+        storage=StorageConfig(runs_dir=str(root / "runs")),
+    )

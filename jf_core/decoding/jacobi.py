@@ -10,8 +10,8 @@ at most as many forwards.
 
 Sequences in a batch accept different counts per forward; `KVState` keeps their caches exact with per-row slot
 masks. Extensions (rejection recycling, multi-block) change what goes into a window and how the verdict is read,
-through `JacobiDecoder.windows` and `JacobiDecoder.settle`; the forward and verification below are the only copy
-of the Jacobi step.
+through `JacobiDecoder.layout` (extra branches verified in the same forward) and `JacobiDecoder.settle`; the
+forward and verification below are the only copy of the Jacobi step.
 """
 
 from __future__ import annotations
@@ -77,6 +77,30 @@ class _Sequence:
     done: bool = False
 
 
+@dataclass
+class Layout:
+    """A sequence's part of one forward: `tokens`, and `branches`, chains of indices into `tokens` that all start
+    at index 0 (the known-correct token). Branch 0 is the window; others (recycled candidates) share its root and
+    see only their own chain, so each is verified exactly as if it were the window."""
+
+    tokens: list[int]
+    branches: list[list[int]]
+
+
+def tree_positions_and_mask(layouts: list[Layout], width: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Relative positions (depth in the chain) and the [B, W, W] ancestor mask of tree-shaped layouts; padding
+    slots get neither (KVState lets them see themselves)."""
+    rel = torch.zeros((len(layouts), width), dtype=torch.long)
+    mask = torch.zeros((len(layouts), width, width), dtype=torch.bool)
+    for row, lay in enumerate(layouts):
+        for branch in lay.branches:
+            idx = torch.tensor(branch, dtype=torch.long)
+            rel[row, idx] = torch.arange(len(branch))
+            sub = torch.tril(torch.ones(len(branch), len(branch), dtype=torch.bool))
+            mask[row, idx[:, None], idx[None, :]] |= sub
+    return rel.to(device), mask.to(device)
+
+
 class JacobiDecoder:
     def __init__(
         self,
@@ -100,7 +124,7 @@ class JacobiDecoder:
         prompts = check_inputs(prompts, cfg.max_new_tokens)
         device = model_device(self.model)
         timer = Timer(device)
-        seqs = [_Sequence(index=i, prompt=p, rng=sequence_rng(cfg.seed, p)) for i, p in enumerate(prompts)]
+        seqs = [self.new_sequence(i, p) for i, p in enumerate(prompts)]
 
         start = timer.now()
         ids, mask = left_pad(prompts, self.pad_token_id, device)
@@ -126,31 +150,48 @@ class JacobiDecoder:
         )
         return DecodeOutput(sequences=[s.output for s in seqs], stats=stats)
 
+    def new_sequence(self, index: int, prompt: list[int]) -> _Sequence:
+        return _Sequence(index=index, prompt=prompt, rng=sequence_rng(self.config.seed, prompt))
+
     # -- the Jacobi step ---------------------------------------------------------------------------------------
 
     def step(self, kv: KVState, active: list[_Sequence]) -> None:
-        """One forward for every active sequence: run windows, verify, commit, rebuild windows."""
-        windows = self.windows(active)
-        width = max(len(w) for w in windows)
+        """One forward for every active sequence: run its layout, verify every branch, commit the best one's
+        accepted prefix, rebuild the window."""
+        layouts = [self.layout(s) for s in active]
+        width = max(len(lay.tokens) for lay in layouts)
         device = kv.valid.device
         tokens = torch.full((len(active), width), self.pad_token_id, dtype=torch.long)
-        for row, w in enumerate(windows):
-            tokens[row, : len(w)] = torch.tensor(w, dtype=torch.long)
-        rel_pos = torch.arange(width, device=device).expand(len(active), width)
-        causal = torch.tril(torch.ones(width, width, dtype=torch.bool, device=device)).expand(len(active), width, width)
-        logits = kv.forward(tokens.to(device), rel_pos, causal)
+        for row, lay in enumerate(layouts):
+            tokens[row, : len(lay.tokens)] = torch.tensor(lay.tokens, dtype=torch.long)
+        if all(len(lay.branches) == 1 for lay in layouts):
+            rel_pos = torch.arange(width, device=device).expand(len(active), width)
+            causal = torch.tril(torch.ones(width, width, dtype=torch.bool, device=device))
+            mask = causal.expand(len(active), width, width)
+        else:
+            rel_pos, mask = tree_positions_and_mask(layouts, width, device)
+        logits = kv.forward(tokens.to(device), rel_pos, mask)
         greedy = logits.argmax(-1).tolist()
         live = torch.zeros((len(active), width), dtype=torch.bool)
-        for row, (seq, window) in enumerate(zip(active, windows, strict=False)):
-            accepted = accepted_length(window, greedy[row])
-            live[row, :accepted] = True
-            self.settle(seq, window, greedy[row][: len(window)], accepted)
+        for row, (seq, lay) in enumerate(zip(active, layouts, strict=True)):
+            best, accepted = 0, 0
+            for b, branch in enumerate(lay.branches):
+                n_ok = accepted_length([lay.tokens[i] for i in branch], [greedy[row][i] for i in branch])
+                if n_ok > accepted:  # ties keep the earlier branch: the main window first
+                    best, accepted = b, n_ok
+            live[row, lay.branches[best][:accepted]] = True
+            self.settle(seq, lay, greedy[row], best, accepted)
         kv.keep(live.to(device))
 
-    def windows(self, active: list[_Sequence]) -> list[list[int]]:
-        return [s.window for s in active]
+    def layout(self, seq: _Sequence) -> Layout:
+        """What a sequence puts into the next forward: its window as one chain (extensions add branches)."""
+        return Layout(list(seq.window), [list(range(len(seq.window)))])
 
-    def settle(self, seq: _Sequence, window: list[int], greedy: list[int], accepted: int) -> None:
+    def settle(self, seq: _Sequence, layout: Layout, greedy: list[int], branch: int, accepted: int) -> None:
+        main = layout.branches[0]
+        self._settle_window(seq, [layout.tokens[i] for i in main], [greedy[i] for i in main], accepted)
+
+    def _settle_window(self, seq: _Sequence, window: list[int], greedy: list[int], accepted: int) -> None:
         """Commit `window[:accepted]` and set up the next window (or the next block)."""
         seq.stats.forwards += 1
         seq.stats.accepted.append(accepted)

@@ -118,6 +118,43 @@ def standard_methods(
     return methods
 
 
+def jf_methods(
+    jf_model,
+    *,
+    eos_token_id: int,
+    pad_token_id: int,
+    max_new_tokens: int,
+    block_size: int,
+    tuned: JacobiConfig | None = None,
+) -> tuple[dict[str, Decoder], dict[str, str]]:
+    """The Jacobi Forcing model's methods (vanilla Jacobi, + recycling, + multi-block, + both, the autotuned
+    config) and its own greedy AR, which they must reproduce token for token; returns (methods, same_output_as)."""
+    from jf_core.decoding.config_io import decode
+    from jf_core.decoding.multiblock import JFDecodeConfig
+
+    n = block_size
+    configs: dict[str, JacobiConfig] = {
+        f"jf_jacobi_n{n}": JacobiConfig(block_size=n, max_new_tokens=max_new_tokens),
+        "jf_recycling": JFDecodeConfig(block_size=n, num_blocks=1, pool_size=4, max_new_tokens=max_new_tokens),
+        "jf_multiblock": JFDecodeConfig(block_size=n, num_blocks=2, pool_size=0, max_new_tokens=max_new_tokens),
+        "jf_recycling_multiblock": JFDecodeConfig(block_size=n, max_new_tokens=max_new_tokens),
+    }
+    if tuned is not None:
+        from dataclasses import replace
+
+        configs["jf_autotuned"] = replace(tuned, max_new_tokens=max_new_tokens)
+    methods: dict[str, Decoder] = {
+        "jf_ar": lambda ps: ar_decode(
+            jf_model, ps, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id, pad_token_id=pad_token_id
+        )
+    }
+    for name, cfg in configs.items():
+        methods[name] = lambda ps, cfg=cfg: decode(
+            jf_model, ps, cfg, eos_token_id=eos_token_id, pad_token_id=pad_token_id
+        )
+    return methods, {name: "jf_ar" for name in methods}
+
+
 def _run(decoder: Decoder, prompts: list[list[int]], batch_size: int) -> DecodeOutput:
     seqs: list[list[int]] = []
     stats: DecodeStats | None = None
@@ -139,9 +176,14 @@ def bench(
     reference: str = "hf_generate",
     baseline_ar: str = "ar",
     progress: Callable[[str], None] | None = None,
+    same_output_as: dict[str, str] | None = None,
 ) -> list[MethodResult]:
+    """Speedups are against `reference` and `baseline_ar` (the base model's HF generate and our AR);
+    `identical_fraction` compares each method with `same_output_as[method]` (default: `reference`), e.g. a
+    fine-tuned model's methods with that model's own greedy AR."""
     if reference not in methods:
         raise ValueError(f"the reference method {reference!r} is not among {sorted(methods)}")
+    same_output_as = same_output_as or {}
     outputs: dict[str, DecodeOutput] = {}
     for name, decoder in methods.items():
         if progress:
@@ -152,6 +194,7 @@ def bench(
     results = []
     for name, out in outputs.items():
         s = out.stats
+        twin = outputs[same_output_as.get(name, reference)]
         hf_style = not s.prefill_timed
         results.append(
             MethodResult(
@@ -164,7 +207,7 @@ def bench(
                 new_tokens=s.new_tokens,
                 speedup_vs_hf_generate=s.tps / ref.stats.tps,
                 speedup_vs_ar=s.tps / outputs[baseline_ar].stats.tps if baseline_ar in outputs else math.nan,
-                identical_fraction=sum(a == b for a, b in zip(out.sequences, ref.sequences, strict=False))
+                identical_fraction=sum(a == b for a, b in zip(out.sequences, twin.sequences, strict=False))
                 / len(prompts),
                 accuracy=None
                 if scorer is None
@@ -176,20 +219,87 @@ def bench(
     return results
 
 
-def format_table(results: list[MethodResult]) -> str:
-    header = (
-        f"{'method':<18} {'TPF':>6} {'TPS':>9} {'x HF gen':>9} {'x AR':>7} "
-        f"{'identical':>9} {'accuracy':>8} {'prefill s':>9}"
-    )
-    lines = [header, "-" * len(header)]
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * (len(ordered) - 1) + 0.5))]
+
+
+TABLE_COLUMNS = ("method", "TPF", "TPF p10/p50/p90", "TPS", "x HF gen", "x AR", "identical", "accuracy", "prefill s")
+
+
+def table_rows(results: list[MethodResult]) -> list[list[str]]:
+    rows = []
     for r in results:
-        acc = "-" if r.accuracy is None else f"{r.accuracy:.3f}"
-        pre = "-" if r.prefill_seconds is None else f"{r.prefill_seconds:.3f}"
-        lines.append(
-            f"{r.method:<18} {r.tpf:>6.2f} {r.tps:>9.1f} {r.speedup_vs_hf_generate:>9.2f} {r.speedup_vs_ar:>7.2f} "
-            f"{r.identical_fraction:>9.3f} {acc:>8} {pre:>9}"
+        dist = "/".join(f"{_percentile(r.tpf_per_example, q):.2f}" for q in (0.1, 0.5, 0.9))
+        rows.append(
+            [
+                r.method,
+                f"{r.tpf:.2f}",
+                dist,
+                f"{r.tps:.1f}",
+                f"{r.speedup_vs_hf_generate:.2f}",
+                f"{r.speedup_vs_ar:.2f}",
+                f"{r.identical_fraction:.3f}",
+                "-" if r.accuracy is None else f"{r.accuracy:.3f}",
+                "-" if r.prefill_seconds is None else f"{r.prefill_seconds:.3f}",
+            ]
         )
+    return rows
+
+
+def format_table(results: list[MethodResult]) -> str:
+    rows = [list(TABLE_COLUMNS), *table_rows(results)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(TABLE_COLUMNS))]
+    lines = [
+        "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True)))
+        for row in rows
+    ]
+    lines.insert(1, "-" * len(lines[0]))
     return "\n".join(lines)
+
+
+def format_markdown(results: list[MethodResult]) -> str:
+    lines = ["| " + " | ".join(TABLE_COLUMNS) + " |", "|" + "---|" * len(TABLE_COLUMNS)]
+    lines += ["| " + " | ".join(row) + " |" for row in table_rows(results)]
+    return "\n".join(lines)
+
+
+def save_plots(results: list[MethodResult], out_dir: Path) -> list[Path]:
+    """TPF and TPS per method, and the accepted-tokens-per-forward histogram of every multi-token method."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    names = [r.method for r in results]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    for ax, values, label in ((axes[0], [r.tpf for r in results], "TPF"), (axes[1], [r.tps for r in results], "TPS")):
+        ax.bar(range(len(names)), values)
+        ax.set_xticks(range(len(names)), names, rotation=60, ha="right", fontsize=8)
+        ax.set_ylabel(label)
+        ax.set_title(f"{label} per method")
+    fig.tight_layout()
+    paths = [out_dir / "tpf_tps_per_method.png"]
+    fig.savefig(paths[0], dpi=120)
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for r in results:
+        if r.accepted_histogram and max(r.accepted_histogram) > 1:
+            total = sum(r.accepted_histogram.values())
+            ks = sorted(r.accepted_histogram)
+            ax.plot(ks, [r.accepted_histogram[k] / total for k in ks], marker=".", label=r.method)
+    ax.set_xlabel("tokens accepted in one forward")
+    ax.set_ylabel("share of forwards")
+    ax.set_yscale("log")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    paths.append(out_dir / "accepted_histogram.png")
+    fig.savefig(paths[1], dpi=120)
+    plt.close(fig)
+    return paths
 
 
 def write_json(results: list[MethodResult], path: Path, meta: dict) -> None:

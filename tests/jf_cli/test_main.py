@@ -80,3 +80,17 @@ def test_tokenizer_without_eos(tiny_dir, capsys):
             f.write_text(json.dumps(data))
     code, out = run(capsys, "decode", "--model", tiny_dir, "--prompt", "a")
     assert code == 2 and "no eos token" in out.err
+
+
+def test_set_overrides_parse_json_values_and_name_bad_ones():
+    import pytest
+
+    from jf_cli.orchestrate import parse_overrides
+
+    assert parse_overrides(["training.steps=40", "model.path=/x/y", "evaluation.block_sizes=[16, 32]"]) == {
+        "training": {"steps": 40},
+        "model": {"path": "/x/y"},
+        "evaluation": {"block_sizes": [16, 32]},
+    }
+    with pytest.raises(ValueError, match=r"section\.key=value"):
+        parse_overrides(["steps=40"])

@@ -27,3 +27,9 @@ def test_bad_profiles_are_named(tmp_path):
     bad.write_text("name: bad\ntrajectory:\n  blok_size: 3\n")
     with pytest.raises(ValueError, match="blok_size"):
         load_profile(str(bad))
+
+
+def test_real_profile_keeps_its_gpu_settings_and_rounds():
+    real = load_profile("qwen2.5-coder-7b")
+    assert [r.block_size for r in real.rounds] == [32, 64] and real.model_name == "jf-qwen2.5-coder-7b"
+    assert real.training.max_length >= 8192 and real.model.device == "cuda"

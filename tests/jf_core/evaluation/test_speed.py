@@ -31,3 +31,47 @@ def test_every_method_runs_and_greedy_methods_agree(tmp_path):
     data = json.loads((tmp_path / "bench.json").read_text())
     for key in ("tpf", "tps", "speedup_vs_hf_generate", "speedup_vs_ar", "identical_fraction", "accuracy"):
         assert key in data["methods"]["jacobi_n8"]
+
+
+def test_jf_methods_reproduce_their_own_model_and_plots_are_written(tmp_path):
+    from jf_core.decoding.multiblock import JFDecodeConfig
+    from jf_core.evaluation.speed import format_markdown, jf_methods, save_plots
+
+    base, jf = TINY_MODELS["qwen2"](), TINY_MODELS["llama"]()  # two different models, as base and JF would be
+    prompts = [[5, 6, 7, 8, 9], [10, 11, 12], [13, 14, 15, 16]]
+    methods = standard_methods(base, eos_token_id=2, pad_token_id=PAD, max_new_tokens=20, block_sizes=(8,))
+    tuned = JFDecodeConfig(block_size=8, num_blocks=2, pool_size=2, max_new_tokens=20)
+    extra, same = jf_methods(jf, eos_token_id=2, pad_token_id=PAD, max_new_tokens=20, block_size=8, tuned=tuned)
+    methods.update(extra)
+    results = {r.method: r for r in bench(methods, prompts, warmup_prompts=1, same_output_as=same)}
+    assert set(extra) == {
+        "jf_ar",
+        "jf_jacobi_n8",
+        "jf_recycling",
+        "jf_multiblock",
+        "jf_recycling_multiblock",
+        "jf_autotuned",
+    }
+    for name in extra:
+        assert results[name].identical_fraction == 1.0, name  # lossless against the JF model's own greedy AR
+    assert results["jacobi_n8"].identical_fraction == 1.0  # and the base methods against base HF greedy
+    assert "| jf_autotuned |" in format_markdown(list(results.values()))
+    paths = save_plots(list(results.values()), tmp_path)
+    assert all(p.is_file() and p.stat().st_size > 1000 for p in paths)
+
+
+def test_tune_picks_the_fastest_measured_config_and_round_trips(tmp_path):
+    from jf_core.decoding.config_io import load_decode_config, save_decode_config
+    from jf_core.decoding.multiblock import JFDecodeConfig
+    from jf_core.evaluation.tune import TuneSpace, tune
+
+    model = TINY_MODELS["qwen2"]()
+    prompts = [[5, 6, 7, 8, 9], [10, 11, 12]]
+    space = TuneSpace(block_sizes=(4, 8), num_blocks=(1, 2), pool_sizes=(0, 2), spawn_ratios=(0.5, 0.85))
+    best, trials = tune(model, prompts, eos_token_id=None, pad_token_id=PAD, max_new_tokens=16, space=space)
+    assert len(trials) == 12  # r only varies when K > 1
+    assert max(t.tps for t in trials) == next(t.tps for t in trials if t.config == best.__dict__)
+    model.save_pretrained(tmp_path)
+    save_decode_config(tmp_path, best)
+    assert load_decode_config(tmp_path) == best and isinstance(load_decode_config(tmp_path), JFDecodeConfig)
+    assert load_decode_config(tmp_path, block_size=32).block_size == 32

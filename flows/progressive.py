@@ -1,0 +1,50 @@
+"""Flow `jf-progressive`: the rounds a profile lists (growing block sizes), each a `jf-round` subflow that starts
+from the previous round's model and regenerates trajectories with it, under one MLflow parent run."""
+
+from __future__ import annotations
+
+from prefect import flow, get_run_logger
+from prefect.runtime import flow_run
+
+from flows.round import jf_round, load
+from tasks import tracking
+
+
+def round_overrides(overrides: dict | None, prof, i: int) -> dict:
+    spec = prof.rounds[i]
+    merged = {section: dict(values) for section, values in (overrides or {}).items()}
+    merged.setdefault("trajectory", {}).update(block_size=spec.block_size, round_id=f"round-{i}")
+    merged.setdefault("training", {}).update(
+        {k: v for k, v in {"window": spec.window, "steps": spec.steps}.items() if v is not None}
+    )
+    return merged
+
+
+@flow(name="jf-progressive", flow_run_name="jf-progressive-{profile}", log_prints=True)
+def jf_progressive(profile: str = "tiny", overrides: dict[str, dict] | None = None, model: str | None = None) -> list:
+    prof = load(profile, overrides)
+    if not prof.rounds:
+        raise ValueError(f"profile {prof.name!r} lists no rounds")
+    client, experiment = tracking.connect(prof)
+    parent = tracking.start_run(
+        client, experiment, f"jf-progressive {prof.name}", tags={"prefect.flow_run_id": str(flow_run.id or "")}
+    )
+    summaries: list[dict] = []
+    try:
+        for i in range(len(prof.rounds)):
+            summary = jf_round(
+                profile,
+                overrides=round_overrides(overrides, prof, i),
+                model=summaries[-1]["model"] if summaries else model,
+                parent_run_id=parent,
+                history=[{k: s[k] for k in ("tpf", "base_tpf", "block_size")} for s in summaries],
+            )
+            summaries.append(summary)
+            get_run_logger().info(
+                "round %d (n=%d): accuracy %.3f, TPF %s", i, summary["block_size"], summary["accuracy"], summary["tpf"]
+            )
+        client.set_terminated(parent, "FINISHED")
+    except BaseException:
+        client.set_terminated(parent, "FAILED")
+        raise
+    return summaries

@@ -1,0 +1,79 @@
+"""Flow `jf-round`: one Jacobi Forcing round, trajectories -> pack -> train -> evaluate -> register.
+
+    prefect deployment run jf-round/tiny                      # after `prefect deploy --all`
+    prefect deployment run jf-round/tiny --params '{"model": "models:/jf-tiny@champion"}'
+
+Parameters are a profile name (or YAML path) plus per-section overrides, validated by the project's typed config
+before any work starts; `model` may be a directory, a hub id, or `models:/<name>@<alias>`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from prefect import flow, get_run_logger
+from prefect.runtime import flow_run
+
+from jf_core.config import Profile, load_profile
+from tasks import reporting, round_tasks, stages, tracking
+
+
+def load(profile: str, overrides: dict | None) -> Profile:
+    return load_profile(profile, **(overrides or {}))
+
+
+@flow(name="jf-round", flow_run_name="jf-round-{profile}", log_prints=True, validate_parameters=True)
+def jf_round(
+    profile: str = "tiny",
+    overrides: dict[str, dict] | None = None,
+    model: str | None = None,
+    parent_run_id: str | None = None,
+    history: list[dict] | None = None,
+) -> dict:
+    """`parent_run_id`: the MLflow run of a calling flow (jf-progressive); `history`: earlier rounds' reports,
+    for the TPF-per-round plot."""
+    prof = load(profile, overrides)
+    logger = get_run_logger()
+    client, experiment = tracking.connect(prof)
+    n = prof.trajectory.block_size
+    tags = {"prefect.flow_run_id": str(flow_run.id or ""), "jf.profile": prof.name}
+    parent = parent_run_id or tracking.start_run(client, experiment, f"jf-round {prof.name}", tags=tags)
+    run_id = tracking.start_run(client, experiment, f"round n={n}", parent=parent, tags={**tags, "jf.n": str(n)})
+    url = tracking.run_url(prof, experiment, run_id)
+    logger.info("MLflow run %s%s", run_id, f" ({url})" if url else "")
+    try:
+        tracking.log_params(client, run_id, prof)
+        model_in = round_tasks.resolve_model(model or prof.model.path, prof)
+        root = str(stages.round_dir(prof, model_in))
+        logger.info("round directory %s", root)
+        paths = stages.RoundPaths(Path(root))
+        cached = round_tasks.cached
+        traj = cached(round_tasks.trajectories, paths.trajectories, prof, model_in, root)
+        packed = cached(round_tasks.pack, paths.packed, prof, root, wait_for=[traj])
+        trained = cached(round_tasks.train, paths.model, prof, model_in, root, wait_for=[packed])
+        round_tasks.tune(prof, root, wait_for=[trained])
+        base = cached(round_tasks.evaluate, stages.eval_path(prof, model_in), prof, model_in, "input model")
+        jf_model = str(paths.model)
+        jf = cached(round_tasks.evaluate, stages.eval_path(prof, jf_model), prof, jf_model, "Jacobi Forcing model")
+        report = stages.round_report(
+            prof, model_in, paths, {"trajectories": traj, "pack": packed, "train": trained}, base, jf
+        )
+        stages.write_json_atomic(paths.root / "report.json", report)
+        registry = round_tasks.register(prof, run_id, report, history or [])
+        registry["model_name"] = prof.model_name
+        reporting.publish(report, registry, url)
+        client.set_terminated(run_id, "FINISHED")
+        if parent_run_id is None:
+            client.set_terminated(parent, "FINISHED")
+    except BaseException:
+        client.set_terminated(run_id, "FAILED")
+        if parent_run_id is None:
+            client.set_terminated(parent, "FAILED")
+        raise
+    summary = {k: v for k, v in report.items() if k not in ("loss_curve", "base_eval", "eval", "training")}
+    summary["registry"] = registry
+    summary["mlflow_run_id"] = run_id
+    summary["mlflow_url"] = url
+    logger.info("round summary: %s", json.dumps({k: summary[k] for k in ("accuracy", "headline_tpf", "speedup_vs_ar")}))
+    return summary

@@ -1,0 +1,244 @@
+"""The local stack on 127.0.0.1: Prefect server (sqlite), the `jf-pool` process work pool and a worker, MLflow
+server (sqlite + local artifacts), and optionally a Ray head. `jf stack up|down|status`.
+
+State lives under `<JF_HOME>/stack/`: one PID file and one log per service, `stack.json` (ports and URLs) and
+`stack.env` (the variables clients need: `source` it, or let `jf` read it). Servers are started in their own
+process groups, health-checked before `up` returns, and stopped group-wide (SIGTERM, then SIGKILL) by `down`.
+Prefect's and MLflow's stores are the same ones local runs use ($JF_HOME/prefect, $JF_HOME/mlflow), so flows run
+before the stack existed show up in its UIs.
+
+Production: point both servers at PostgreSQL instead of sqlite (see infra/README.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from jf_core.paths import jf_home
+
+POOL = "jf-pool"
+QUIET = {
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "MLFLOW_ENABLE_TELEMETRY": "false",
+    "DO_NOT_TRACK": "true",
+    "RAY_AUTH_MODE": "disabled",
+    "RAY_USAGE_STATS_ENABLED": "0",
+}
+
+
+@dataclass
+class StackConfig:
+    prefect_port: int = 4200
+    mlflow_port: int = 5000
+    ray: bool = False
+    ray_port: int = 6379
+    project_dir: str = field(default_factory=lambda: str(Path(__file__).resolve().parents[1]))
+
+    @property
+    def prefect_api(self) -> str:
+        return f"http://127.0.0.1:{self.prefect_port}/api"
+
+    @property
+    def mlflow_uri(self) -> str:
+        return f"http://127.0.0.1:{self.mlflow_port}"
+
+
+def stack_dir() -> Path:
+    return jf_home() / "stack"
+
+
+def _bin(name: str) -> str:
+    """The console script of this interpreter's environment (a venv need not be activated)."""
+    local = Path(sys.executable).parent / name
+    return str(local) if local.exists() else name
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def client_env(cfg: StackConfig) -> dict[str, str]:
+    """What a client of the stack (a shell, the worker, a test) needs in its environment."""
+    return {
+        **QUIET,
+        "PREFECT_API_URL": cfg.prefect_api,
+        "PREFECT_HOME": str(jf_home() / "prefect"),
+        "MLFLOW_TRACKING_URI": cfg.mlflow_uri,
+        "JF_HOME": str(jf_home()),
+        **({"RAY_ADDRESS": f"127.0.0.1:{cfg.ray_port}"} if cfg.ray else {}),
+    }
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return resp.status == 200
+    except OSError:
+        return False
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except OSError:
+        return False
+
+
+def _pidfile(name: str) -> Path:
+    return stack_dir() / f"{name}.pid"
+
+
+def _spawn(name: str, cmd: list[str], env: dict[str, str], cwd: str | None = None) -> int:
+    log = open(stack_dir() / f"{name}.log", "ab")  # noqa: SIM115 - the child owns it
+    proc = subprocess.Popen(
+        cmd, env={**os.environ, **env}, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    _pidfile(name).write_text(str(proc.pid))
+    return proc.pid
+
+
+def _wait(name: str, url: str, pid: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if _healthy(url):
+            return
+        if not _alive(pid):
+            break
+        time.sleep(0.5)
+    tail = (stack_dir() / f"{name}.log").read_text(errors="replace")[-2000:]
+    raise RuntimeError(f"{name} did not become healthy at {url} within {timeout:.0f} s; log tail:\n{tail}")
+
+
+def up(cfg: StackConfig, *, timeout: float = 120.0) -> dict:
+    """Start what is not running; return the stack description (also written to stack.json)."""
+    stack_dir().mkdir(parents=True, exist_ok=True)
+    (jf_home() / "mlflow" / "artifacts").mkdir(parents=True, exist_ok=True)
+    env = client_env(cfg)
+    started: list[tuple[str, str, int]] = []
+    if not _running("prefect-server"):
+        server_env = {k: v for k, v in env.items() if k != "PREFECT_API_URL"}
+        cmd = [_bin("prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(cfg.prefect_port)]
+        started.append(("prefect-server", f"{cfg.prefect_api}/health", _spawn("prefect-server", cmd, server_env)))
+    if not _running("mlflow-server"):
+        db = jf_home() / "mlflow" / "mlflow.db"
+        cmd = [
+            _bin("mlflow"), "server",
+            "--backend-store-uri", f"sqlite:///{db}",
+            "--artifacts-destination", str(jf_home() / "mlflow" / "artifacts"),
+            "--host", "127.0.0.1", "--port", str(cfg.mlflow_port), "--workers", "1",
+        ]  # fmt: skip
+        started.append(("mlflow-server", f"{cfg.mlflow_uri}/health", _spawn("mlflow-server", cmd, env)))
+    for name, url, pid in started:  # started together, waited for together: the two boots overlap
+        _wait(name, url, pid, timeout)
+    _create_pool(env)
+    if not _running("prefect-worker"):
+        cmd = [_bin("prefect"), "worker", "start", "--pool", POOL, "--type", "process"]
+        _spawn("prefect-worker", cmd, env, cwd=cfg.project_dir)
+    if cfg.ray and not _running("ray-head"):
+        _start_ray(cfg, env)
+    info = {"config": asdict(cfg), "env": env, "ui": {"prefect": cfg.prefect_api[:-4], "mlflow": cfg.mlflow_uri}}
+    (stack_dir() / "stack.json").write_text(json.dumps(info, indent=2))
+    (stack_dir() / "stack.env").write_text("".join(f"export {k}={v}\n" for k, v in env.items()))
+    return info
+
+
+def _create_pool(env: dict[str, str]) -> None:
+    inspect = subprocess.run(
+        [_bin("prefect"), "work-pool", "inspect", POOL], env={**os.environ, **env}, capture_output=True, text=True
+    )
+    if inspect.returncode == 0:
+        return
+    subprocess.run(
+        [_bin("prefect"), "work-pool", "create", POOL, "--type", "process"],
+        env={**os.environ, **env},
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+
+
+def _start_ray(cfg: StackConfig, env: dict[str, str]) -> None:
+    # `ray start` daemonises; the PID file records the GCS server so that `down` can run `ray stop` for it.
+    cmd = [
+        _bin("ray"),
+        "start",
+        "--head",
+        "--port",
+        str(cfg.ray_port),
+        "--include-dashboard=false",
+        "--disable-usage-stats",
+    ]
+    with open(stack_dir() / "ray-head.log", "ab") as log:
+        subprocess.run(cmd, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT, check=True)
+    _pidfile("ray-head").write_text("ray")
+
+
+def _running(name: str) -> bool:
+    pid = _read_pid(name)
+    return pid is not None and _alive(pid)
+
+
+def _read_pid(name: str) -> int | None:
+    path = _pidfile(name)
+    if not path.is_file():
+        return None
+    text = path.read_text().strip()
+    return int(text) if text.isdigit() else None
+
+
+def down(*, timeout: float = 20.0) -> list[str]:
+    """Stop every service of the stack (the worker first, so it cannot pick up runs meanwhile)."""
+    stopped = []
+    for name in ("prefect-worker", "mlflow-server", "prefect-server"):
+        pid = _read_pid(name)
+        if pid is not None and _alive(pid):
+            _stop_group(pid, timeout)
+            stopped.append(name)
+        _pidfile(name).unlink(missing_ok=True)
+    if _pidfile("ray-head").is_file():
+        subprocess.run([_bin("ray"), "stop", "--force"], capture_output=True)
+        _pidfile("ray-head").unlink()
+        stopped.append("ray-head")
+    return stopped
+
+
+def _stop_group(pid: int, timeout: float) -> None:
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and _alive(pid):
+        time.sleep(0.2)
+        with contextlib.suppress(ChildProcessError):  # reap our own child when `up` ran in this process (tests)
+            os.waitpid(pid, os.WNOHANG)
+    if _alive(pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+
+
+def status() -> dict:
+    info_path = stack_dir() / "stack.json"
+    info = json.loads(info_path.read_text()) if info_path.is_file() else None
+    services = {}
+    for name in ("prefect-server", "prefect-worker", "mlflow-server"):
+        pid = _read_pid(name)
+        services[name] = {"pid": pid, "running": pid is not None and _alive(pid)}
+    if info is not None:
+        cfg = StackConfig(**info["config"])
+        services["prefect-server"]["healthy"] = _healthy(f"{cfg.prefect_api}/health")
+        services["mlflow-server"]["healthy"] = _healthy(f"{cfg.mlflow_uri}/health")
+    return {"services": services, "stack": info}

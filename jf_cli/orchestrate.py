@@ -1,0 +1,110 @@
+"""`jf run` (the main job: one `jf-round` flow run of a profile, in process; `--progressive` for its rounds) and
+`jf stack up|down|status`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+from jf_core.paths import jf_home
+
+
+def parse_overrides(items: list[str]) -> dict[str, dict]:
+    """`section.key=value` (value parsed as JSON when it parses, else kept as text) -> {section: {key: value}}."""
+    out: dict[str, dict] = {}
+    for item in items:
+        path, sep, raw = item.partition("=")
+        section, dot, key = path.partition(".")
+        if not sep or not dot or not section or not key:
+            raise ValueError(f"--set expects section.key=value, got {item!r}")
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        out.setdefault(section, {})[key] = value
+    return out
+
+
+def _prefect_env() -> None:
+    # Must happen before prefect is imported: without a server URL, Prefect runs an ephemeral server on the sqlite
+    # database of PREFECT_HOME, the same one `jf stack up` serves, so these runs show up in its UI later.
+    os.environ.setdefault("PREFECT_HOME", str(jf_home() / "prefect"))
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    os.environ.setdefault("MLFLOW_ENABLE_TELEMETRY", "false")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    _prefect_env()
+    overrides = parse_overrides(args.set or [])
+    from jf_core.config import load_profile
+
+    load_profile(args.profile, **overrides)  # bad parameters fail here, before any server starts
+    from flows.round import jf_round
+    from tasks.reporting import markdown_table, metrics_rows
+    from tasks.tracking import tracking_uri
+
+    if args.progressive:
+        from flows.progressive import jf_progressive
+
+        summaries = jf_progressive(args.profile, overrides=overrides or None, model=args.model)
+        for i, s in enumerate(summaries[:-1]):
+            print(f"round {i} (n={s['block_size']}): accuracy {s['accuracy']:.3f}, TPF {s['tpf']}")
+        summary = summaries[-1]
+    else:
+        summary = jf_round(args.profile, overrides=overrides or None, model=args.model)
+    report = json.loads((Path(summary["round_dir"]) / "report.json").read_text())
+    reg = summary["registry"]
+    print()
+    print(markdown_table(metrics_rows(report)))
+    print(
+        f"\naccuracy {summary['accuracy']:.3f} (input model {summary['base_accuracy']:.3f}); "
+        f"TPF {summary['headline_tpf']:.2f} at n={summary['speedup_block_size']}; "
+        f"speedup vs AR {summary['speedup_vs_ar']:.2f}x; trained {summary['train_seconds']:.0f} s"
+    )
+    verdict = "passed: now champion" if reg["gate_passed"] else "failed: champion unchanged"
+    print(f"registry: {reg['model_name']} version {reg['version']}, gate {verdict}")
+    uri = tracking_uri(load_profile(args.profile, **overrides).registry)
+    print(
+        "\nwhere to look:\n"
+        f"  round directory  {summary['round_dir']}\n"
+        f"  Prefect UI       {os.environ.get('PREFECT_API_URL', 'http://127.0.0.1:4200/api')[:-4]}"
+        "  (`jf stack up` serves this run's history)\n"
+        f"  MLflow           {uri}  (UI: `jf stack up`, then http://127.0.0.1:5000, experiment 'jacobi-forcing')\n"
+        f"  registry model   models:/{reg['model_name']}@{'champion' if reg['gate_passed'] else 'challenger'}"
+    )
+    return 0
+
+
+def cmd_stack(args: argparse.Namespace) -> int:
+    from infra import stack
+
+    if args.action == "up":
+        cfg = stack.StackConfig(prefect_port=args.prefect_port, mlflow_port=args.mlflow_port, ray=args.ray)
+        info = stack.up(cfg)
+        print(f"Prefect UI  {info['ui']['prefect']}\nMLflow UI   {info['ui']['mlflow']}")
+        print(f"worker      pool {stack.POOL} (process); logs under {stack.stack_dir()}")
+        print(f"clients:    source {stack.stack_dir() / 'stack.env'}")
+    elif args.action == "down":
+        stopped = stack.down()
+        print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
+    else:
+        print(json.dumps(stack.status(), indent=2))
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("run", help="the main job: one jf-round flow run (bootstraps the embedded model if needed)")
+    p.add_argument("--profile", default="tiny", help="profile name or YAML path")
+    p.add_argument("--model", help="starting model: directory, hub id or models:/<name>@<alias>")
+    p.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="override a profile field")
+    p.add_argument("--progressive", action="store_true", help="run the profile's rounds (jf-progressive) instead")
+    p.set_defaults(func=cmd_run)
+    p = sub.add_parser("stack", help="the local Prefect + MLflow (+ Ray) stack on 127.0.0.1")
+    p.add_argument("action", choices=["up", "down", "status"])
+    p.add_argument("--prefect-port", type=int, default=4200)
+    p.add_argument("--mlflow-port", type=int, default=5000)
+    p.add_argument("--ray", action="store_true", help="also start a Ray head")
+    p.set_defaults(func=cmd_stack)

@@ -1,0 +1,163 @@
+"""Jacobi Forcing decoding: multi-block decoding and rejection recycling on top of the Jacobi step.
+
+Multi-block: up to K blocks are in flight in one window. The first unconverged block is real-active: only its
+accepted prefix is committed to the KV cache. The blocks after it are pseudo-active: their drafts are refined every
+forward conditioned on the (unconverged) drafts before them. A new block is spawned when the newest block has
+ceil(r * n) settled tokens (committed ones for the real-active block; for a pseudo-active block, the leading tokens
+the last forward did not change). Verification is the usual longest greedy prefix over the whole window, so a
+promoted block keeps its draft and progress and is verified against the committed prefix like any window (upstream
+drops the pseudo-active blocks' progress on promotion).
+
+Rejection recycling: candidates from an n-gram pool (recycling.py) keyed by the window's known-correct first token
+ride along as extra branches of the same forward; the branch with the longest accepted prefix wins and the KV
+cache keeps exactly its slots (tree layout in one row: no cache copies, see jacobi.Layout).
+
+Both are lossless: every committed token passed greedy verification under a fully committed prefix.
+Defaults from the paper: n=64, K=2, pool_size=4, r=0.85.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from jf_core.decoding.common import DecodeOutput
+from jf_core.decoding.jacobi import BlockRecorder, JacobiConfig, JacobiDecoder, Layout, _Sequence
+from jf_core.decoding.recycling import NgramPool
+
+
+@dataclass(frozen=True)
+class JFDecodeConfig(JacobiConfig):
+    block_size: int = 64
+    num_blocks: int = 2  # K: blocks in flight (1 = no multi-block)
+    pool_size: int = 4  # recycled candidates verified per forward (0 = no recycling)
+    spawn_ratio: float = 0.85  # r
+    ngram: int = 0  # candidate length; 0 = block_size - 1
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.num_blocks < 1:
+            raise ValueError(f"num_blocks (K) must be >= 1, got {self.num_blocks}")
+        if self.pool_size < 0:
+            raise ValueError(f"pool_size must be >= 0, got {self.pool_size}")
+        if not 0.0 < self.spawn_ratio <= 1.0:
+            raise ValueError(f"spawn_ratio (r) must be in (0, 1], got {self.spawn_ratio}")
+
+
+@dataclass
+class _JFSequence(_Sequence):
+    pool: NgramPool | None = None
+    origin: int = 0  # generated position of the window's first token (= len(committed))
+    stats_extra: dict = field(default_factory=lambda: {"recycled_wins": 0, "spawned": 0})
+
+
+class JFDecoder(JacobiDecoder):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        config: JFDecodeConfig,
+        *,
+        eos_token_id: int | None,
+        pad_token_id: int,
+        recorder: BlockRecorder | None = None,
+    ) -> None:
+        if recorder is not None:
+            raise ValueError("a BlockRecorder needs plain Jacobi decoding (JacobiConfig), not multi-block/recycling")
+        super().__init__(model, config, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
+        self.cfg = config
+        self.spawn_at = math.ceil(config.spawn_ratio * config.block_size)
+
+    def new_sequence(self, index: int, prompt: list[int]) -> _JFSequence:
+        seq = super().new_sequence(index, prompt)
+        ngram = self.cfg.ngram or max(1, self.cfg.block_size - 1)
+        pool = NgramPool(ngram) if self.cfg.pool_size else None
+        return _JFSequence(**{f: getattr(seq, f) for f in seq.__dataclass_fields__}, pool=pool)
+
+    def layout(self, seq: _JFSequence) -> Layout:
+        tokens, branches = list(seq.window), [list(range(len(seq.window)))]
+        if seq.pool is not None and len(seq.window) > 1:
+            # Candidates cover the real-active block's remaining positions at most: beyond it they would compete
+            # with pseudo-active drafts that already condition on more context.
+            span = min(len(seq.window), self._block_end(seq) - seq.origin) - 1
+            for cand in seq.pool.candidates(seq.window[0], self.cfg.pool_size, span, seq.window[1:]):
+                start = len(tokens)
+                tokens += cand
+                branches.append([0, *range(start, start + len(cand))])
+        return Layout(tokens, branches)
+
+    def settle(self, seq: _JFSequence, layout: Layout, greedy: list[int], branch: int, accepted: int) -> None:
+        main = layout.branches[0]
+        win = layout.branches[branch]
+        window = [layout.tokens[i] for i in main]
+        main_greedy = [greedy[i] for i in main]
+        win_tokens = [layout.tokens[i] for i in win]
+        win_greedy = [greedy[i] for i in win]
+        if seq.pool is not None:
+            seq.pool.add(window)
+            for b in layout.branches:
+                seq.pool.add([layout.tokens[b[0]], *(greedy[i] for i in b)])
+        if branch:
+            seq.stats_extra["recycled_wins"] += 1
+        seq.stats.forwards += 1
+        seq.stats.accepted.append(accepted)
+        seq.committed += win_tokens[:accepted]
+        seq.origin += accepted
+        if accepted == len(window):
+            self._open_block(seq, win_greedy[-1])
+            seq.origin = len(seq.committed)
+            self._spawn(seq, previous=[], previous_origin=seq.origin)
+            return
+        # Window position p (>= accepted) gets the argmax after position p - 1, from the winning branch where it
+        # reaches, else from the window's own forward: the Jacobi update, and the pseudo-active blocks keep theirs.
+        new = [(win_greedy if p - 1 < len(win_tokens) else main_greedy)[p - 1] for p in range(accepted, len(window))]
+        seq.window = new
+        if self._check_done(seq):
+            return
+        self._spawn(seq, previous=window, previous_origin=seq.origin - accepted)
+
+    def _block_end(self, seq: _JFSequence) -> int:
+        n = self.cfg.block_size
+        return min((seq.origin // n + 1) * n, self.cfg.max_new_tokens)
+
+    def _spawn(self, seq: _JFSequence, previous: list[int], previous_origin: int) -> None:
+        """Append a pseudo-active block when the newest one has settled enough and fewer than K are in flight."""
+        n, limit = self.cfg.block_size, self.cfg.max_new_tokens
+        if seq.done:
+            return
+        end = seq.origin + len(seq.window)
+        if end >= limit:
+            return
+        real, newest = seq.origin // n, (end - 1) // n
+        if newest - real + 1 >= self.cfg.num_blocks:
+            return
+        if newest == real:
+            settled = seq.origin - real * n
+        else:
+            start = newest * n
+            settled = 0
+            for pos in range(start, end):
+                old = pos - previous_origin
+                if 0 <= old < len(previous) and previous[old] == seq.window[pos - seq.origin]:
+                    settled += 1
+                else:
+                    break
+        if settled < min(self.spawn_at, end - newest * n):
+            return
+        length = min(n, limit - end)
+        context = seq.prompt + seq.committed + seq.window
+        seq.window = seq.window + self.draft_init(context, length, seq.rng)
+        seq.stats_extra["spawned"] += 1
+
+
+def jf_decode(
+    model: torch.nn.Module,
+    prompts: Sequence[Sequence[int]],
+    config: JFDecodeConfig,
+    *,
+    eos_token_id: int | None,
+    pad_token_id: int,
+) -> DecodeOutput:
+    return JFDecoder(model, config, eos_token_id=eos_token_id, pad_token_id=pad_token_id).decode(prompts)

@@ -1,0 +1,74 @@
+"""Figures of a round (matplotlib, headless): loss curves, TPF per round, accepted tokens per forward."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+
+LOSS_KEYS = ("loss", "consistency_loss", "ar_loss")
+
+
+def loss_curves(history: Sequence[dict]) -> Figure:
+    fig, ax = plt.subplots(figsize=(7, 4))
+    steps = [row["step"] for row in history]
+    for key in LOSS_KEYS:
+        if any(key in row for row in history):
+            ax.plot(steps, [row.get(key, float("nan")) for row in history], label=key)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_yscale("log")
+    ax.set_title("Jacobi Forcing training")
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def tpf_per_round(reports: Sequence[dict]) -> Figure:
+    """Grouped bars: for each block size, the base model's TPF, then each round's."""
+    sizes = sorted({n for r in reports for n in r["tpf"]}, key=int)
+    series = [("base", reports[0]["base_tpf"])] + [
+        (f"round {i} (n={r['block_size']})", r["tpf"]) for i, r in enumerate(reports)
+    ]
+    width = 0.8 / len(series)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for i, (label, tpf) in enumerate(series):
+        xs = [j + i * width for j in range(len(sizes))]
+        ax.bar(xs, [tpf.get(n, 0.0) for n in sizes], width, label=label)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(sizes))], [f"n={n}" for n in sizes])
+    ax.set_ylabel("tokens per forward (TPF)")
+    ax.set_title("Vanilla Jacobi TPF per round")
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def acceptance_histogram(histograms: dict[str, dict], base: dict[str, dict] | None = None) -> Figure:
+    """Accepted tokens per forward (share of forwards), per block size; the base model dashed when given."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, hists, style in (("JF", histograms, "-"), ("base", base or {}, "--")):
+        for n, hist in sorted(hists.items(), key=lambda kv: int(kv[0])):
+            total = sum(hist.values()) or 1
+            ks = sorted(hist, key=int)
+            ax.plot([int(k) for k in ks], [hist[k] / total for k in ks], style, marker=".", label=f"{label} n={n}")
+    ax.set_xlabel("tokens accepted in one forward")
+    ax.set_ylabel("share of forwards")
+    ax.set_yscale("log")
+    ax.set_title("Accepted tokens per forward")
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def round_figures(report: dict, history: Sequence[dict] | None = None) -> dict[str, Figure]:
+    return {
+        "loss_curves": loss_curves(report["loss_curve"]),
+        "tpf_per_round": tpf_per_round([*(history or []), report]),
+        "acceptance_histogram": acceptance_histogram(
+            report["eval"]["accepted_histogram"], report["base_eval"].get("accepted_histogram")
+        ),
+    }

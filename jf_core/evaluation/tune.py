@@ -1,0 +1,84 @@
+"""Autotune: the decode config (n, K, pool_size, r) with the best TPS on this hardware, on calibration prompts.
+
+Every candidate decodes the same prompts at the same batch size after a warmup; TPF is reported beside TPS. The
+search is a grid (small by default: the space is small and every point is a real measurement), and because every
+candidate is lossless, speed is the only thing compared.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+
+import torch
+
+from jf_core.decoding.config_io import decode
+from jf_core.decoding.multiblock import JFDecodeConfig
+
+
+@dataclass(frozen=True)
+class TuneSpace:
+    block_sizes: tuple[int, ...] = (16, 32, 64)
+    num_blocks: tuple[int, ...] = (1, 2, 3)
+    pool_sizes: tuple[int, ...] = (0, 2, 4)
+    spawn_ratios: tuple[float, ...] = (0.5, 0.85)
+
+    def configs(self, max_new_tokens: int) -> list[JFDecodeConfig]:
+        out = []
+        for n, k, pool, r in itertools.product(self.block_sizes, self.num_blocks, self.pool_sizes, self.spawn_ratios):
+            if k == 1 and r != self.spawn_ratios[0]:
+                continue  # r only matters with more than one block
+            out.append(
+                JFDecodeConfig(block_size=n, num_blocks=k, pool_size=pool, spawn_ratio=r, max_new_tokens=max_new_tokens)
+            )
+        return out
+
+
+@dataclass
+class TuneTrial:
+    config: dict
+    tps: float
+    tpf: float
+
+
+def tune(
+    model: torch.nn.Module,
+    prompts: Sequence[Sequence[int]],
+    *,
+    eos_token_id: int | None,
+    pad_token_id: int,
+    max_new_tokens: int,
+    space: TuneSpace = TuneSpace(),
+    batch_size: int = 1,
+    repeats: int = 1,
+    progress: Callable[[int, int, TuneTrial], None] | None = None,
+) -> tuple[JFDecodeConfig, list[TuneTrial]]:
+    configs = space.configs(max_new_tokens)
+    if not configs:
+        raise ValueError("the tuning space is empty")
+    trials = []
+    decode(model, prompts[:2], configs[0], eos_token_id=eos_token_id, pad_token_id=pad_token_id)  # warm up
+    for i, cfg in enumerate(configs):
+        best_tps, tpf = 0.0, 0.0
+        for _ in range(repeats):
+            tokens = seconds = forwards = 0.0
+            for start in range(0, len(prompts), batch_size):
+                out = decode(
+                    model,
+                    prompts[start : start + batch_size],
+                    cfg,
+                    eos_token_id=eos_token_id,
+                    pad_token_id=pad_token_id,
+                )
+                tokens += out.stats.new_tokens
+                seconds += out.stats.seconds
+                forwards += out.stats.forwards
+            best_tps = max(best_tps, tokens / seconds)
+            tpf = tokens / forwards
+        trial = TuneTrial(asdict(cfg), best_tps, tpf)
+        trials.append(trial)
+        if progress is not None:
+            progress(i + 1, len(configs), trial)
+    best = max(range(len(trials)), key=lambda i: trials[i].tps)
+    return configs[best], trials

@@ -1,0 +1,75 @@
+"""What a round shows people: the metrics table (CLI and Prefect) and the Prefect artifacts of a round."""
+
+from __future__ import annotations
+
+import re
+
+
+def metrics_rows(report: dict) -> list[dict]:
+    """One row per evaluated block size: base vs Jacobi Forcing model, the same names as in MLflow."""
+    rows = []
+    for n, tpf in report["tpf"].items():
+        rows.append(
+            {
+                "block size n": int(n),
+                "base TPF": round(report["base_tpf"][n], 3),
+                "JF TPF": round(tpf, 3),
+                "JF TPS": round(report["tps"][f"jacobi_n{n}"], 1),
+                "AR TPS": round(report["tps"]["ar"], 1),
+                "speedup vs AR": round(report["tps"][f"jacobi_n{n}"] / report["tps"]["ar"], 2),
+            }
+        )
+    if report.get("tuned"):
+        t, c = report["tuned"], report["tuned"]["config"]
+        rows.append(
+            {
+                "block size n": f"tuned n={c['block_size']} K={c['num_blocks']} pool={c['pool_size']}",
+                "base TPF": "",
+                "JF TPF": round(t["tpf"], 3),
+                "JF TPS": round(t["tps"], 1),
+                "AR TPS": round(report["tps"]["ar"], 1),
+                "speedup vs AR": round(t["speedup_vs_ar"], 2),
+            }
+        )
+    return rows
+
+
+def markdown_table(rows: list[dict]) -> str:
+    head = list(rows[0])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(str(r[h]) for h in head) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def summary_markdown(report: dict, registry: dict | None, run_url: str | None) -> str:
+    gate = ""
+    if registry is not None:
+        verdict = "passed: promoted to `champion`" if registry["gate_passed"] else "failed: `champion` unchanged"
+        gate = (
+            f"\n**Registry**: `{registry['model_name']}` version {registry['version']} (`challenger`); gate {verdict}."
+            + "".join(f"\n- {r}" for r in registry["gate_reasons"])
+        )
+    link = f"\n\n[MLflow run]({run_url})" if run_url else ""
+    return (
+        f"# Jacobi Forcing round: {report['profile']}, n={report['block_size']}\n\n"
+        f"Accuracy **{report['accuracy']:.3f}** (input model {report['base_accuracy']:.3f}); "
+        f"headline TPF **{report['headline_tpf']:.2f}** at n={report['speedup_block_size']}; "
+        f"speedup vs AR **{report['speedup_vs_ar']:.2f}x**; trained {report['train_seconds']:.0f} s.\n\n"
+        f"{markdown_table(metrics_rows(report))}\n\n"
+        f"Input model: `{report['model_in']}`  \nOutput model: `{report['model']}`\n{gate}{link}\n"
+    )
+
+
+def artifact_key(*parts: str) -> str:
+    """Prefect artifact keys allow lowercase letters, digits and dashes only."""
+    return re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]", "-", "-".join(parts).lower())).strip("-")
+
+
+def publish(report: dict, registry: dict | None, run_url: str | None) -> None:
+    from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
+
+    key = artifact_key("jf-round", report["profile"], f"n{report['block_size']}")
+    create_markdown_artifact(summary_markdown(report, registry, run_url), key=key, description="round summary")
+    create_table_artifact(metrics_rows(report), key=f"{key}-metrics", description="TPF and TPS per block size")
+    if run_url:
+        create_link_artifact(run_url, link_text="MLflow run of this round", key=f"{key}-mlflow")

@@ -1,0 +1,176 @@
+"""Prefect tasks of a round: thin wrappers over tasks/stages.py and tasks/tracking.py that pass paths and URIs.
+
+Reuse is two-layered. Every stage skips work whose `done.json` marker exists (so a retry or re-run never redoes a
+finished stage), and the tasks are cached by their content-addressed output directory, so Prefect shows a finished
+stage as `Cached` without entering it; `cached()` refreshes the record of a stage whose output is gone.
+Retries are declared where a retry is safe: trajectories resume by shard and training resumes from its last
+checkpoint. Registration is never retried (a retry could register twice).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from pathlib import Path
+
+from prefect import get_run_logger, task
+from prefect.artifacts import create_progress_artifact, update_progress_artifact
+
+from jf_core.config import Profile
+from tasks import stages, tracking
+
+
+class ProgressArtifact:
+    """A Prefect progress artifact fed by `(done, total)` callbacks, updated at most every `every` seconds."""
+
+    def __init__(self, description: str, every: float = 2.0) -> None:
+        self.id = create_progress_artifact(0.0, description=description)
+        self.every, self.last = every, 0.0
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if done >= total or now - self.last >= self.every:
+            self.last = now
+            update_progress_artifact(self.id, 100.0 * done / max(1, total))
+
+
+def _cache_on(stage: str):
+    """Cache key of a stage: its directory, which is content-addressed (the round directory is keyed by the input
+    model and every config that shapes the stage's output). Whether the cached record may be trusted is decided at
+    the call site (`cached`): a stage whose output is gone is refreshed, never served from the cache."""
+
+    def key(_ctx, params: dict) -> str:
+        return hashlib.sha256(f"{stage}:{params['root']}".encode()).hexdigest()
+
+    return key
+
+
+def cached(task_fn, output: Path, *args, **kwargs):
+    """Call a stage task, serving Prefect's cached record only while the stage's output is really on disk."""
+    done = (output / stages.DONE).is_file() or (output.is_file() and output.suffix == ".json")
+    return task_fn.with_options(refresh_cache=not done)(*args, **kwargs)
+
+
+def _reusing(stage_dir: Path, what: str) -> bool:
+    if (stage_dir / stages.DONE).is_file():
+        get_run_logger().info("reusing finished %s at %s", what, stage_dir)
+        return True
+    return False
+
+
+@task(name="resolve-model", task_run_name="resolve model {uri}", retries=2, retry_delay_seconds=5)
+def resolve_model(uri: str, profile: Profile) -> str:
+    path = tracking.resolve_model(uri, profile)
+    get_run_logger().info("starting model %s -> %s", uri, path)
+    return path
+
+
+@task(
+    name="trajectories",
+    task_run_name="trajectories n={profile.trajectory.block_size}",
+    retries=2,
+    retry_delay_seconds=10,
+    persist_result=True,
+    cache_key_fn=_cache_on("trajectories"),
+)
+def trajectories(profile: Profile, model_in: str, root: str) -> dict:
+    paths = stages.RoundPaths(Path(root))
+    if _reusing(paths.trajectories, "trajectories"):
+        return stages.finished(paths.trajectories)
+    bar = ProgressArtifact(f"Jacobi trajectories of {model_in} at n={profile.trajectory.block_size} (shards)")
+    result = stages.stage_trajectories(profile, model_in, paths, progress=False, on_shard=bar)
+    get_run_logger().info(
+        "%d prompts -> %d block rows in %.0f s (%.0f tokens/s)",
+        result["prompts"],
+        result["rows"],
+        result["seconds"],
+        result["tokens_per_second"],
+    )
+    return result
+
+
+@task(
+    name="pack",
+    task_run_name="pack ({profile.training.schedule} schedule)",
+    persist_result=True,
+    cache_key_fn=_cache_on("packed"),
+)
+def pack(profile: Profile, root: str) -> dict:
+    paths = stages.RoundPaths(Path(root))
+    if _reusing(paths.packed, "packed examples"):
+        return stages.finished(paths.packed)
+    result = stages.stage_pack(profile, paths)
+    get_run_logger().info("packed %d examples of %d blocks", result["examples"], result["blocks"])
+    return result
+
+
+@task(
+    name="train",
+    task_run_name="train {profile.training.steps} steps",
+    retries=1,
+    retry_delay_seconds=10,
+    persist_result=True,
+    cache_key_fn=_cache_on("model"),
+)
+def train(profile: Profile, model_in: str, root: str) -> dict:
+    paths = stages.RoundPaths(Path(root))
+    if _reusing(paths.model, "trained model"):
+        return stages.finished(paths.model)
+    steps = profile.training.steps
+    bar = ProgressArtifact(f"Jacobi Forcing training, {steps} steps")
+    logger = get_run_logger()
+
+    def on_log(step: int, row: dict) -> None:
+        bar(step + 1, steps)
+        if step % max(1, steps // 20) == 0:
+            logger.info("step %d/%d: %s", step, steps, ", ".join(f"{k} {v:.4g}" for k, v in row.items() if k != "step"))
+
+    result = stages.stage_train(profile, model_in, paths, progress=False, on_log=on_log)
+    bar(steps, steps)
+    return result
+
+
+@task(name="tune", task_run_name="autotune decode config", persist_result=True)
+def tune(profile: Profile, root: str) -> dict | None:
+    model_dir = stages.RoundPaths(Path(root)).model
+    result = stages.stage_tune(profile, model_dir)
+    if result is not None:
+        b = result["best"]
+        get_run_logger().info(
+            "decode config: n=%d K=%d pool=%d r=%.2f",
+            b["block_size"],
+            b["num_blocks"],
+            b["pool_size"],
+            b["spawn_ratio"],
+        )
+    return result
+
+
+def _eval_key(_ctx, params: dict) -> str:
+    return hashlib.sha256(str(stages.eval_path(params["profile"], params["model_path"])).encode()).hexdigest()
+
+
+@task(name="evaluate", task_run_name="evaluate {label}", persist_result=True, cache_key_fn=_eval_key)
+def evaluate(profile: Profile, model_path: str, label: str) -> dict:
+    result = stages.stage_evaluate(profile, model_path)
+    tpf = ", ".join(f"n={n}: {v:.2f}" for n, v in result["tpf"].items())
+    get_run_logger().info("%s: accuracy %.3f, TPF %s", label, result["accuracy"], tpf)
+    return result
+
+
+@task(name="register", task_run_name="log and register {profile.name}")
+def register(profile: Profile, run_id: str, report: dict, history: list[dict]) -> dict:
+    from jf_core.evaluation.plots import round_figures
+
+    client, _ = tracking.connect(profile)
+    tracking.log_round(client, run_id, report, round_figures(report, history))
+    version, decision = tracking.register(client, run_id, profile, report)
+    logger = get_run_logger()
+    logger.info(
+        "registered %s version %s: gate %s (%s)",
+        profile.model_name,
+        version,
+        "passed -> champion" if decision.passed else "failed, champion unchanged",
+        "; ".join(decision.reasons),
+    )
+    return {"version": version, "gate_passed": decision.passed, "gate_reasons": decision.reasons}

@@ -1,0 +1,337 @@
+"""The stages of a round as plain functions over paths: trajectories -> pack -> train -> evaluate.
+
+Each stage writes under its own directory and, last, a `done.json` marker (atomically) holding its result. A stage
+whose marker exists returns that result and does no work, so a re-run, a retried task or a resumed flow reuses
+every finished stage. `run_round` (local) and the Prefect flow (flows/round.py) both call these.
+
+Layout of a round, keyed by everything that determines its model (input model, prompts, trajectory and training
+configs; not the evaluation or the gate):
+
+    <runs_dir>/<profile>/n<block>-<key>/{trajectories/, packed/, checkpoints/, model/}
+    <runs_dir>/evals/<model fingerprint>-<eval config hash>.json   (shared: a base model is evaluated once)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from jf_core.config import Profile
+from tasks.trajectories import model_identity
+
+log = logging.getLogger("jf.stages")
+DONE = "done.json"
+
+
+@dataclass(frozen=True)
+class RoundPaths:
+    root: Path
+    trajectories_dir: Path | None = None  # a shared store (ablations); default: <root>/trajectories
+
+    @property
+    def trajectories(self) -> Path:
+        return self.trajectories_dir or self.root / "trajectories"
+
+    @property
+    def packed(self) -> Path:
+        return self.root / "packed"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def model(self) -> Path:
+        return self.root / "model"
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(data, fh, indent=2, default=str)
+    os.replace(tmp, path)
+
+
+def finished(stage_dir: Path) -> dict | None:
+    marker = Path(stage_dir) / DONE
+    return json.loads(marker.read_text()) if marker.is_file() else None
+
+
+def _digest(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def round_dir(profile: Profile, model_in: str) -> Path:
+    key = _digest(
+        {
+            "model": model_identity(model_in),
+            "prompts": profile.prompts.model_dump(),
+            "trajectory": profile.trajectory.model_dump(),
+            "training": profile.training.model_dump(),
+        }
+    )
+    return profile.runs_dir() / profile.name / f"n{profile.trajectory.block_size}-{key}"
+
+
+def stage_trajectories(
+    profile: Profile,
+    model_in: str,
+    paths: RoundPaths,
+    *,
+    progress: bool = True,
+    on_shard: Callable[[int, int], None] | None = None,
+) -> dict:
+    """Jacobi trajectories of `model_in` over the profile's prompts (Ray actor pool; resumes by shard)."""
+    from tasks.trajectories import generate_trajectories
+
+    if (done := finished(paths.trajectories)) is not None:
+        log.info("reusing finished trajectories at %s (%s rows)", paths.trajectories, done["rows"])
+        return done
+    round_profile = profile.model_copy(update={"model": profile.model.model_copy(update={"path": model_in})})
+    summary = generate_trajectories(round_profile, paths.trajectories, progress=progress, on_shard=on_shard)
+    result = {**asdict(summary), "tokens_per_second": summary.tokens_per_second}
+    write_json_atomic(paths.trajectories / DONE, result)
+    return result
+
+
+def stage_pack(profile: Profile, paths: RoundPaths) -> dict:
+    """[prompt][noisy_0][clean_0]... examples under the profile's noise schedule -> packed/examples.parquet."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from jf_core.training.packing import pack_records
+    from jf_core.trajectory.store import TrajectoryStore
+
+    if (done := finished(paths.packed)) is not None:
+        log.info("reusing packed examples at %s (%s examples)", paths.packed, done["examples"])
+        return done
+    t = profile.training
+    records = TrajectoryStore(paths.trajectories).read().to_pylist()
+    packed, stats = pack_records(records, t.noise_schedule(), t.max_length)
+    if not packed:
+        raise ValueError(f"packing {paths.trajectories} produced no examples (dropped: {dict(stats.dropped_blocks)})")
+    paths.packed.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".examples.", suffix=".parquet.tmp", dir=paths.packed)
+    os.close(fd)
+    pq.write_table(pa.Table.from_pylist([asdict(e) for e in packed]), tmp)
+    os.replace(tmp, paths.packed / "examples.parquet")
+    result = {"examples": stats.examples, "blocks": stats.blocks, "dropped_blocks": dict(stats.dropped_blocks)}
+    write_json_atomic(paths.packed / DONE, result)
+    return result
+
+
+def load_packed(paths: RoundPaths):
+    import pyarrow.parquet as pq
+
+    from jf_core.training.packing import PackedExample
+
+    return [PackedExample(**row) for row in pq.read_table(paths.packed / "examples.parquet").to_pylist()]
+
+
+def stage_train(
+    profile: Profile,
+    model_in: str,
+    paths: RoundPaths,
+    *,
+    progress: bool = True,
+    on_log: Callable[[int, dict], None] | None = None,
+) -> dict:
+    """Jacobi Forcing training from `model_in` on the packed examples -> model/ (safetensors + tokenizer).
+
+    Checkpoints (weights + optimizer) every tenth of the run let a retried task resume where it died; they are
+    removed once the model directory is complete."""
+    import torch
+
+    from jf_core.checkpoint import save_checkpoint
+    from jf_core.models import load_model
+    from jf_core.toy.task import make_split
+    from jf_core.training.jf_data import jf_batches
+    from jf_core.training.losses import training_attention
+    from jf_core.training.trainer import train
+
+    if (done := finished(paths.model)) is not None:
+        log.info("reusing trained model at %s (%s steps)", paths.model, done["steps"])
+        return done
+    t = profile.training
+    examples = load_packed(paths)
+    device = torch.device("cuda" if torch.cuda.is_available() and profile.model.device in ("auto", "cuda") else "cpu")
+    model, tok = load_model(
+        model_in, dtype=profile.model.dtype, device=str(device), attn_implementation=training_attention(device)
+    )
+    ar_mix = None
+    if t.mix_ar_every and profile.prompts.source == "embedded":
+        from jf_core.toy.data import ar_batches
+
+        ar_mix = ar_batches(tok, make_split("train", 20_000), t.batch_size, t.seed)
+    batches = jf_batches(
+        examples,
+        t.batch_size,
+        tok.pad_token_id,
+        seed=t.seed,
+        variant=t.mask,
+        ar_batches=ar_mix,
+        ar_every=t.mix_ar_every,
+    )
+    result = train(
+        model.train(),
+        batches,
+        t.objective(),
+        t.loop(),
+        progress=progress,
+        on_log=on_log,
+        checkpoint_dir=paths.checkpoints,
+        checkpoint_every=max(1, t.steps // 10),
+    )
+    summary = {"steps": result.steps, "train_seconds": result.seconds, "model_in": model_in, "history": result.history}
+    save_checkpoint(model, paths.model, tokenizer=tok, extra_files={DONE: json.dumps(summary, indent=2)})
+    shutil.rmtree(paths.checkpoints, ignore_errors=True)
+    return summary
+
+
+def stage_tune(profile: Profile, model_dir: Path) -> dict | None:
+    """Autotune the model's decode config on calibration prompts and save it beside the weights (when enabled)."""
+    from jf_core.decoding.config_io import save_decode_config
+    from jf_core.evaluation.tune import tune
+    from jf_core.models import load_model
+    from jf_core.toy.task import make_split
+
+    cfg = profile.evaluation.tune
+    if not cfg.enabled:
+        return None
+    done = Path(model_dir) / "decode_tuning.json"
+    if done.is_file():
+        log.info("reusing tuned decode config of %s", model_dir)
+        return json.loads(done.read_text())
+    model, tok = load_model(str(model_dir), dtype=profile.model.dtype)
+    prompts = [tok(e.prompt, add_special_tokens=False)["input_ids"] for e in make_split("calib", cfg.prompts)]
+    best, trials = tune(
+        model,
+        prompts,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        max_new_tokens=profile.evaluation.max_new_tokens,
+        space=cfg.space(),
+    )
+    report = {"best": asdict(best), "calibration_prompts": len(prompts), "trials": [asdict(t) for t in trials]}
+    save_decode_config(model_dir, best, extra=report)
+    return report
+
+
+def eval_path(profile: Profile, model_path: str) -> Path:
+    decode_cfg = Path(model_path) / "decode_config.json"
+    tuned = decode_cfg.read_text() if decode_cfg.is_file() else None
+    key = f"{model_identity(model_path)}-{_digest([profile.evaluation.model_dump(), tuned])}"
+    return profile.runs_dir() / "evals" / f"{key}.json"
+
+
+def stage_evaluate(profile: Profile, model_path: str) -> dict:
+    """Accuracy, TPF per block size and TPS (Jacobi vs AR side by side) of one model; cached per (model, config)."""
+    out = eval_path(profile, model_path)
+    if out.is_file():
+        log.info("reusing evaluation %s", out)
+        return json.loads(out.read_text())
+    started = time.perf_counter()
+    result = evaluate_model(model_path, profile)
+    result["model"] = model_path
+    result["eval_seconds"] = time.perf_counter() - started
+    write_json_atomic(out, result)
+    return result
+
+
+def evaluate_model(model_path: str, profile: Profile) -> dict:
+    """Accuracy (greedy, exact match on the embedded task's test split), TPF per block size, and TPS of Jacobi vs
+    AR on the same model at batch 1, measured side by side."""
+    from jf_core.decoding.ar import ar_decode
+    from jf_core.decoding.config_io import decode, load_decode_config
+    from jf_core.decoding.jacobi import JacobiConfig, jacobi_decode
+    from jf_core.decoding.multiblock import JFDecodeConfig
+    from jf_core.models import load_model
+    from jf_core.toy.evaluate import evaluate
+    from jf_core.toy.task import make_split
+
+    cfg = profile.evaluation
+    model, tok = load_model(model_path, dtype=profile.model.dtype)
+    examples = make_split("test", cfg.num_prompts)
+    eos, pad = tok.eos_token_id, tok.pad_token_id
+
+    def ar(prompts):
+        return ar_decode(model, prompts, max_new_tokens=cfg.max_new_tokens, eos_token_id=eos, pad_token_id=pad)
+
+    result = {"accuracy": evaluate(tok, examples, ar, batch_size=cfg.batch_size).accuracy, "tpf": {}, "tps": {}}
+    speed_set = examples[: cfg.speed_prompts]
+    result["tps"]["ar"] = evaluate(tok, speed_set, ar, batch_size=1).stats.tps
+    result["accepted_histogram"] = {}
+    for n in cfg.block_sizes:
+        jcfg = JacobiConfig(block_size=n, max_new_tokens=cfg.max_new_tokens)
+
+        def jac(prompts, jcfg=jcfg):
+            return jacobi_decode(model, prompts, jcfg, eos_token_id=eos, pad_token_id=pad)
+
+        full = evaluate(tok, examples, jac, batch_size=cfg.batch_size)
+        if full.accuracy != result["accuracy"]:
+            raise AssertionError(f"Jacobi n={n} changed the answers: {full.accuracy} vs AR {result['accuracy']}")
+        result["tpf"][str(n)] = full.stats.tpf
+        result["accepted_histogram"][str(n)] = full.stats.accepted_histogram()
+        result["tps"][f"jacobi_n{n}"] = evaluate(tok, speed_set, jac, batch_size=1).stats.tps
+    best = max(cfg.block_sizes, key=lambda n: result["tps"][f"jacobi_n{n}"])
+    result["speedup_vs_ar"] = result["tps"][f"jacobi_n{best}"] / result["tps"]["ar"]
+    result["speedup_block_size"] = best
+    result["decode_config"] = asdict(JacobiConfig(block_size=best, max_new_tokens=cfg.max_new_tokens))
+    tuned = load_decode_config(model_path, max_new_tokens=cfg.max_new_tokens)
+    if isinstance(tuned, JFDecodeConfig):
+        # The autotuned Jacobi Forcing config (multi-block, recycling), measured the same way.
+
+        def jf(prompts):
+            return decode(model, prompts, tuned, eos_token_id=eos, pad_token_id=pad)
+
+        full = evaluate(tok, examples, jf, batch_size=cfg.batch_size)
+        if full.accuracy != result["accuracy"]:
+            raise AssertionError(f"the tuned decode config changed the answers: {full.accuracy}")
+        tps = evaluate(tok, speed_set, jf, batch_size=1).stats.tps
+        result["tuned"] = {
+            "config": asdict(tuned),
+            "tpf": full.stats.tpf,
+            "tps": tps,
+            "speedup_vs_ar": tps / result["tps"]["ar"],
+            "accepted_histogram": full.stats.accepted_histogram(),
+        }
+    return result
+
+
+def round_report(profile: Profile, model_in: str, paths: RoundPaths, stages: dict, base: dict, jf: dict) -> dict:
+    """The round's result: the same names in report.json, MLflow, the Prefect artifacts and the CLI table."""
+    n = str(jf["speedup_block_size"])
+    return {
+        "profile": profile.name,
+        "model_in": model_in,
+        "model": str(paths.model),
+        "round_dir": str(paths.root),
+        "block_size": profile.trajectory.block_size,
+        "base_accuracy": base["accuracy"],
+        "base_tpf": base["tpf"],
+        "accuracy": jf["accuracy"],
+        "tpf": jf["tpf"],
+        "tps": jf["tps"],
+        "headline_tpf": jf["tpf"][n],
+        "headline_tps": jf["tps"][f"jacobi_n{n}"],
+        "speedup_vs_ar": jf["speedup_vs_ar"],
+        "speedup_block_size": jf["speedup_block_size"],
+        "decode_config": jf.get("tuned", {}).get("config", jf["decode_config"]),
+        "tuned": jf.get("tuned"),
+        "train_seconds": stages["train"]["train_seconds"],
+        "trajectories": {k: v for k, v in stages["trajectories"].items()},
+        "packing": stages["pack"],
+        "training": profile.training.model_dump(),
+        "loss_curve": stages["train"]["history"],
+        "base_eval": base,
+        "eval": jf,
+    }

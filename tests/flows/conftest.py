@@ -1,0 +1,29 @@
+"""Flows tests run against a real (temporary) Prefect server and a real MLflow sqlite store, with JF_HOME in tmp."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+
+@pytest.fixture(scope="module")
+def prefect_server():
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+@pytest.fixture()
+def jf_env(tmp_path, monkeypatch, profile):
+    """A profile YAML for the tiny random model with small stages, its MLflow store and JF_HOME under tmp."""
+    monkeypatch.setenv("JF_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    data = profile.model_dump(mode="json")
+    data["training"].update(steps=3, batch_size=4, warmup_steps=1)
+    data["evaluation"].update(num_prompts=6, speed_prompts=2, block_sizes=[4, 8], max_new_tokens=24, batch_size=3)
+    data["storage"] = {"runs_dir": str(tmp_path / "runs")}
+    data["registry"] = {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "model_name": "jf-test"}
+    path = tmp_path / "test-profile.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return {"profile": str(path), "tracking_uri": data["registry"]["tracking_uri"], "tmp": tmp_path}

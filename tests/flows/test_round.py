@@ -1,0 +1,77 @@
+"""`jf-round` in process on a real Prefect server and MLflow store: a round registers a champion; the same
+parameters again reuse every stage (Prefect shows them Cached); a gate made to fail leaves the champion alone;
+the champion loads from the registry and decodes like the model's own greedy AR."""
+
+from __future__ import annotations
+
+import asyncio
+
+import mlflow
+import pytest
+from mlflow import MlflowClient
+
+pytestmark = pytest.mark.timeout(900)
+
+
+def _task_states(flow_run_id) -> dict[str, str]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, TaskRunFilter
+
+    async def read():
+        async with get_client() as client:
+            runs = await client.read_task_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])), task_run_filter=TaskRunFilter()
+            )
+            return {r.name: r.state.name for r in runs}
+
+    return asyncio.run(read())
+
+
+def test_round_registers_reuses_and_gates(prefect_server, jf_env):
+    from flows.round import jf_round
+
+    first = jf_round(jf_env["profile"], return_state=True)
+    summary = first.result()
+    assert summary["registry"]["version"] == "1" and summary["registry"]["gate_passed"]
+    client = MlflowClient(jf_env["tracking_uri"], jf_env["tracking_uri"])
+    champion = client.get_model_version_by_alias("jf-test", "champion")
+    assert str(champion.version) == "1" and float(champion.tags["tpf"]) == pytest.approx(
+        summary["headline_tpf"], abs=1e-3
+    )
+    run = client.get_run(summary["mlflow_run_id"])
+    for key in ("accuracy", "tpf", "tps", "speedup_vs_ar", "loss", "tpf_n4", "tpf_n8"):
+        assert key in run.data.metrics, key
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [0, 2]  # logged steps
+    assert "mlflow.parentRunId" in run.data.tags
+    plots = {a.path for a in client.list_artifacts(run.info.run_id, "plots")}
+    assert plots == {"plots/loss_curves.png", "plots/tpf_per_round.png", "plots/acceptance_histogram.png"}
+    assert run.inputs.dataset_inputs and run.inputs.dataset_inputs[0].dataset.name == "trajectories"
+
+    gate_fails = {
+        "registry": {
+            "tracking_uri": jf_env["tracking_uri"],
+            "model_name": "jf-test",
+            "gate": {"max_accuracy_drop": -1.0},
+        }
+    }
+    second = jf_round(jf_env["profile"], overrides=gate_fails, return_state=True)
+    again = second.result()
+    states = _task_states(second.state_details.flow_run_id)
+    for stage in ("trajectories", "pack", "train"):
+        assert any(name.startswith(stage) and state == "Cached" for name, state in states.items()), states
+    assert again["round_dir"] == summary["round_dir"]
+    assert again["registry"] == {**again["registry"], "version": "2", "gate_passed": False}
+    assert str(client.get_model_version_by_alias("jf-test", "champion").version) == "1"
+    assert str(client.get_model_version_by_alias("jf-test", "challenger").version) == "2"
+
+    mlflow.set_tracking_uri(jf_env["tracking_uri"])
+    model = mlflow.pyfunc.load_model("models:/jf-test@champion")
+    prompts = ["program: a=85; step -8; return f", "program: a=3; step +2; step -1; return c"]
+    texts = model.predict(prompts)
+    from jf_core.decoding.ar import ar_decode
+    from jf_core.models import load_model
+
+    hf, tok = load_model(summary["model"])
+    ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    greedy = ar_decode(hf, ids, max_new_tokens=24, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    assert texts == [tok.decode(s, skip_special_tokens=True) for s in greedy.sequences]

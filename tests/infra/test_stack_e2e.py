@@ -1,0 +1,148 @@
+"""End to end on real servers: `jf stack up` (free ports) -> `prefect deploy --all` -> `prefect deployment run
+jf-round/tiny --watch` on the embedded model -> the MLflow registry holds a version with its metrics and plots and
+`champion`; the same parameters with a gate made to fail reuse every stage and leave `champion` alone; the
+scheduled deployment has scheduled runs; the README's registry-consumer snippet works as written; `down` stops
+everything."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.timeout(1800), pytest.mark.slow]
+
+# Small stages: the point is the orchestration, the full-size round is the README's main job.
+SMALL = {
+    "prompts": {"limit": 48},
+    "training": {"steps": 40},
+    "evaluation": {"num_prompts": 40, "speed_prompts": 4},
+}
+
+
+@pytest.fixture(scope="module")
+def stack_env(tmp_path_factory):
+    from infra import stack
+    from jf_core.toy.bootstrap import ensure_embedded_model
+
+    model = ensure_embedded_model()  # the session's cached model (bootstrapped once when missing)
+    home = tmp_path_factory.mktemp("jf_home")
+    (home / "models").mkdir()
+    (home / "models" / model.name).symlink_to(model)
+    saved = os.environ.get("JF_HOME")
+    os.environ["JF_HOME"] = str(home)
+    cfg = stack.StackConfig(prefect_port=stack.free_port(), mlflow_port=stack.free_port(), project_dir=str(REPO))
+    try:
+        info = stack.up(cfg, timeout=180)
+        yield {**os.environ, **info["env"]}
+    finally:
+        stopped = stack.down()
+        pids = [int(p.read_text()) for p in stack.stack_dir().glob("*.pid") if p.read_text().strip().isdigit()]
+        if saved is None:
+            os.environ.pop("JF_HOME", None)
+        else:
+            os.environ["JF_HOME"] = saved
+        assert "prefect-server" in stopped and "mlflow-server" in stopped and not pids
+
+
+def _prefect(env, *args, timeout=1200) -> subprocess.CompletedProcess:
+    prefect = str(Path(sys.executable).parent / "prefect")
+    return subprocess.run([prefect, *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
+
+def _run_deployment(env, params: dict) -> str:
+    out = _prefect(
+        env, "deployment", "run", "jf-round/tiny", "--params", json.dumps(params), "--watch", "--watch-timeout", "1200"
+    )
+    assert out.returncode == 0 and "Completed" in out.stdout, out.stdout[-3000:] + out.stderr[-3000:]
+    return re.search(r"UUID: ([0-9a-f-]{36})", out.stdout).group(1)
+
+
+def _api(env, coro_fn):
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    async def go():
+        async with get_client() as client:
+            return await coro_fn(client)
+
+    with temporary_settings(updates={PREFECT_API_URL: env["PREFECT_API_URL"]}):
+        return asyncio.run(go())
+
+
+def _task_states(env, flow_run_id: str) -> dict[str, str]:
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    async def read(client):
+        runs = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+        return {r.name: r.state.name for r in runs}
+
+    return _api(env, read)
+
+
+def test_stack_deploy_run_register_gate_schedule(stack_env):
+    from mlflow import MlflowClient
+
+    deploy = _prefect(stack_env, "--no-prompt", "deploy", "--all", timeout=300)
+    assert deploy.returncode == 0, deploy.stdout[-3000:] + deploy.stderr[-3000:]
+
+    # 40 steps cost accuracy (the full round does not): a lenient gate for the first run, an impossible one after.
+    first = _run_deployment(stack_env, {"overrides": {**SMALL, "registry": {"gate": {"max_accuracy_drop": 1.0}}}})
+    assert not any(s == "Cached" for s in _task_states(stack_env, first).values())
+    uri = stack_env["MLFLOW_TRACKING_URI"]
+    client = MlflowClient(uri, uri)
+    v1 = client.get_model_version_by_alias("jf-tiny", "champion")
+    assert str(v1.version) == "1" and {"tpf", "tps", "accuracy", "n", "base_model"} <= set(v1.tags)
+    run = client.get_run(v1.run_id)
+    assert {"tpf", "tps", "accuracy", "speedup_vs_ar", "loss"} <= set(run.data.metrics)
+    assert {a.path for a in client.list_artifacts(v1.run_id, "plots")} == {
+        "plots/loss_curves.png",
+        "plots/tpf_per_round.png",
+        "plots/acceptance_histogram.png",
+    }
+
+    failing = {**SMALL, "registry": {"gate": {"max_accuracy_drop": -1.0}}}
+    second = _run_deployment(stack_env, {"overrides": failing})
+    states = _task_states(stack_env, second)
+    for stage in ("trajectories", "pack", "train", "evaluate"):
+        assert any(n.startswith(stage) and s == "Cached" for n, s in states.items()), states
+    assert str(client.get_model_version_by_alias("jf-tiny", "champion").version) == "1"
+    v2 = client.get_model_version_by_alias("jf-tiny", "challenger")
+    assert str(v2.version) == "2" and v2.tags["gate"] == "failed"
+
+    from prefect.client.schemas.filters import (
+        DeploymentFilter,
+        DeploymentFilterName,
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
+
+    async def scheduled(client):
+        return await client.read_flow_runs(
+            deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=["retrain-tiny"])),
+            flow_run_filter=FlowRunFilter(
+                state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.SCHEDULED]))
+            ),
+        )
+
+    deadline = time.monotonic() + 90
+    while not (runs := _api(stack_env, scheduled)) and time.monotonic() < deadline:
+        time.sleep(3)
+    assert runs and runs[0].parameters["model"] == "models:/jf-tiny@champion"
+
+    snippet = re.search(r"<!-- registry-consumer -->\s*```python\n(.*?)```", (REPO / "README.md").read_text(), re.S)
+    out = subprocess.run(
+        [sys.executable, "-c", snippet.group(1)], env=stack_env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "answer" in out.stdout  # the embedded task's answers end in "answer <number>"
