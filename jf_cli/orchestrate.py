@@ -31,6 +31,7 @@ def _prefect_env() -> None:
     # Must happen before prefect is imported: without a server URL, Prefect runs an ephemeral server on the sqlite
     # database of PREFECT_HOME, the same one `jf stack up` serves, so these runs show up in its UI later.
     os.environ.setdefault("PREFECT_HOME", str(jf_home() / "prefect"))
+    Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)  # Prefect creates one level only
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     os.environ.setdefault("MLFLOW_ENABLE_TELEMETRY", "false")
