@@ -14,9 +14,7 @@ def round_overrides(overrides: dict | None, prof, i: int) -> dict:
     spec = prof.rounds[i]
     merged = {section: dict(values) for section, values in (overrides or {}).items()}
     merged.setdefault("trajectory", {}).update(block_size=spec.block_size, round_id=f"round-{i}")
-    merged.setdefault("training", {}).update(
-        {k: v for k, v in {"window": spec.window, "steps": spec.steps}.items() if v is not None}
-    )
+    merged.setdefault("training", {}).update(spec.training_overrides())
     return merged
 
 

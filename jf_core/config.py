@@ -165,6 +165,10 @@ class RoundSpec(_Strict):
     block_size: int = Field(ge=1)
     window: int | None = Field(None, ge=1)
     steps: int | None = Field(None, ge=1)
+    lr: float | None = Field(None, gt=0)  # later rounds start from a trained model: a gentler rate keeps accuracy
+
+    def training_overrides(self) -> dict:
+        return {k: v for k, v in {"window": self.window, "steps": self.steps, "lr": self.lr}.items() if v is not None}
 
 
 class Profile(_Strict):

@@ -62,8 +62,7 @@ def run_rounds(profile: Profile, out: str | Path, *, progress: bool = True) -> l
                 update={"block_size": spec.block_size, "round_id": f"round-{i}"}
             )
         }
-        training = {k: v for k, v in {"window": spec.window, "steps": spec.steps}.items() if v is not None}
-        updates["training"] = profile.training.model_copy(update=training)
+        updates["training"] = profile.training.model_copy(update=spec.training_overrides())
         round_profile = profile.model_copy(update=updates)
         report = run_round(
             round_profile,
