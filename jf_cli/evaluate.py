@@ -83,13 +83,14 @@ def cmd_tune(args: argparse.Namespace) -> int:
         num_blocks=tuple(args.num_blocks),
         pool_sizes=tuple(args.pool_sizes),
         spawn_ratios=tuple(args.spawn_ratios),
+        ngrams=tuple(args.ngrams),
     )
 
     def show(i: int, total: int, t) -> None:
         c = t.config
         print(
             f"  [{i}/{total}] n={c['block_size']} K={c['num_blocks']} pool={c['pool_size']} "
-            f"r={c['spawn_ratio']}: TPS {t.tps:.1f}, TPF {t.tpf:.2f}",
+            f"r={c['spawn_ratio']} ngram={c['ngram']}: TPS {t.tps:.1f}, TPF {t.tpf:.2f}",
             file=sys.stderr,
         )
 
@@ -123,4 +124,5 @@ def register_tune(sub) -> None:
     p.add_argument("--num-blocks", type=int, nargs="+", default=[1, 2, 3])
     p.add_argument("--pool-sizes", type=int, nargs="+", default=[0, 2, 4])
     p.add_argument("--spawn-ratios", type=float, nargs="+", default=[0.5, 0.85])
+    p.add_argument("--ngrams", type=int, nargs="+", default=[0, 8], help="recycled candidate lengths (0: n - 1)")
     p.set_defaults(func=cmd_tune)

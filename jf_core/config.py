@@ -123,12 +123,17 @@ class TuneConfig(_Strict):
     num_blocks: list[int] = [1, 2, 3]
     pool_sizes: list[int] = [0, 2, 4]
     spawn_ratios: list[float] = [0.5, 0.85]
+    ngrams: list[int] = [0]  # recycled candidate length; 0 = n - 1
 
     def space(self):
         from jf_core.evaluation.tune import TuneSpace
 
         return TuneSpace(
-            tuple(self.block_sizes), tuple(self.num_blocks), tuple(self.pool_sizes), tuple(self.spawn_ratios)
+            tuple(self.block_sizes),
+            tuple(self.num_blocks),
+            tuple(self.pool_sizes),
+            tuple(self.spawn_ratios),
+            tuple(self.ngrams),
         )
 
 

@@ -23,15 +23,18 @@ class TuneSpace:
     num_blocks: tuple[int, ...] = (1, 2, 3)
     pool_sizes: tuple[int, ...] = (0, 2, 4)
     spawn_ratios: tuple[float, ...] = (0.5, 0.85)
+    ngrams: tuple[int, ...] = (0,)  # recycled candidate length; 0 = n - 1
 
     def configs(self, max_new_tokens: int) -> list[JFDecodeConfig]:
         out = []
-        for n, k, pool, r in itertools.product(self.block_sizes, self.num_blocks, self.pool_sizes, self.spawn_ratios):
-            if k == 1 and r != self.spawn_ratios[0]:
-                continue  # r only matters with more than one block
-            out.append(
-                JFDecodeConfig(block_size=n, num_blocks=k, pool_size=pool, spawn_ratio=r, max_new_tokens=max_new_tokens)
+        grid = itertools.product(self.block_sizes, self.num_blocks, self.pool_sizes, self.spawn_ratios, self.ngrams)
+        for n, k, pool, r, ngram in grid:
+            if (k == 1 and r != self.spawn_ratios[0]) or (pool == 0 and ngram != self.ngrams[0]):
+                continue  # r only matters with more than one block, the n-gram length only with recycling
+            cfg = JFDecodeConfig(
+                block_size=n, num_blocks=k, pool_size=pool, spawn_ratio=r, ngram=ngram, max_new_tokens=max_new_tokens
             )
+            out.append(cfg)
         return out
 
 
