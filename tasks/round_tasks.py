@@ -45,17 +45,32 @@ def _cache_on(stage: str):
     return key
 
 
+def _stage_task(stage: str, run_name: str, retries: int = 0):
+    """A stage's task: named after what it does, result persisted, cached by its output directory; retried only
+    where a retry resumes (trajectories by shard, training from its checkpoint)."""
+    return task(
+        name={"packed": "pack", "model": "train"}.get(stage, stage),
+        task_run_name=run_name,
+        retries=retries,
+        retry_delay_seconds=10,
+        persist_result=True,
+        cache_key_fn=_cache_on(stage),
+    )
+
+
 def cached(task_fn, output: Path, *args, **kwargs):
     """Call a stage task, serving Prefect's cached record only while the stage's output is really on disk."""
     done = (output / stages.DONE).is_file() or (output.is_file() and output.suffix == ".json")
     return task_fn.with_options(refresh_cache=not done)(*args, **kwargs)
 
 
-def _reusing(stage_dir: Path, what: str) -> bool:
-    if (stage_dir / stages.DONE).is_file():
-        get_run_logger().info("reusing finished %s at %s", what, stage_dir)
-        return True
-    return False
+def _reused(root: str, stage: str, what: str) -> dict | None:
+    """The finished stage's result when its marker exists (logged to the run), else None."""
+    out = getattr(stages.RoundPaths(Path(root)), stage)
+    done = stages.finished(out)
+    if done is not None:
+        get_run_logger().info("reusing finished %s at %s", what, out)
+    return done
 
 
 @task(name="resolve-model", task_run_name="resolve model {uri}", retries=2, retry_delay_seconds=5)
@@ -65,18 +80,11 @@ def resolve_model(uri: str, profile: Profile) -> str:
     return path
 
 
-@task(
-    name="trajectories",
-    task_run_name="trajectories n={profile.trajectory.block_size}",
-    retries=2,
-    retry_delay_seconds=10,
-    persist_result=True,
-    cache_key_fn=_cache_on("trajectories"),
-)
+@_stage_task("trajectories", "trajectories n={profile.trajectory.block_size}", retries=2)
 def trajectories(profile: Profile, model_in: str, root: str) -> dict:
+    if (done := _reused(root, "trajectories", "trajectories")) is not None:
+        return done
     paths = stages.RoundPaths(Path(root))
-    if _reusing(paths.trajectories, "trajectories"):
-        return stages.finished(paths.trajectories)
     bar = ProgressArtifact(f"Jacobi trajectories of {model_in} at n={profile.trajectory.block_size} (shards)")
     result = stages.stage_trajectories(profile, model_in, paths, progress=False, on_shard=bar)
     get_run_logger().info(
@@ -89,33 +97,19 @@ def trajectories(profile: Profile, model_in: str, root: str) -> dict:
     return result
 
 
-@task(
-    name="pack",
-    task_run_name="pack ({profile.training.schedule} schedule)",
-    persist_result=True,
-    cache_key_fn=_cache_on("packed"),
-)
+@_stage_task("packed", "pack ({profile.training.schedule} schedule)")
 def pack(profile: Profile, root: str) -> dict:
-    paths = stages.RoundPaths(Path(root))
-    if _reusing(paths.packed, "packed examples"):
-        return stages.finished(paths.packed)
-    result = stages.stage_pack(profile, paths)
+    if (done := _reused(root, "packed", "packed examples")) is not None:
+        return done
+    result = stages.stage_pack(profile, stages.RoundPaths(Path(root)))
     get_run_logger().info("packed %d examples of %d blocks", result["examples"], result["blocks"])
     return result
 
 
-@task(
-    name="train",
-    task_run_name="train {profile.training.steps} steps",
-    retries=1,
-    retry_delay_seconds=10,
-    persist_result=True,
-    cache_key_fn=_cache_on("model"),
-)
+@_stage_task("model", "train {profile.training.steps} steps", retries=1)
 def train(profile: Profile, model_in: str, root: str) -> dict:
-    paths = stages.RoundPaths(Path(root))
-    if _reusing(paths.model, "trained model"):
-        return stages.finished(paths.model)
+    if (done := _reused(root, "model", "trained model")) is not None:
+        return done
     steps = profile.training.steps
     bar = ProgressArtifact(f"Jacobi Forcing training, {steps} steps")
     logger = get_run_logger()
@@ -125,7 +119,7 @@ def train(profile: Profile, model_in: str, root: str) -> dict:
         if step % max(1, steps // 20) == 0:
             logger.info("step %d/%d: %s", step, steps, ", ".join(f"{k} {v:.4g}" for k, v in row.items() if k != "step"))
 
-    result = stages.stage_train(profile, model_in, paths, progress=False, on_log=on_log)
+    result = stages.stage_train(profile, model_in, stages.RoundPaths(Path(root)), progress=False, on_log=on_log)
     bar(steps, steps)
     return result
 
