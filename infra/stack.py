@@ -103,8 +103,10 @@ def _pidfile(name: str) -> Path:
 
 def _spawn(name: str, cmd: list[str], env: dict[str, str], cwd: str | None = None) -> int:
     log = open(stack_dir() / f"{name}.log", "ab")  # noqa: SIM115 - the child owns it
+    # The stack's services talk to the stack's MLflow only, whatever MLflow settings the caller's shell had.
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
     proc = subprocess.Popen(
-        cmd, env={**os.environ, **env}, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        cmd, env={**inherited, **env}, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
     )
     _pidfile(name).write_text(str(proc.pid))
     return proc.pid

@@ -41,8 +41,9 @@ def connect(profile: Profile) -> tuple[MlflowClient, str]:
     uri = tracking_uri(profile.registry)
     if uri.startswith("sqlite:///"):
         Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    # The registry follows the tracking URI. (mlflow.set_registry_uri would export MLFLOW_REGISTRY_URI to every
+    # later subprocess of this process, pinning them to this store.)
     mlflow.set_tracking_uri(uri)
-    mlflow.set_registry_uri(uri)
     client = MlflowClient(uri, uri)
     name = profile.registry.experiment
     exp = client.get_experiment_by_name(name)

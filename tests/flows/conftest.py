@@ -18,7 +18,9 @@ def prefect_server():
 def jf_env(tmp_path, monkeypatch, profile):
     """A profile YAML for the tiny random model with small stages, its MLflow store and JF_HOME under tmp."""
     monkeypatch.setenv("JF_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    # mlflow.set_tracking_uri exports the URI to os.environ; monkeypatch restores the variables after the test.
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.delenv("MLFLOW_REGISTRY_URI", raising=False)
     data = profile.model_dump(mode="json")
     data["training"].update(steps=3, batch_size=4, warmup_steps=1)
     data["evaluation"].update(num_prompts=6, speed_prompts=2, block_sizes=[4, 8], max_new_tokens=24, batch_size=3)

@@ -42,7 +42,9 @@ def stack_env(tmp_path_factory):
     cfg = stack.StackConfig(prefect_port=stack.free_port(), mlflow_port=stack.free_port(), project_dir=str(REPO))
     try:
         info = stack.up(cfg, timeout=180)
-        yield {**os.environ, **info["env"]}
+        # Only the stack's MLflow: nothing an earlier in-process test exported (MLFLOW_*) may leak into clients.
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+        yield {**clean, **info["env"]}
     finally:
         stopped = stack.down()
         pids = [int(p.read_text()) for p in stack.stack_dir().glob("*.pid") if p.read_text().strip().isdigit()]
