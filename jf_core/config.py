@@ -138,7 +138,9 @@ class TuneConfig(_Strict):
 
 
 class EvalConfig(_Strict):
-    benchmark: Literal["embedded"] = "embedded"  # the embedded task's test split (exact match)
+    benchmark: Literal["embedded", "humaneval", "mbpp", "gsm8k", "math"] = "embedded"  # see evaluation/benchmarks.py
+    source: str | None = None  # local JSONL/JSONL.gz/Parquet or hub id; None: the benchmark's hub id
+    template: str | None = None  # prompt template for this model; None: the benchmark's default
     tune: TuneConfig = TuneConfig()
     num_prompts: int = Field(200, ge=1)  # accuracy and TPF
     speed_prompts: int = Field(30, ge=1)  # TPS at batch 1, JF vs AR side by side

@@ -248,61 +248,55 @@ def stage_evaluate(profile: Profile, model_path: str) -> dict:
 
 
 def evaluate_model(model_path: str, profile: Profile) -> dict:
-    """Accuracy (greedy, exact match on the embedded task's test split), TPF per block size, and TPS of Jacobi vs
-    AR on the same model at batch 1, measured side by side."""
+    """Accuracy on the profile's benchmark (greedy), TPF per block size, and TPS of Jacobi vs AR on the same model
+    at batch 1, measured side by side. Every Jacobi configuration must reproduce AR's texts exactly."""
     from jf_core.decoding.ar import ar_decode
     from jf_core.decoding.config_io import decode, load_decode_config
-    from jf_core.decoding.jacobi import JacobiConfig, jacobi_decode
+    from jf_core.decoding.jacobi import JacobiConfig
     from jf_core.decoding.multiblock import JFDecodeConfig
+    from jf_core.evaluation.benchmarks import decode_items, load_benchmark, score
     from jf_core.models import load_model
-    from jf_core.toy.evaluate import evaluate
-    from jf_core.toy.task import make_split
 
     cfg = profile.evaluation
     model, tok = load_model(model_path, dtype=profile.model.dtype)
-    examples = make_split("test", cfg.num_prompts)
+    items = load_benchmark(cfg.benchmark, cfg.source, limit=cfg.num_prompts, template=cfg.template)
+    speed_set = items[: cfg.speed_prompts]
     eos, pad = tok.eos_token_id, tok.pad_token_id
 
     def ar(prompts):
         return ar_decode(model, prompts, max_new_tokens=cfg.max_new_tokens, eos_token_id=eos, pad_token_id=pad)
 
-    result = {"accuracy": evaluate(tok, examples, ar, batch_size=cfg.batch_size).accuracy, "tpf": {}, "tps": {}}
-    speed_set = examples[: cfg.speed_prompts]
-    result["tps"]["ar"] = evaluate(tok, speed_set, ar, batch_size=1).stats.tps
-    result["accepted_histogram"] = {}
+    def measure(decoder, label: str) -> tuple:
+        texts, stats = decode_items(tok, items, decoder, cfg.batch_size)
+        if label != "ar" and texts != ar_texts:
+            raise AssertionError(f"{label} changed the greedy output of {model_path}")
+        return stats, decode_items(tok, speed_set, decoder, 1)[1].tps
+
+    ar_texts, _ = decode_items(tok, items, ar, cfg.batch_size)
+    correct = sum(score(cfg.benchmark, item, text) for item, text in zip(items, ar_texts, strict=True))
+    result = {"accuracy": correct / len(items), "tpf": {}, "tps": {}, "accepted_histogram": {}}
+    result["tps"]["ar"] = decode_items(tok, speed_set, ar, 1)[1].tps
     for n in cfg.block_sizes:
         jcfg = JacobiConfig(block_size=n, max_new_tokens=cfg.max_new_tokens)
-
-        def jac(prompts, jcfg=jcfg):
-            return jacobi_decode(model, prompts, jcfg, eos_token_id=eos, pad_token_id=pad)
-
-        full = evaluate(tok, examples, jac, batch_size=cfg.batch_size)
-        if full.accuracy != result["accuracy"]:
-            raise AssertionError(f"Jacobi n={n} changed the answers: {full.accuracy} vs AR {result['accuracy']}")
-        result["tpf"][str(n)] = full.stats.tpf
-        result["accepted_histogram"][str(n)] = full.stats.accepted_histogram()
-        result["tps"][f"jacobi_n{n}"] = evaluate(tok, speed_set, jac, batch_size=1).stats.tps
+        stats, tps = measure(
+            lambda ps, jcfg=jcfg: decode(model, ps, jcfg, eos_token_id=eos, pad_token_id=pad), f"n={n}"
+        )
+        result["tpf"][str(n)] = stats.tpf
+        result["accepted_histogram"][str(n)] = stats.accepted_histogram()
+        result["tps"][f"jacobi_n{n}"] = tps
     best = max(cfg.block_sizes, key=lambda n: result["tps"][f"jacobi_n{n}"])
     result["speedup_vs_ar"] = result["tps"][f"jacobi_n{best}"] / result["tps"]["ar"]
     result["speedup_block_size"] = best
     result["decode_config"] = asdict(JacobiConfig(block_size=best, max_new_tokens=cfg.max_new_tokens))
     tuned = load_decode_config(model_path, max_new_tokens=cfg.max_new_tokens)
-    if isinstance(tuned, JFDecodeConfig):
-        # The autotuned Jacobi Forcing config (multi-block, recycling), measured the same way.
-
-        def jf(prompts):
-            return decode(model, prompts, tuned, eos_token_id=eos, pad_token_id=pad)
-
-        full = evaluate(tok, examples, jf, batch_size=cfg.batch_size)
-        if full.accuracy != result["accuracy"]:
-            raise AssertionError(f"the tuned decode config changed the answers: {full.accuracy}")
-        tps = evaluate(tok, speed_set, jf, batch_size=1).stats.tps
+    if isinstance(tuned, JFDecodeConfig):  # the autotuned multi-block/recycling config, measured the same way
+        stats, tps = measure(lambda ps: decode(model, ps, tuned, eos_token_id=eos, pad_token_id=pad), "tuned")
         result["tuned"] = {
             "config": asdict(tuned),
-            "tpf": full.stats.tpf,
+            "tpf": stats.tpf,
             "tps": tps,
             "speedup_vs_ar": tps / result["tps"]["ar"],
-            "accepted_histogram": full.stats.accepted_histogram(),
+            "accepted_histogram": stats.accepted_histogram(),
         }
     return result
 

@@ -151,6 +151,22 @@ def score(name: str, item: BenchmarkItem, completion: str, limits: SandboxLimits
     raise BenchmarkError(f"unknown benchmark {name!r}")
 
 
+def decode_items(tokenizer, items: Sequence[BenchmarkItem], decode, batch_size: int):
+    """Decode every item's prompt with `decode` (any of the project's decoders) in batches; return the texts and
+    the merged decoding statistics."""
+    from jf_core.decoding.stats import DecodeStats
+
+    stats, texts = DecodeStats(sequences=[]), []
+    for start in range(0, len(items), batch_size):
+        prompts = [
+            tokenizer(i.prompt, add_special_tokens=False)["input_ids"] for i in items[start : start + batch_size]
+        ]
+        out = decode(prompts)
+        stats = stats.merge(out.stats)
+        texts += [tokenizer.decode(seq, skip_special_tokens=True) for seq in out.sequences]
+    return texts, stats
+
+
 def accuracy(
     name: str,
     items: Sequence[BenchmarkItem],

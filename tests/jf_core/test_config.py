@@ -33,3 +33,4 @@ def test_real_profile_keeps_its_gpu_settings_and_rounds():
     real = load_profile("qwen2.5-coder-7b")
     assert [r.block_size for r in real.rounds] == [32, 64] and real.model_name == "jf-qwen2.5-coder-7b"
     assert real.training.max_length >= 8192 and real.model.device == "cuda"
+    assert real.evaluation.benchmark == "humaneval"
