@@ -176,7 +176,10 @@ class JacobiDecoder:
         for row, (seq, lay) in enumerate(zip(active, layouts, strict=True)):
             best, accepted = 0, 0
             for b, branch in enumerate(lay.branches):
-                n_ok = accepted_length([lay.tokens[i] for i in branch], [greedy[row][i] for i in branch])
+                if b == 0:  # the window: a plain prefix of the row, no gathering on the hot path
+                    n_ok = accepted_length(lay.tokens[: len(branch)], greedy[row])
+                else:
+                    n_ok = accepted_length([lay.tokens[i] for i in branch], [greedy[row][i] for i in branch])
                 if n_ok > accepted:  # ties keep the earlier branch: the main window first
                     best, accepted = b, n_ok
             live[row, lay.branches[best][:accepted]] = True
@@ -188,8 +191,8 @@ class JacobiDecoder:
         return Layout(list(seq.window), [list(range(len(seq.window)))])
 
     def settle(self, seq: _Sequence, layout: Layout, greedy: list[int], branch: int, accepted: int) -> None:
-        main = layout.branches[0]
-        self._settle_window(seq, [layout.tokens[i] for i in main], [greedy[i] for i in main], accepted)
+        width = len(layout.branches[0])  # the window is the row's first `width` slots
+        self._settle_window(seq, layout.tokens[:width], greedy[:width], accepted)
 
     def _settle_window(self, seq: _Sequence, window: list[int], greedy: list[int], accepted: int) -> None:
         """Commit `window[:accepted]` and set up the next window (or the next block)."""

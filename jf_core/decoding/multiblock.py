@@ -91,8 +91,8 @@ class JFDecoder(JacobiDecoder):
     def settle(self, seq: _JFSequence, layout: Layout, greedy: list[int], branch: int, accepted: int) -> None:
         main = layout.branches[0]
         win = layout.branches[branch]
-        window = [layout.tokens[i] for i in main]
-        main_greedy = [greedy[i] for i in main]
+        window = layout.tokens[: len(main)]  # the window is the row's first slots
+        main_greedy = greedy[: len(main)]
         win_tokens = [layout.tokens[i] for i in win]
         win_greedy = [greedy[i] for i in win]
         if seq.pool is not None:

@@ -22,13 +22,8 @@ class ToyEvaluation:
 
 
 def evaluate(tokenizer, examples: Sequence[ToyExample], decode: Decoder, batch_size: int = 32) -> ToyEvaluation:
-    prompts = [tokenizer(e.prompt, add_special_tokens=False)["input_ids"] for e in examples]
-    stats: DecodeStats | None = None
-    predictions: list[str] = []
-    for start in range(0, len(prompts), batch_size):
-        out = decode(prompts[start : start + batch_size])
-        stats = out.stats if stats is None else stats.merge(out.stats)
-        predictions += [tokenizer.decode(seq, skip_special_tokens=True) for seq in out.sequences]
+    from jf_core.evaluation.benchmarks import decode_items
+
+    predictions, stats = decode_items(tokenizer, examples, decode, batch_size)
     correct = sum(score(p, e) for p, e in zip(predictions, examples, strict=False))
-    assert stats is not None
     return ToyEvaluation(correct / len(examples), correct, len(examples), stats, predictions)
