@@ -76,6 +76,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     if not (Path(args.model) / "config.json").is_file():
         raise ValueError(f"--model {args.model} is not a model directory (the decode config is saved beside it)")
+    from jf_cli.main import set_threads
+
+    set_threads(args)
     model, tok = load_model(args.model)
     prompts = [tok(e.prompt, add_special_tokens=False)["input_ids"] for e in make_split("calib", args.num_prompts)]
     space = TuneSpace(
@@ -84,13 +87,14 @@ def cmd_tune(args: argparse.Namespace) -> int:
         pool_sizes=tuple(args.pool_sizes),
         spawn_ratios=tuple(args.spawn_ratios),
         ngrams=tuple(args.ngrams),
+        seed_drafts=tuple(bool(x) for x in args.seed_drafts),
     )
 
     def show(i: int, total: int, t) -> None:
         c = t.config
         print(
             f"  [{i}/{total}] n={c['block_size']} K={c['num_blocks']} pool={c['pool_size']} "
-            f"r={c['spawn_ratio']} ngram={c['ngram']}: TPS {t.tps:.1f}, TPF {t.tpf:.2f}",
+            f"r={c['spawn_ratio']} ngram={c['ngram']} seeded={c['seed_drafts']}: TPS {t.tps:.1f}, TPF {t.tpf:.2f}",
             file=sys.stderr,
         )
 
@@ -101,20 +105,22 @@ def cmd_tune(args: argparse.Namespace) -> int:
         pad_token_id=tok.pad_token_id,
         max_new_tokens=args.max_new_tokens,
         space=space,
+        repeats=args.repeats,
         progress=show,
     )
     report = {"calibration_prompts": len(prompts), "trials": [asdict(t) for t in trials]}
     path = save_decode_config(args.model, best, extra=report)
     win = next(t for t in trials if t.config == asdict(best))
     print(
-        f"best: n={best.block_size} K={best.num_blocks} pool={best.pool_size} r={best.spawn_ratio}: "
+        f"best: n={best.block_size} K={best.num_blocks} pool={best.pool_size} r={best.spawn_ratio} "
+        f"seeded={best.seed_drafts}: "
         f"TPS {win.tps:.1f}, TPF {win.tpf:.2f}; saved {path}"
     )
     return 0
 
 
 def register_tune(sub) -> None:
-    from jf_cli.main import _positive
+    from jf_cli.main import _positive, add_threads_option
 
     p = sub.add_parser("tune", help="search (n, K, pool_size, r) for the best TPS here; save the model's decode config")
     p.add_argument("--model", required=True, help="model directory (decode_config.json is written into it)")
@@ -125,4 +131,9 @@ def register_tune(sub) -> None:
     p.add_argument("--pool-sizes", type=int, nargs="+", default=[0, 2, 4])
     p.add_argument("--spawn-ratios", type=float, nargs="+", default=[0.5, 0.85])
     p.add_argument("--ngrams", type=int, nargs="+", default=[0, 8], help="recycled candidate lengths (0: n - 1)")
+    p.add_argument(
+        "--seed-drafts", type=int, nargs="+", choices=[0, 1], default=[0, 1], help="fresh drafts from recycled n-grams"
+    )
+    p.add_argument("--repeats", type=_positive("--repeats"), default=2, help="runs per candidate, fastest kept")
+    add_threads_option(p)
     p.set_defaults(func=cmd_tune)

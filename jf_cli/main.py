@@ -2,7 +2,7 @@
 
 jf bootstrap                                   train and cache the embedded default model
 jf decode --prompt TEXT [--model PATH_OR_ID] [--block-size N]
-jf bench decode [--json PATH] [--num-prompts N] [--batch-size B]
+jf bench decode [--json PATH] [--num-prompts N] [--batch-size B] [--repeats R]
 jf eval --benchmark NAME [--source PATH_OR_ID] [--model M]   accuracy with TPF and TPS
 jf run [--profile tiny] [--set section.key=value]    one jf-round flow run (the main job)
 jf stack up|down|status                        local Prefect + MLflow servers and a worker
@@ -73,6 +73,7 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
     from jf_core.evaluation.speed import bench, format_table, standard_methods, write_json
     from jf_core.toy.task import make_split, score
 
+    set_threads(args)
     model, tokenizer = _model_and_tokenizer(args.model)
     examples = make_split("test", args.num_prompts)
     prompts = [tokenizer(e.prompt, add_special_tokens=False)["input_ids"] for e in examples]
@@ -110,8 +111,9 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
         methods,
         prompts,
         batch_size=args.batch_size,
+        repeats=args.repeats,
         scorer=scorer,
-        progress=lambda m: print(f"  running {m}", file=sys.stderr),
+        progress=lambda m: print(f"  {m}", file=sys.stderr),
         same_output_as=same_output_as,
     )
     print(format_table(results))
@@ -128,6 +130,7 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
             "model": args.model or "embedded-default",
             "num_prompts": len(prompts),
             "batch_size": args.batch_size,
+            "repeats": args.repeats,
             "max_new_tokens": args.max_new_tokens,
             "device": str(model.device),
             "dtype": str(model.dtype),
@@ -151,6 +154,21 @@ def _positive(name: str):
         return value
 
     return parse
+
+
+def add_threads_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--threads",
+        type=_positive("--threads"),
+        help="torch intra-op threads for every method (default: torch's); small CPU models often run faster on 1",
+    )
+
+
+def set_threads(args: argparse.Namespace) -> None:
+    if getattr(args, "threads", None):
+        import torch
+
+        torch.set_num_threads(args.threads)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -183,6 +201,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--jf-model", help="a Jacobi Forcing model: adds its vanilla, recycling, multi-block and tuned rows")
     p.add_argument("--jf-block-size", type=_positive("--jf-block-size"), help="default: its decode config's n")
     p.add_argument("--out", help="directory for bench.json, bench.md and the plots")
+    p.add_argument("--repeats", type=_positive("--repeats"), default=3, help="runs per method, fastest kept")
+    add_threads_option(p)
     p.set_defaults(func=cmd_bench_decode)
 
     from jf_cli import trajectories

@@ -124,6 +124,8 @@ class TuneConfig(_Strict):
     pool_sizes: list[int] = [0, 2, 4]
     spawn_ratios: list[float] = [0.5, 0.85]
     ngrams: list[int] = [0]  # recycled candidate length; 0 = n - 1
+    seed_drafts: list[bool] = [False, True]  # fresh drafts from recycled n-grams
+    repeats: int = Field(2, ge=1)  # runs per candidate, fastest kept: single runs let machine noise pick the winner
 
     def space(self):
         from jf_core.evaluation.tune import TuneSpace
@@ -134,6 +136,7 @@ class TuneConfig(_Strict):
             tuple(self.pool_sizes),
             tuple(self.spawn_ratios),
             tuple(self.ngrams),
+            tuple(self.seed_drafts),
         )
 
 

@@ -220,6 +220,7 @@ def stage_tune(profile: Profile, model_dir: Path) -> dict | None:
         pad_token_id=tok.pad_token_id,
         max_new_tokens=profile.evaluation.max_new_tokens,
         space=cfg.space(),
+        repeats=cfg.repeats,
     )
     report = {"best": asdict(best), "calibration_prompts": len(prompts), "trials": [asdict(t) for t in trials]}
     save_decode_config(model_dir, best, extra=report)

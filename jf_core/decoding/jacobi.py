@@ -161,16 +161,12 @@ class JacobiDecoder:
         layouts = [self.layout(s) for s in active]
         width = max(len(lay.tokens) for lay in layouts)
         device = kv.valid.device
-        tokens = torch.full((len(active), width), self.pad_token_id, dtype=torch.long)
-        for row, lay in enumerate(layouts):
-            tokens[row, : len(lay.tokens)] = torch.tensor(lay.tokens, dtype=torch.long)
+        rows = [lay.tokens + [self.pad_token_id] * (width - len(lay.tokens)) for lay in layouts]
+        tokens = torch.tensor(rows, dtype=torch.long, device=device)
         if all(len(lay.branches) == 1 for lay in layouts):
-            rel_pos = torch.arange(width, device=device).expand(len(active), width)
-            causal = torch.tril(torch.ones(width, width, dtype=torch.bool, device=device))
-            mask = causal.expand(len(active), width, width)
+            logits = kv.forward(tokens)
         else:
-            rel_pos, mask = tree_positions_and_mask(layouts, width, device)
-        logits = kv.forward(tokens.to(device), rel_pos, mask)
+            logits = kv.forward(tokens, *tree_positions_and_mask(layouts, width, device))
         greedy = logits.argmax(-1).tolist()
         live = torch.zeros((len(active), width), dtype=torch.bool)
         for row, (seq, lay) in enumerate(zip(active, layouts, strict=True)):
@@ -242,10 +238,13 @@ class JacobiDecoder:
             return
         # Never draft past max_new_tokens: those positions could not be emitted anyway.
         seq.block_length = min(self.config.block_size, self.config.max_new_tokens - len(seq.committed))
-        context = seq.prompt + seq.committed + [first]
-        seq.window = [first, *self.draft_init(context, seq.block_length - 1, seq.rng)]
+        seq.window = [first, *self.new_draft(seq, seq.prompt + seq.committed + [first], seq.block_length - 1)]
         if self.recorder is not None:
             self._emit(seq, list(seq.window))
+
+    def new_draft(self, seq: _Sequence, context: list[int], length: int) -> list[int]:
+        """The initial draft of `length` tokens after `context` (extensions may seed it)."""
+        return self.draft_init(context, length, seq.rng)
 
     def _check_done(self, seq: _Sequence) -> bool:
         seq.output, seq.done = finish(seq.committed + seq.window[:1], self.eos_token_id, self.config.max_new_tokens)

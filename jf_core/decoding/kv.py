@@ -6,8 +6,10 @@ positions come from the live count, so a row's logits are exactly those of its o
 draft slots become dead slots ("holes"); trailing slots dead in every row are cropped at once and `compact()`
 squeezes holes out when they waste too much.
 
-When no row has a hole and every window is a plain causal run of equal length, the forward passes a 2D mask and
-lets the backend build the causal mask itself (the only layout flash-attention accepts).
+Masks: SDPA and eager get a ready 4D mask built here, in a handful of tensor ops (the backend's generic mask
+builder costs a measurable share of a small model's step). Other backends (flash-attention) take only 2D padding
+masks: there, when no row has a hole and every window is a plain causal run, the forward passes a 2D mask and the
+backend builds the causal part itself.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ class KVState:
         self.cache = cache
         self.valid = valid  # [B, S] bool: slot s of row b holds a live token
         self._pending = 0  # slots appended by the last forward and not yet settled by keep()
+        backend = getattr(model.config, "_attn_implementation", None) or "sdpa"
+        self._takes_4d = backend in ("sdpa", "eager")
+        self._additive = backend == "eager"  # eager adds the mask to the scores: it needs 0 / -inf, not bools
 
     @property
     def batch_size(self) -> int:
@@ -51,28 +56,51 @@ class KVState:
         state.keep(valid)
         return state, logits[:, -1]
 
-    def forward(self, tokens: torch.Tensor, rel_pos: torch.Tensor, window_mask: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, tokens: torch.Tensor, rel_pos: torch.Tensor | None = None, window_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Append a window per row and return its logits [B, W, V].
 
-        tokens, rel_pos: [B, W]; window position j of row b gets position id lengths[b] + rel_pos[b, j].
-        window_mask: [B, W, W] bool, which window slots each window query may see (causal, or a tree).
-        The new slots stay pending until `keep()` says which of them are live."""
+        tokens: [B, W]. Without `rel_pos` and `window_mask` each row's window is a plain causal run (the Jacobi
+        window; the decoding hot path). Otherwise rel_pos [B, W]: window position j of row b gets position id
+        lengths[b] + rel_pos[b, j]; window_mask [B, W, W] bool: which window slots each window query may see (a
+        tree). The new slots stay pending until `keep()` says which of them are live."""
         if self._pending:
             raise RuntimeError("KVState.forward called twice without keep(): the previous window is unsettled")
+        if (rel_pos is None) != (window_mask is None):
+            raise ValueError("KVState.forward takes rel_pos and window_mask together, or neither (a causal window)")
+        batch, width = tokens.shape
+        if window_mask is None:
+            if not self._takes_4d and bool(self.valid.all()):
+                return self._run_contiguous(tokens)
+            rel_pos = torch.arange(width, device=tokens.device).expand(batch, width)
+            window_mask = torch.tril(torch.ones(width, width, dtype=torch.bool, device=tokens.device))
+            window_mask = window_mask.expand(batch, width, width)
         return self._run(tokens, rel_pos, window_mask, torch.ones_like(tokens, dtype=torch.bool))
+
+    def _run_contiguous(self, tokens: torch.Tensor) -> torch.Tensor:
+        """No holes and a causal window, on a backend that takes only 2D masks: it builds the causal part itself."""
+        batch, width = tokens.shape
+        positions = self.lengths[:, None] + torch.arange(width, device=tokens.device)
+        mask = torch.ones(batch, self.slots + width, dtype=torch.long, device=tokens.device)
+        return self._call(tokens, positions, mask)
 
     def _run(
         self, tokens: torch.Tensor, rel_pos: torch.Tensor, window_mask: torch.Tensor, query_live: torch.Tensor
     ) -> torch.Tensor:
         batch, width = tokens.shape
-        positions = self.lengths[:, None] + rel_pos
-        if self._is_contiguous_causal(rel_pos, window_mask, query_live):
-            mask = torch.ones(batch, self.slots + width, dtype=torch.long, device=tokens.device)
-        else:
-            # A query that may see nothing would make softmax produce NaN; padding queries therefore see themselves.
-            own = torch.eye(width, dtype=torch.bool, device=tokens.device)
-            window = (window_mask & query_live[:, None, :]) | own
-            mask = torch.cat([self.valid[:, None, :].expand(batch, width, self.slots), window], dim=-1)[:, None]
+        if not self._takes_4d and self._is_contiguous_causal(rel_pos, window_mask, query_live):
+            return self._run_contiguous(tokens)
+        # A query that may see nothing would make softmax produce NaN; padding queries therefore see themselves.
+        own = torch.eye(width, dtype=torch.bool, device=tokens.device)
+        window = (window_mask & query_live[:, None, :]) | own
+        mask = torch.cat([self.valid[:, None, :].expand(batch, width, self.slots), window], dim=-1)[:, None]
+        return self._call(tokens, self.lengths[:, None] + rel_pos, mask)
+
+    def _call(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        if self._additive and mask.dtype == torch.bool:
+            dtype = next(self.model.parameters()).dtype
+            mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
         out = self.model(
             input_ids=tokens,
             position_ids=positions,
@@ -80,7 +108,7 @@ class KVState:
             past_key_values=self.cache,
             use_cache=True,
         )
-        self._pending = width
+        self._pending = tokens.shape[1]
         return out.logits
 
     def _is_contiguous_causal(self, rel_pos: torch.Tensor, window_mask: torch.Tensor, query_live: torch.Tensor) -> bool:
@@ -97,13 +125,14 @@ class KVState:
         Trailing slots that no row keeps are cropped from the cache."""
         if live.shape != (self.batch_size, self._pending):
             raise ValueError(f"keep() expects a [{self.batch_size}, {self._pending}] mask, got {tuple(live.shape)}")
-        self.valid = torch.cat([self.valid, live.bool()], dim=1)
+        # Invariant: the last slot is live in some row (every keep/compact crops trailing dead slots), so only the
+        # new window can end in slots dead in every row.
+        used = live.any(dim=0).nonzero()
+        width = int(used.max()) + 1 if len(used) else 0
+        if width < self._pending:
+            self.cache.crop(width - self._pending)
+        self.valid = torch.cat([self.valid, live[:, :width].bool()], dim=1)
         self._pending = 0
-        used = self.valid.any(dim=0).nonzero()
-        keep_slots = int(used.max()) + 1 if len(used) else 0
-        if keep_slots < self.slots:
-            self.cache.crop(keep_slots - self.slots)
-            self.valid = self.valid[:, :keep_slots]
 
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep only `rows` (e.g. drop finished sequences); then drop slots dead in every remaining row."""

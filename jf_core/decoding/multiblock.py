@@ -10,9 +10,17 @@ drops the pseudo-active blocks' progress on promotion).
 
 Rejection recycling: candidates from an n-gram pool (recycling.py) keyed by the window's known-correct first token
 ride along as extra branches of the same forward; the branch with the longest accepted prefix wins and the KV
-cache keeps exactly its slots (tree layout in one row: no cache copies, see jacobi.Layout).
+cache keeps exactly its slots (tree layout in one row: no cache copies, see jacobi.Layout). With `seed_drafts`, a
+fresh block's draft (otherwise tokens sampled from the context) starts with the pool's newest continuation of the
+token before it: the candidate rides in the window's own slots, so on hardware where every extra slot costs
+compute (CPUs) recycling still pays.
 
-Both are lossless: every committed token passed greedy verification under a fully committed prefix.
+Draft EOS cut: when the window's draft already holds EOS, only the window through that EOS is run. The positions
+after it matter only if that EOS is rejected, and then the next forward runs them again; until then their compute
+is pure waste (it is most of the last block of every answer, and on hardware whose forward cost grows with the
+window, it is most of the price of a large n). Those positions keep their draft meanwhile.
+
+All of it is lossless: every committed token passed greedy verification under a fully committed prefix.
 Defaults from the paper: n=64, K=2, pool_size=4, r=0.85.
 """
 
@@ -35,7 +43,9 @@ class JFDecodeConfig(JacobiConfig):
     num_blocks: int = 2  # K: blocks in flight (1 = no multi-block)
     pool_size: int = 4  # recycled candidates verified per forward (0 = no recycling)
     spawn_ratio: float = 0.85  # r
-    ngram: int = 0  # candidate length; 0 = block_size - 1
+    ngram: int = 0  # length of candidates verified as branches; 0 = block_size - 1
+    seed_drafts: bool = False  # fresh blocks' drafts start with a recycled n-gram (free: no extra slots)
+    cut_at_draft_eos: bool = True  # run the window only through the first EOS of its draft
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -51,7 +61,7 @@ class JFDecodeConfig(JacobiConfig):
 class _JFSequence(_Sequence):
     pool: NgramPool | None = None
     origin: int = 0  # generated position of the window's first token (= len(committed))
-    stats_extra: dict = field(default_factory=lambda: {"recycled_wins": 0, "spawned": 0})
+    stats_extra: dict = field(default_factory=lambda: {"recycled_wins": 0, "spawned": 0, "seeded": 0})
 
 
 class JFDecoder(JacobiDecoder):
@@ -72,16 +82,23 @@ class JFDecoder(JacobiDecoder):
 
     def new_sequence(self, index: int, prompt: list[int]) -> _JFSequence:
         seq = super().new_sequence(index, prompt)
-        ngram = self.cfg.ngram or max(1, self.cfg.block_size - 1)
-        pool = NgramPool(ngram) if self.cfg.pool_size else None
+        pool = NgramPool(max(1, self.cfg.block_size - 1)) if self.cfg.pool_size or self.cfg.seed_drafts else None
         return _JFSequence(**{f: getattr(seq, f) for f in seq.__dataclass_fields__}, pool=pool)
 
+    def _run_length(self, window: list[int]) -> int:
+        """How much of the window the next forward runs: all of it, or through the first EOS of its draft."""
+        if self.cfg.cut_at_draft_eos and self.eos_token_id is not None and self.eos_token_id in window[1:]:
+            return window.index(self.eos_token_id, 1) + 1
+        return len(window)
+
     def layout(self, seq: _JFSequence) -> Layout:
-        tokens, branches = list(seq.window), [list(range(len(seq.window)))]
-        if seq.pool is not None and len(seq.window) > 1:
+        run = self._run_length(seq.window)
+        tokens, branches = seq.window[:run], [list(range(run))]
+        if self.cfg.pool_size and run > 1:
             # Candidates cover the real-active block's remaining positions at most: beyond it they would compete
             # with pseudo-active drafts that already condition on more context.
-            span = min(len(seq.window), self._block_end(seq) - seq.origin) - 1
+            span = min(run, self._block_end(seq) - seq.origin) - 1
+            span = min(span, self.cfg.ngram) if self.cfg.ngram else span
             for cand in seq.pool.candidates(seq.window[0], self.cfg.pool_size, span, seq.window[1:]):
                 start = len(tokens)
                 tokens += cand
@@ -91,12 +108,13 @@ class JFDecoder(JacobiDecoder):
     def settle(self, seq: _JFSequence, layout: Layout, greedy: list[int], branch: int, accepted: int) -> None:
         main = layout.branches[0]
         win = layout.branches[branch]
-        window = layout.tokens[: len(main)]  # the window is the row's first slots
+        window = seq.window  # its first len(main) tokens were run, as the row's first slots
         main_greedy = greedy[: len(main)]
         win_tokens = [layout.tokens[i] for i in win]
         win_greedy = [greedy[i] for i in win]
         if seq.pool is not None:
-            seq.pool.add(window)
+            # Each branch's greedy guesses: the next forward's draft, and past the mismatch the replacement of a
+            # rejected tail. Drafts are harvested here, once, as they are made; fresh sampled drafts never are.
             for b in layout.branches:
                 seq.pool.add([layout.tokens[b[0]], *(greedy[i] for i in b)])
         if branch:
@@ -111,9 +129,12 @@ class JFDecoder(JacobiDecoder):
             self._spawn(seq, previous=[], previous_origin=seq.origin)
             return
         # Window position p (>= accepted) gets the argmax after position p - 1, from the winning branch where it
-        # reaches, else from the window's own forward: the Jacobi update, and the pseudo-active blocks keep theirs.
-        new = [(win_greedy if p - 1 < len(win_tokens) else main_greedy)[p - 1] for p in range(accepted, len(window))]
-        seq.window = new
+        # reaches, else from the window's own forward (the Jacobi update; pseudo-active blocks are refined the
+        # same way); a position past the run (after a draft EOS) keeps its draft.
+        seq.window = [
+            win_greedy[p - 1] if p - 1 < len(win_tokens) else main_greedy[p - 1] if p - 1 < len(main) else window[p]
+            for p in range(accepted, len(window))
+        ]
         if self._check_done(seq):
             return
         self._spawn(seq, previous=window, previous_origin=seq.origin - accepted)
@@ -147,9 +168,16 @@ class JFDecoder(JacobiDecoder):
         if settled < min(self.spawn_at, end - newest * n):
             return
         length = min(n, limit - end)
-        context = seq.prompt + seq.committed + seq.window
-        seq.window = seq.window + self.draft_init(context, length, seq.rng)
+        seq.window = seq.window + self.new_draft(seq, seq.prompt + seq.committed + seq.window, length)
         seq.stats_extra["spawned"] += 1
+
+    def new_draft(self, seq: _JFSequence, context: list[int], length: int) -> list[int]:
+        if not self.cfg.seed_drafts or seq.pool is None:
+            return super().new_draft(seq, context, length)
+        seed = next(iter(seq.pool.candidates(context[-1], 1, length)), [])
+        if seed:
+            seq.stats_extra["seeded"] += 1
+        return seed + super().new_draft(seq, context + seed, length - len(seed))
 
 
 def jf_decode(

@@ -1,9 +1,11 @@
 """Rejection recycling's n-gram pool.
 
-Every forward leaves tokens behind: the draft that was verified and the greedy guesses past the mismatch. Those
-sequences are cut into n-grams keyed by the token before them, so when a later window starts with a known-correct
-token t, the pool offers continuations that once followed t. They are verified in the same forward as the window
-(extra branches of the sequence's layout), so a good one is accepted for free and a bad one costs only its slots.
+Every forward leaves tokens behind: each branch's greedy guesses, which become the next draft and, past the
+mismatch, replace the rejected tail, so every draft the model made passes through here once. Those sequences are
+cut into n-grams keyed by the token before them, so when a later window starts with a known-correct token t, the
+pool offers continuations that once followed t. They are verified in the same forward as the window (extra
+branches of the sequence's layout), where a good one is accepted for free and a bad one costs only its slots, or
+they seed a fresh block's draft (multiblock.py).
 """
 
 from __future__ import annotations

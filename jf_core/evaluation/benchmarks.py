@@ -154,17 +154,11 @@ def score(name: str, item: BenchmarkItem, completion: str, limits: SandboxLimits
 def decode_items(tokenizer, items: Sequence[BenchmarkItem], decode, batch_size: int):
     """Decode every item's prompt with `decode` (any of the project's decoders) in batches; return the texts and
     the merged decoding statistics."""
-    from jf_core.decoding.stats import DecodeStats
+    from jf_core.evaluation.speed import decode_batched
 
-    stats, texts = DecodeStats(sequences=[]), []
-    for start in range(0, len(items), batch_size):
-        prompts = [
-            tokenizer(i.prompt, add_special_tokens=False)["input_ids"] for i in items[start : start + batch_size]
-        ]
-        out = decode(prompts)
-        stats = stats.merge(out.stats)
-        texts += [tokenizer.decode(seq, skip_special_tokens=True) for seq in out.sequences]
-    return texts, stats
+    prompts = [tokenizer(i.prompt, add_special_tokens=False)["input_ids"] for i in items]
+    out = decode_batched(decode, prompts, batch_size)
+    return [tokenizer.decode(seq, skip_special_tokens=True) for seq in out.sequences], out.stats
 
 
 def accuracy(

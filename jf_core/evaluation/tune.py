@@ -1,6 +1,8 @@
-"""Autotune: the decode config (n, K, pool_size, r) with the best TPS on this hardware, on calibration prompts.
+"""Autotune: the decode config (n, K, pool_size, r, seeded drafts) with the best TPS on this hardware, on
+calibration prompts.
 
-Every candidate decodes the same prompts at the same batch size after a warmup; TPF is reported beside TPS. The
+Every candidate decodes the same prompts at the same batch size after a warmup, the candidates taking turns batch
+by batch (`speed.run_interleaved`: a drifting CPU must not pick the winner); TPF is reported beside TPS. The
 search is a grid (small by default: the space is small and every point is a real measurement), and because every
 candidate is lossless, speed is the only thing compared.
 """
@@ -15,6 +17,7 @@ import torch
 
 from jf_core.decoding.config_io import decode
 from jf_core.decoding.multiblock import JFDecodeConfig
+from jf_core.evaluation.speed import run_interleaved
 
 
 @dataclass(frozen=True)
@@ -24,15 +27,24 @@ class TuneSpace:
     pool_sizes: tuple[int, ...] = (0, 2, 4)
     spawn_ratios: tuple[float, ...] = (0.5, 0.85)
     ngrams: tuple[int, ...] = (0,)  # recycled candidate length; 0 = n - 1
+    seed_drafts: tuple[bool, ...] = (False, True)
 
     def configs(self, max_new_tokens: int) -> list[JFDecodeConfig]:
         out = []
-        grid = itertools.product(self.block_sizes, self.num_blocks, self.pool_sizes, self.spawn_ratios, self.ngrams)
-        for n, k, pool, r, ngram in grid:
+        grid = itertools.product(
+            self.block_sizes, self.num_blocks, self.pool_sizes, self.spawn_ratios, self.ngrams, self.seed_drafts
+        )
+        for n, k, pool, r, ngram, seed in grid:
             if (k == 1 and r != self.spawn_ratios[0]) or (pool == 0 and ngram != self.ngrams[0]):
                 continue  # r only matters with more than one block, the n-gram length only with recycling
             cfg = JFDecodeConfig(
-                block_size=n, num_blocks=k, pool_size=pool, spawn_ratio=r, ngram=ngram, max_new_tokens=max_new_tokens
+                block_size=n,
+                num_blocks=k,
+                pool_size=pool,
+                spawn_ratio=r,
+                ngram=ngram,
+                seed_drafts=seed,
+                max_new_tokens=max_new_tokens,
             )
             out.append(cfg)
         return out
@@ -60,28 +72,16 @@ def tune(
     configs = space.configs(max_new_tokens)
     if not configs:
         raise ValueError("the tuning space is empty")
+    decoders = {
+        str(i): lambda ps, cfg=cfg: decode(model, ps, cfg, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
+        for i, cfg in enumerate(configs)
+    }
+    outputs = run_interleaved(decoders, prompts, batch_size, repeats=repeats)
     trials = []
-    decode(model, prompts[:2], configs[0], eos_token_id=eos_token_id, pad_token_id=pad_token_id)  # warm up
     for i, cfg in enumerate(configs):
-        best_tps, tpf = 0.0, 0.0
-        for _ in range(repeats):
-            tokens = seconds = forwards = 0.0
-            for start in range(0, len(prompts), batch_size):
-                out = decode(
-                    model,
-                    prompts[start : start + batch_size],
-                    cfg,
-                    eos_token_id=eos_token_id,
-                    pad_token_id=pad_token_id,
-                )
-                tokens += out.stats.new_tokens
-                seconds += out.stats.seconds
-                forwards += out.stats.forwards
-            best_tps = max(best_tps, tokens / seconds)
-            tpf = tokens / forwards
-        trial = TuneTrial(asdict(cfg), best_tps, tpf)
-        trials.append(trial)
+        stats = outputs[str(i)].stats
+        trials.append(TuneTrial(asdict(cfg), stats.tps, stats.tpf))
         if progress is not None:
-            progress(i + 1, len(configs), trial)
+            progress(i + 1, len(configs), trials[-1])
     best = max(range(len(trials)), key=lambda i: trials[i].tps)
     return configs[best], trials

@@ -3,6 +3,8 @@ exactly that row's live tokens."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -110,3 +112,41 @@ def test_misuse_is_reported(tiny_model):
         kv.forward(torch.tensor([[1, 2]]), torch.arange(2)[None], torch.tril(torch.ones(1, 2, 2, dtype=torch.bool)))
         with pytest.raises(RuntimeError, match="unsettled"):
             kv.forward(torch.tensor([[1]]), torch.zeros(1, 1, dtype=torch.long), torch.ones(1, 1, 1, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("mask_2d", [False, True], ids=["4d mask", "2d mask (flash-attention's path)"])
+@pytest.mark.parametrize("prompts", [[[5, 6, 7, 8]], [[5, 6, 7, 8, 9], [10, 11]]], ids=["no holes", "padded rows"])
+def test_causal_window_shorthand_matches_fresh_forward(tiny_model, prompts, mask_2d):
+    """forward(tokens) alone is the Jacobi hot path: a ready 4D mask for SDPA/eager; a 2D mask, where no row has a
+    hole, for backends that take nothing else. Every window position's logits equal a fresh forward either way."""
+    kv, _ = build(tiny_model, prompts)
+    kv._takes_4d = not mask_2d
+    window = [30, 31, 32]
+    with torch.inference_mode():
+        logits = kv.forward(torch.tensor([window] * len(prompts)))
+    kv.keep(torch.ones(len(prompts), len(window), dtype=torch.bool))
+    for row, p in enumerate(prompts):
+        for j in range(len(window)):
+            want = fresh_logits(tiny_model, [*p, *window[: j + 1]])
+            torch.testing.assert_close(logits[row, j], want, rtol=1e-4, atol=1e-4)
+    assert kv.lengths.tolist() == [len(p) + len(window) for p in prompts]
+
+
+def test_forward_takes_positions_and_mask_together(tiny_model):
+    kv, _ = build(tiny_model, [[5, 6]])
+    with torch.inference_mode(), pytest.raises(ValueError, match="together"):
+        kv.forward(torch.tensor([[1, 2]]), torch.arange(2)[None])
+
+
+def test_eager_attention_gets_an_additive_mask(tiny_model):
+    """Eager attention adds the mask to the scores, so the boolean masks of padded rows and trees are converted."""
+    eager = copy.deepcopy(tiny_model)  # its own config: the session's model keeps SDPA
+    eager.set_attn_implementation("eager")
+    assert tiny_model.config._attn_implementation == "sdpa"
+    prompts = [[5, 6, 7, 8, 9], [10, 11]]
+    kv, last = build(eager, prompts)
+    for row, p in enumerate(prompts):
+        torch.testing.assert_close(last[row], fresh_logits(tiny_model, p), rtol=1e-4, atol=1e-4)
+    got = next_logits(kv, [40, 41])
+    for row, p in enumerate(prompts):
+        torch.testing.assert_close(got[row], fresh_logits(tiny_model, [*p, [40, 41][row]]), rtol=1e-4, atol=1e-4)

@@ -68,10 +68,38 @@ def test_tune_picks_the_fastest_measured_config_and_round_trips(tmp_path):
     model = TINY_MODELS["qwen2"]()
     prompts = [[5, 6, 7, 8, 9], [10, 11, 12]]
     space = TuneSpace(block_sizes=(4, 8), num_blocks=(1, 2), pool_sizes=(0, 2), spawn_ratios=(0.5, 0.85))
-    best, trials = tune(model, prompts, eos_token_id=None, pad_token_id=PAD, max_new_tokens=16, space=space)
-    assert len(trials) == 12  # r only varies when K > 1
+    best, trials = tune(model, prompts, eos_token_id=None, pad_token_id=PAD, max_new_tokens=16, space=space, repeats=2)
+    assert len(trials) == 24  # r only varies when K > 1; every point with sampled and with seeded drafts
     assert max(t.tps for t in trials) == next(t.tps for t in trials if t.config == best.__dict__)
     model.save_pretrained(tmp_path)
     save_decode_config(tmp_path, best)
     assert load_decode_config(tmp_path) == best and isinstance(load_decode_config(tmp_path), JFDecodeConfig)
     assert load_decode_config(tmp_path, block_size=32).block_size == 32
+
+
+def test_interleaved_runs_take_turns_and_keep_each_batchs_fastest_run():
+    """Decoders alternate batch by batch (so a drifting machine slows all alike) and each batch's fastest run is
+    the one counted; outputs stay in prompt order."""
+    from jf_core.decoding.common import DecodeOutput
+    from jf_core.decoding.stats import DecodeStats, SequenceStats
+    from jf_core.evaluation.speed import run_interleaved
+
+    calls: list[tuple[str, int]] = []
+    # Seconds of each call per (decoder, batch): the warmup (first batch only), then run 1 and run 2.
+    seconds = {("a", 10): [9.0, 3.0, 1.0], ("a", 12): [3.0, 1.0], ("b", 10): [9.0, 2.0, 5.0], ("b", 12): [2.0, 5.0]}
+
+    def decoder(name: str):
+        def run(prompts: list[list[int]]) -> DecodeOutput:
+            calls.append((name, prompts[0][0]))
+            stats = [SequenceStats(new_tokens=1, forwards=1) for _ in prompts]
+            spent = seconds[(name, prompts[0][0])].pop(0)
+            return DecodeOutput([[p[0]] for p in prompts], DecodeStats(stats, decode_seconds=spent))
+
+        return run
+
+    prompts = [[10], [11], [12], [13]]
+    out = run_interleaved({"a": decoder("a"), "b": decoder("b")}, prompts, 2, repeats=2, warmup_prompts=2)
+    timed = calls[2:]  # after one warmup batch per decoder
+    assert timed[:4] == [("a", 10), ("b", 10), ("a", 12), ("b", 12)]  # turns, batch by batch
+    assert out["a"].sequences == [[10], [11], [12], [13]] == out["b"].sequences
+    assert out["a"].stats.decode_seconds == 2 * 1.0 and out["b"].stats.decode_seconds == 2 * 2.0
