@@ -23,7 +23,8 @@ def metrics_rows(report: dict) -> list[dict]:
         t, c = report["tuned"], report["tuned"]["config"]
         rows.append(
             {
-                "block size n": f"tuned n={c['block_size']} K={c['num_blocks']} pool={c['pool_size']}",
+                "block size n": f"tuned n={c['block_size']} K={c['num_blocks']} pool={c['pool_size']}"
+                + (" seeded" if c.get("seed_drafts") else ""),
                 "base TPF": "",
                 "JF TPF": round(t["tpf"], 3),
                 "JF TPS": round(t["tps"], 1),
