@@ -158,15 +158,21 @@ def jf_methods(
     return methods, {name: "jf_ar" for name in methods}
 
 
+def _batches(prompts: Sequence[Sequence[int]], batch_size: int) -> list[list[list[int]]]:
+    return [[list(p) for p in prompts[i : i + batch_size]] for i in range(0, len(prompts), batch_size)]
+
+
+def _concat(outs: Sequence[DecodeOutput]) -> DecodeOutput:
+    """Outputs of consecutive batches as one: sequences in order, statistics merged."""
+    stats = DecodeStats(sequences=[])
+    for out in outs:
+        stats = stats.merge(out.stats)
+    return DecodeOutput([seq for out in outs for seq in out.sequences], stats)
+
+
 def decode_batched(decoder: Decoder, prompts: Sequence[Sequence[int]], batch_size: int) -> DecodeOutput:
     """`decoder` over `prompts` in batches of `batch_size`: outputs in order, statistics merged."""
-    seqs: list[list[int]] = []
-    stats = DecodeStats(sequences=[])
-    for start in range(0, len(prompts), batch_size):
-        out = decoder([list(p) for p in prompts[start : start + batch_size]])
-        seqs += out.sequences
-        stats = stats.merge(out.stats)
-    return DecodeOutput(seqs, stats)
+    return _concat([decoder(batch) for batch in _batches(prompts, batch_size)])
 
 
 def run_interleaved(
@@ -186,7 +192,7 @@ def run_interleaved(
     every method to the same machine, and keeping each batch's fastest run drops the spikes."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
-    batches = [[list(p) for p in prompts[i : i + batch_size]] for i in range(0, len(prompts), batch_size)]
+    batches = _batches(prompts, batch_size)
     for decoder in decoders.values():  # warm every code path before anything is timed
         decode_batched(decoder, prompts[:warmup_prompts], batch_size)
     best: dict[str, list[DecodeOutput | None]] = {name: [None] * len(batches) for name in decoders}
@@ -199,13 +205,7 @@ def run_interleaved(
                 kept = best[name][b]
                 if kept is None or out.stats.seconds < kept.stats.seconds:
                     best[name][b] = out
-    merged = {}
-    for name, outs in best.items():
-        stats = DecodeStats(sequences=[])
-        for out in outs:
-            stats = stats.merge(out.stats)
-        merged[name] = DecodeOutput([seq for out in outs for seq in out.sequences], stats)
-    return merged
+    return {name: _concat(outs) for name, outs in best.items()}
 
 
 def bench(
