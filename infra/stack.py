@@ -1,5 +1,6 @@
 """The local stack on 127.0.0.1: Prefect server (sqlite), the `jf-pool` process work pool and a worker, MLflow
-server (sqlite + local artifacts), and optionally a Ray head. `jf stack up|down|status`.
+server (sqlite + local artifacts), and optionally a Ray head (local-only, token auth: infra/ray_cluster.py).
+`jf stack up|down|status`.
 
 State lives under `<JF_HOME>/stack/`: one PID file and one log per service, `stack.json` (ports and URLs) and
 `stack.env` (the variables clients need: `source` it, or let `jf` read it). Servers are started in their own
@@ -19,19 +20,21 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from infra import ray_cluster
 from jf_core.paths import jf_home
 
 POOL = "jf-pool"
+SERVICES = ("prefect-worker", "ray-head", "mlflow-server", "prefect-server")  # the order `down` stops them in
 QUIET = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     "MLFLOW_ENABLE_TELEMETRY": "false",
     "DO_NOT_TRACK": "true",
-    "RAY_AUTH_MODE": "disabled",
     "RAY_USAGE_STATS_ENABLED": "0",
 }
 
@@ -69,15 +72,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def ray_token_path() -> Path:
+    return stack_dir() / "ray_auth_token"
+
+
 def client_env(cfg: StackConfig) -> dict[str, str]:
     """What a client of the stack (a shell, the worker, a test) needs in its environment."""
+    ray = {
+        "RAY_ADDRESS": f"127.0.0.1:{cfg.ray_port}",
+        ray_cluster.LOCAL_ONLY: "0",  # a driver must be on loopback too to reach a loopback-only Ray
+        ray_cluster.AUTH_MODE: "token",
+        ray_cluster.AUTH_TOKEN_PATH: str(ray_token_path()),
+    }
     return {
         **QUIET,
         "PREFECT_API_URL": cfg.prefect_api,
         "PREFECT_HOME": str(jf_home() / "prefect"),
         "MLFLOW_TRACKING_URI": cfg.mlflow_uri,
         "JF_HOME": str(jf_home()),
-        **({"RAY_ADDRESS": f"127.0.0.1:{cfg.ray_port}"} if cfg.ray else {}),
+        **(ray if cfg.ray else {}),
     }
 
 
@@ -103,8 +116,10 @@ def _pidfile(name: str) -> Path:
 
 def _spawn(name: str, cmd: list[str], env: dict[str, str], cwd: str | None = None) -> int:
     log = open(stack_dir() / f"{name}.log", "ab")  # noqa: SIM115 - the child owns it
-    # The stack's services talk to the stack's MLflow only, whatever MLflow settings the caller's shell had.
-    inherited = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    # The stack's services talk to the stack's MLflow only, whatever MLflow settings the caller's shell had, and to
+    # the stack's Ray with its token (an inherited RAY_AUTH_TOKEN would outrank the token file).
+    drop = ("MLFLOW_",) + ((ray_cluster.AUTH_TOKEN,) if ray_cluster.AUTH_TOKEN_PATH in env else ())
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
     proc = subprocess.Popen(
         cmd, env={**inherited, **env}, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
     )
@@ -146,14 +161,15 @@ def up(cfg: StackConfig, *, timeout: float = 120.0) -> dict:
     for name, url, pid in started:  # started together, waited for together: the two boots overlap
         _wait(name, url, pid, timeout)
     _create_pool(env)
+    if cfg.ray and not _running("ray-head"):
+        _start_ray(cfg, env, timeout)  # before the worker, whose flows join it
     if not _running("prefect-worker"):
         cmd = [_bin("prefect"), "worker", "start", "--pool", POOL, "--type", "process"]
         _spawn("prefect-worker", cmd, env, cwd=cfg.project_dir)
-    if cfg.ray and not _running("ray-head"):
-        _start_ray(cfg, env)
     info = {"config": asdict(cfg), "env": env, "ui": {"prefect": cfg.prefect_api[:-4], "mlflow": cfg.mlflow_uri}}
     (stack_dir() / "stack.json").write_text(json.dumps(info, indent=2))
-    (stack_dir() / "stack.env").write_text("".join(f"export {k}={v}\n" for k, v in env.items()))
+    unset = f"unset {ray_cluster.AUTH_TOKEN}\n" if cfg.ray else ""  # the stack's token file must win
+    (stack_dir() / "stack.env").write_text(unset + "".join(f"export {k}={v}\n" for k, v in env.items()))
     return info
 
 
@@ -172,20 +188,27 @@ def _create_pool(env: dict[str, str]) -> None:
     )
 
 
-def _start_ray(cfg: StackConfig, env: dict[str, str]) -> None:
-    # `ray start` daemonises; the PID file records the GCS server so that `down` can run `ray stop` for it.
+def _start_ray(cfg: StackConfig, env: dict[str, str], timeout: float) -> None:
+    """A Ray head on 127.0.0.1 only (Ray's local-only mode: no other node can join) with token auth, under a fresh
+    token that `stack.env` points clients at. `--block` keeps it in its own process group, so `down` stops exactly
+    this Ray (`ray stop` would stop every Ray of this user on the machine)."""
+    ray_token_path().unlink(missing_ok=True)
+    ray_cluster.write_token(ray_token_path())
+    head_env = {**env, **{k: v for k, v in ray_cluster.private_env(ray_token_path()).items() if v is not None}}
     cmd = [
-        _bin("ray"),
-        "start",
-        "--head",
-        "--port",
-        str(cfg.ray_port),
-        "--include-dashboard=false",
-        "--disable-usage-stats",
-    ]
-    with open(stack_dir() / "ray-head.log", "ab") as log:
-        subprocess.run(cmd, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT, check=True)
-    _pidfile("ray-head").write_text("ray")
+        _bin("ray"), "start", "--head", "--block",
+        "--node-ip-address", "127.0.0.1", "--port", str(cfg.ray_port),
+        "--include-dashboard=false", "--disable-usage-stats",
+    ]  # fmt: skip
+    pid = _spawn("ray-head", cmd, {k: v for k, v in head_env.items() if k != "RAY_ADDRESS"})
+    (stack_dir() / "ray-head.address").write_text(f"127.0.0.1:{cfg.ray_port}")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and _alive(pid):
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", cfg.ray_port), timeout=1):
+            return
+        time.sleep(0.5)
+    tail = (stack_dir() / "ray-head.log").read_text(errors="replace")[-2000:]
+    raise RuntimeError(f"the Ray head did not listen on 127.0.0.1:{cfg.ray_port} within {timeout:.0f} s:\n{tail}")
 
 
 def _running(name: str) -> bool:
@@ -204,17 +227,25 @@ def _read_pid(name: str) -> int | None:
 def down(*, timeout: float = 20.0) -> list[str]:
     """Stop every service of the stack (the worker first, so it cannot pick up runs meanwhile)."""
     stopped = []
-    for name in ("prefect-worker", "mlflow-server", "prefect-server"):
+    for name in SERVICES:
         pid = _read_pid(name)
         if pid is not None and _alive(pid):
             _stop_group(pid, timeout)
             stopped.append(name)
         _pidfile(name).unlink(missing_ok=True)
-    if _pidfile("ray-head").is_file():
-        subprocess.run([_bin("ray"), "stop", "--force"], capture_output=True)
-        _pidfile("ray-head").unlink()
-        stopped.append("ray-head")
+    ray_token_path().unlink(missing_ok=True)
+    _forget_ray_head()
     return stopped
+
+
+def _forget_ray_head() -> None:
+    """Remove Ray's pointer to the head we stopped (`ray stop` would), so no later `ray.init()` tries to join it."""
+    ours = stack_dir() / "ray-head.address"
+    pointer = Path(tempfile.gettempdir()) / "ray" / "ray_current_cluster"
+    with contextlib.suppress(OSError):
+        if pointer.read_text().strip() == ours.read_text().strip():
+            pointer.unlink()
+    ours.unlink(missing_ok=True)
 
 
 def _stop_group(pid: int, timeout: float) -> None:
@@ -236,7 +267,7 @@ def status() -> dict:
     info_path = stack_dir() / "stack.json"
     info = json.loads(info_path.read_text()) if info_path.is_file() else None
     services = {}
-    for name in ("prefect-server", "prefect-worker", "mlflow-server"):
+    for name in SERVICES:
         pid = _read_pid(name)
         services[name] = {"pid": pid, "running": pid is not None and _alive(pid)}
     if info is not None:

@@ -56,7 +56,7 @@ class ComputeConfig(_Strict):
     workers: int = Field(2, ge=1)  # actors: one per GPU on GPU hosts, one per CPU slot here
     gpus_per_worker: float = Field(0, ge=0)
     cpus_per_worker: float = Field(1, gt=0)
-    ray_address: str | None = None  # None: RAY_ADDRESS if set, else a local Ray
+    ray_address: str | None = None  # None: RAY_ADDRESS if set, else a private loopback Ray (infra/ray_cluster.py)
     max_restarts: int = Field(2, ge=0)
     max_task_retries: int = Field(2, ge=0)
 

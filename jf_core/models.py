@@ -55,7 +55,10 @@ def _looks_local(path: str) -> bool:
 
 def load_model(path: str | ModelSpec, **overrides):
     """Return (model in eval mode, tokenizer). Raises ModelLoadError naming the problem for a missing directory,
-    a checkpoint that is not a causal LM, or a tokenizer without an EOS token."""
+    a checkpoint that is not a causal LM, weights that are not safetensors, or a tokenizer without an EOS token.
+
+    Weights load from safetensors only: a pickled checkpoint (pytorch_model.bin) can run code when it is read.
+    Code shipped with a checkpoint runs only with `trust_remote_code=True` (off by default)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     spec = path if isinstance(path, ModelSpec) else ModelSpec(path=path, **overrides)
@@ -78,7 +81,15 @@ def load_model(path: str | ModelSpec, **overrides):
             dtype=spec.resolved_dtype(),
             attn_implementation=pick_attention(spec.attn_implementation, device),
             trust_remote_code=spec.trust_remote_code,
+            use_safetensors=True,
         )
+    except OSError as err:
+        if "safetensors" not in str(err):
+            raise
+        raise ModelLoadError(
+            f"{spec.path!r} has no safetensors weights (model.safetensors or its index); pickled weights such as "
+            "pytorch_model.bin are never loaded: convert them once with save_pretrained(safe_serialization=True)"
+        ) from err
     except ValueError as err:
         raise ModelLoadError(
             f"{spec.path!r} ({type(config).__name__}) is not a causal language model checkpoint: {err}"

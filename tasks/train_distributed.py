@@ -12,6 +12,7 @@ import json
 import os
 from pathlib import Path
 
+from infra.ray_cluster import loopback_torch_config, ray_session
 from jf_core.config import Profile
 
 
@@ -71,28 +72,28 @@ def train_distributed(
     storage: str | Path | None = None,
 ) -> dict:
     """Train on `num_workers` Ray Train workers; returns rank 0's last logged metrics (also in train_metrics.json)."""
-    import ray
     from ray.train import RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
+    from ray.train.torch import TorchConfig, TorchTrainer
 
-    if not ray.is_initialized():
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     cpus = max(1, int(profile.compute.cpus_per_worker))
-    trainer = TorchTrainer(
-        _worker_loop,
-        train_loop_config={
-            "profile": profile.model_dump(),
-            "trajectories": str(trajectories),
-            "model_in": model_in,
-            "out": str(Path(out).resolve()),
-            "threads": cpus,
-        },
-        scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=use_gpu, resources_per_worker={"CPU": cpus}),
-        run_config=RunConfig(
-            name="jf-train", storage_path=str(Path(storage or Path(out).parent / "ray-train").resolve())
-        ),
-    )
-    result = trainer.fit()
+    with ray_session(profile.compute.ray_address, num_cpus=max(os.cpu_count() or 1, num_workers * cpus)) as session:
+        trainer = TorchTrainer(
+            _worker_loop,
+            train_loop_config={
+                "profile": profile.model_dump(),
+                "trajectories": str(trajectories),
+                "model_in": model_in,
+                "out": str(Path(out).resolve()),
+                "threads": cpus,
+            },
+            # On a loopback Ray every worker is on this machine: its rendezvous stays on 127.0.0.1 too.
+            torch_config=loopback_torch_config() if session.loopback else TorchConfig(),
+            scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=use_gpu, resources_per_worker={"CPU": cpus}),
+            run_config=RunConfig(
+                name="jf-train", storage_path=str(Path(storage or Path(out).parent / "ray-train").resolve())
+            ),
+        )
+        result = trainer.fit()
     if result.error is not None:
         raise RuntimeError(f"distributed training failed: {result.error}")
     return json.loads((Path(out) / "train_metrics.json").read_text())

@@ -6,7 +6,8 @@ named by the key and written atomically, so an actor that dies mid-shard (Ray re
 retried call, or a re-run of the whole job can never add a second copy of a shard or lose one; a re-run skips
 shards the manifest lists with an unchanged hash. Only this driver writes the manifest.
 
-Local Ray by default; a cluster via `compute.ray_address` or RAY_ADDRESS.
+A private loopback-only Ray with token auth by default; a cluster via `compute.ray_address` or RAY_ADDRESS, joined
+with token auth (infra/ray_cluster.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from infra.ray_cluster import ray_session
 from jf_core.config import Profile
 from jf_core.trajectory.collect import CollectConfig
 from jf_core.trajectory.prompts import PromptItem, load_prompts
@@ -111,23 +113,6 @@ class TrajectoryWorker:
         return asdict(info)
 
 
-def _ray_init(profile: Profile) -> bool:
-    """Start or join Ray; return True when this call started it (and so should shut it down)."""
-    import ray
-
-    if ray.is_initialized():
-        return False
-    address = profile.compute.ray_address or os.environ.get("RAY_ADDRESS")
-    if address:
-        ray.init(address=address, include_dashboard=False, log_to_driver=False)
-    else:
-        # A private single-machine Ray: token auth (on by default in Ray 2.60) would only write ~/.ray/auth_token.
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-        cpus = max(os.cpu_count() or 1, int(profile.compute.workers * profile.compute.cpus_per_worker))
-        ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False)
-    return True
-
-
 def generate_trajectories(
     profile: Profile,
     out: str | Path,
@@ -206,8 +191,8 @@ def _run_pool(
     from ray.util.actor_pool import ActorPool
 
     compute = profile.compute
-    started_ray = _ray_init(profile)
-    try:
+    cpus = max(os.cpu_count() or 1, int(compute.workers * compute.cpus_per_worker))
+    with ray_session(compute.ray_address, num_cpus=cpus):
         actor_cls = ray.remote(TrajectoryWorker).options(
             num_cpus=compute.cpus_per_worker,
             num_gpus=compute.gpus_per_worker,
@@ -252,6 +237,3 @@ def _run_pool(
         for leftover in store.root.glob(".shard-*.tmp"):
             leftover.unlink()  # partial files of calls that died; their shards were rewritten under the real name
         return tokens, time.perf_counter() - t0
-    finally:
-        if started_ray:
-            ray.shutdown()

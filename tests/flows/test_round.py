@@ -1,14 +1,18 @@
 """`jf-round` in process on a real Prefect server and MLflow store: a round registers a champion; the same
 parameters again reuse every stage (Prefect shows them Cached); a gate made to fail leaves the champion alone;
-the champion loads from the registry and decodes like the model's own greedy AR."""
+the champion loads from the registry and decodes like the model's own greedy AR. Meanwhile nothing the flow starts
+(its Ray, the temporary Prefect server, as in `jf run`) listens beyond 127.0.0.1."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 
 import mlflow
 import pytest
 from mlflow import MlflowClient
+
+from tests.infra.sockets import SocketWatch
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -30,7 +34,10 @@ def _task_states(flow_run_id) -> dict[str, str]:
 def test_round_registers_reuses_and_gates(prefect_server, jf_env):
     from flows.round import jf_round
 
-    first = jf_round(jf_env["profile"], return_state=True)
+    with SocketWatch(os.getpid(), every=0.5) as watch:
+        first = jf_round(jf_env["profile"], return_state=True)
+    assert {"gcs_server", "raylet"} <= {name for name, _, _ in watch.seen}, watch.seen  # the round's own Ray
+    assert watch.exposed() == [], watch.exposed()
     summary = first.result()
     assert summary["registry"]["version"] == "1" and summary["registry"]["gate_passed"]
     client = MlflowClient(jf_env["tracking_uri"], jf_env["tracking_uri"])

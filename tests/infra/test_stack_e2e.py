@@ -1,8 +1,9 @@
-"""End to end on real servers: `jf stack up` (free ports) -> `prefect deploy --all` -> `prefect deployment run
-jf-round/tiny --watch` on the embedded model -> the MLflow registry holds a version with its metrics and plots and
-`champion`; the same parameters with a gate made to fail reuse every stage and leave `champion` alone; the
-scheduled deployment has scheduled runs; the README's registry-consumer snippet works as written; `down` stops
-everything."""
+"""End to end on real servers: `jf stack up --ray` (free ports) -> `prefect deploy --all` -> `prefect deployment
+run jf-round/tiny --watch` on the embedded model, its trajectory actors on the stack's Ray (joined with the stack's
+token) -> the MLflow registry holds a version with its metrics and plots and `champion`; the same parameters with a
+gate made to fail reuse every stage and leave `champion` alone; the scheduled deployment has scheduled runs; the
+README's registry-consumer snippet works as written; every socket the stack's processes (and the flow runs they
+start) listened on was on 127.0.0.1; `down` stops everything."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from tests.infra.sockets import SocketWatch
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.timeout(1800), pytest.mark.slow]
@@ -39,20 +42,38 @@ def stack_env(tmp_path_factory):
     (home / "models" / model.name).symlink_to(model)
     saved = os.environ.get("JF_HOME")
     os.environ["JF_HOME"] = str(home)
-    cfg = stack.StackConfig(prefect_port=stack.free_port(), mlflow_port=stack.free_port(), project_dir=str(REPO))
+    cfg = stack.StackConfig(
+        prefect_port=stack.free_port(),
+        mlflow_port=stack.free_port(),
+        ray=True,
+        ray_port=stack.free_port(),
+        project_dir=str(REPO),
+    )
+    watches: dict[str, SocketWatch] = {}
     try:
         info = stack.up(cfg, timeout=180)
-        # Only the stack's MLflow: nothing an earlier in-process test exported (MLFLOW_*) may leak into clients.
-        clean = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+        for name in stack.SERVICES:  # each service's whole process tree, the worker's flow runs included
+            watches[name] = SocketWatch(int((stack.stack_dir() / f"{name}.pid").read_text()), every=0.5).__enter__()
+        # Only the stack's MLflow and Ray: nothing an earlier in-process test exported may leak into clients.
+        clean = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "RAY_"))}
         yield {**clean, **info["env"]}
+        for watch in watches.values():
+            watch.__exit__(None, None, None)
+        ports = {name: {port for _, _, port in w.seen} for name, w in watches.items()}
+        assert cfg.prefect_port in ports["prefect-server"] and cfg.mlflow_port in ports["mlflow-server"], ports
+        assert cfg.ray_port in ports["ray-head"], ports
+        exposed = {name: w.exposed() for name, w in watches.items() if w.exposed()}
+        assert not exposed, f"listening beyond 127.0.0.1: {exposed}"
     finally:
+        for watch in watches.values():
+            watch.__exit__(None, None, None)
         stopped = stack.down()
         pids = [int(p.read_text()) for p in stack.stack_dir().glob("*.pid") if p.read_text().strip().isdigit()]
         if saved is None:
             os.environ.pop("JF_HOME", None)
         else:
             os.environ["JF_HOME"] = saved
-        assert "prefect-server" in stopped and "mlflow-server" in stopped and not pids
+        assert {"prefect-server", "mlflow-server", "ray-head"} <= set(stopped) and not pids
 
 
 def _prefect(env, *args, timeout=1200) -> subprocess.CompletedProcess:

@@ -63,3 +63,17 @@ def test_tokenizer_without_eos_is_named(tmp_path):
         special.write_text(json.dumps(data))
     with pytest.raises(ModelLoadError, match="no eos token"):
         load_model(str(tmp_path))
+
+
+def test_pickled_weights_are_refused(tmp_path):
+    """A checkpoint whose weights are only a pickle (torch.load can run code) is refused, naming safetensors."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    save_tiny(tmp_path)
+    model, _ = load_model(str(tmp_path))
+    (tmp_path / "model.safetensors").unlink()
+    torch.save(model.state_dict(), tmp_path / "pytorch_model.bin")  # transformers 5 only writes safetensors
+    AutoModelForCausalLM.from_pretrained(tmp_path)  # transformers alone would unpickle it
+    with pytest.raises(ModelLoadError, match="no safetensors weights"):
+        load_model(str(tmp_path))

@@ -1,13 +1,14 @@
-"""Fixtures of the tasks tests: one local Ray per module (the tiny-model profile is in tests/conftest.py)."""
+"""Fixtures of the tasks tests: one private Ray per module, started as a round starts it (loopback only, token
+auth); the tiny-model profile is in tests/conftest.py."""
 
 from __future__ import annotations
 
 import pytest
-import ray
+
+from infra.ray_cluster import ray_session
 
 
 @pytest.fixture(scope="module")
 def ray_local():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+    with ray_session(num_cpus=2) as session:
+        yield session

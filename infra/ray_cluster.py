@@ -1,0 +1,235 @@
+"""How this project starts or joins Ray, without opening it to anyone else.
+
+An unauthenticated Ray port is remote code execution: any driver that reaches it may run Python on the machine.
+
+**A private Ray** (a round's trajectory actors, Ray Train on one machine, `jf stack up --ray`) runs in Ray's
+local-only mode, so every process it starts (GCS, raylet and object manager, workers, agents) listens on 127.0.0.1
+only, and with Ray's token authentication on, keyed by a fresh random token per Ray instance in a 0600 file of a
+private temporary directory. Loopback keeps other machines out; the token keeps out the other users of this machine
+(a shared GPU node), whom loopback does not. Nothing is written under ~/.ray (Ray's default token path), and the
+process's previous Ray settings are restored when the session ends. Ray Train on a private Ray rendezvouses through
+a TCPStore bound to 127.0.0.1 (`LoopbackTorchConfig`): torch's own binds every interface.
+
+**Joining a cluster** (`compute.ray_address` or RAY_ADDRESS) always uses token authentication: the cluster's token
+comes from RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token (Ray's own order); RAY_AUTH_MODE=disabled is
+refused. infra/README.md says how a cluster gets its token.
+
+Ray reads its auth mode and local-only switch when it is imported, and a process keeps the first value it saw;
+`_apply` refreshes both the way `ray.init` itself does, so a session works whether or not `ray` was imported before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import os
+import secrets
+import shutil
+import socket
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+LOCAL_ONLY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray's local-only mode (node IP 127.0.0.1, no worker nodes)
+AUTH_MODE, AUTH_TOKEN, AUTH_TOKEN_PATH = "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"
+_SETTINGS = (LOCAL_ONLY, AUTH_MODE, AUTH_TOKEN, AUTH_TOKEN_PATH)
+
+
+class RayAuthError(RuntimeError):
+    """Joining a Ray cluster without authentication, or without a token to authenticate with."""
+
+
+@dataclass(frozen=True)
+class RaySession:
+    address: str  # the GCS address
+    private: bool  # started (and stopped) by this session
+    loopback: bool  # every node of this Ray is this machine, listening on 127.0.0.1
+    token_path: Path | None = None  # the private Ray's token file (None when joining)
+
+
+def is_loopback(address: str) -> bool:
+    """Whether a Ray address ("host:port", "ray://host:port", "localhost:6379") names this machine's loopback."""
+    host = address.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def loopback_interface() -> str:
+    """The loopback interface's name ("lo" on Linux, "lo0" on macOS), for gloo and NCCL."""
+    names = [name for _, name in socket.if_nameindex()]
+    return next((n for n in names if n in ("lo", "lo0")), next((n for n in names if n.startswith("lo")), "lo"))
+
+
+def write_token(path: Path) -> Path:
+    """A fresh random token at `path` (which must not exist), readable by this user only: created 0600, so it is
+    never readable by others, not even for a moment."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(secrets.token_hex(32))
+    return path
+
+
+def private_env(token_path: Path) -> dict[str, str | None]:
+    """The settings of a private Ray: local-only, token auth with this token (and no inherited token)."""
+    return {LOCAL_ONLY: "0", AUTH_MODE: "token", AUTH_TOKEN: None, AUTH_TOKEN_PATH: str(token_path)}
+
+
+def _apply(settings: dict[str, str | None]) -> None:
+    for key, value in settings.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    if "ray" not in sys.modules:
+        return  # `import ray` will read the environment
+    from ray._private import ray_constants
+    from ray._raylet import AuthenticationTokenLoader, Config
+
+    ray_constants.ENABLE_RAY_CLUSTER = os.environ.get(LOCAL_ONLY, "1").lower() not in ("0", "false")
+    Config.initialize("")  # what ray.init does after setting RAY_AUTH_MODE: re-read the environment
+    AuthenticationTokenLoader.instance().reset_cache()
+
+
+def check_join_auth(address: str) -> None:
+    """Joining `address` needs token auth and a token; raise RayAuthError naming the setting otherwise."""
+    if os.environ.get(AUTH_MODE, "token").lower() == "disabled":
+        raise RayAuthError(
+            f"refusing to join the Ray cluster at {address} with RAY_AUTH_MODE=disabled: an unauthenticated Ray is "
+            "remote code execution for anyone who reaches it. Enable token auth on the cluster and set "
+            "RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH here (infra/README.md, 'Ray authentication')."
+        )
+    if os.environ.get(AUTH_TOKEN):
+        return
+    path = Path(os.environ.get(AUTH_TOKEN_PATH) or Path.home() / ".ray" / "auth_token").expanduser()
+    if not path.is_file() or not path.read_text().strip():
+        raise RayAuthError(
+            f"no Ray auth token to join the cluster at {address}: set RAY_AUTH_TOKEN, or RAY_AUTH_TOKEN_PATH to a "
+            f"file holding it ({path} is missing or empty); see infra/README.md, 'Ray authentication'."
+        )
+
+
+@contextlib.contextmanager
+def ray_session(ray_address: str | None = None, *, num_cpus: int | None = None) -> Iterator[RaySession]:
+    """Use the Ray this process already has, join `ray_address` (or RAY_ADDRESS), or start a private one.
+
+    Only a Ray this call started or joined is shut down at the end."""
+    import ray
+
+    if ray.is_initialized():
+        ctx = ray.get_runtime_context()
+        yield RaySession(ctx.gcs_address, private=False, loopback=is_loopback(ctx.gcs_address))
+        return
+    saved = {key: os.environ.get(key) for key in _SETTINGS}
+    token_dir: Path | None = None
+    address = ray_address or os.environ.get("RAY_ADDRESS")
+    try:
+        if address:
+            check_join_auth(address)
+            # A cluster on this machine's loopback (`jf stack up --ray`) needs this driver on loopback too.
+            _apply({AUTH_MODE: "token", LOCAL_ONLY: "0" if is_loopback(address) else None})
+            ctx = ray.init(address=address, include_dashboard=False, log_to_driver=False)
+            session = RaySession(ctx.address_info["gcs_address"], private=False, loopback=is_loopback(address))
+        else:
+            token_dir = Path(tempfile.mkdtemp(prefix="jf-ray-"))  # 0700
+            token = write_token(token_dir / "auth_token")
+            _apply(private_env(token))
+            # "local": a new Ray, never one that `ray start` left running here (plain ray.init() would join that).
+            ctx = ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+            session = RaySession(ctx.address_info["gcs_address"], private=True, loopback=True, token_path=token)
+        try:
+            yield session
+        finally:
+            ray.shutdown()
+    finally:
+        _apply(saved)
+        if token_dir is not None:
+            shutil.rmtree(token_dir, ignore_errors=True)
+
+
+# ---- Ray Train on a loopback Ray: rendezvous through a store bound to 127.0.0.1 --------------------------------
+
+_STORE: dict = {}  # rank 0's TCPStore server, alive while the process group is
+
+
+def _host_store(world_size: int, timeout_s: float) -> int:
+    """On rank 0: a TCPStore server on a socket bound to 127.0.0.1 (torch's own binds every interface)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    _STORE["socket"] = sock  # the server listens on this descriptor: keep it open
+    _STORE["server"] = dist.TCPStore(
+        "127.0.0.1",
+        port,
+        world_size,
+        is_master=True,
+        timeout=timedelta(seconds=timeout_s),
+        wait_for_workers=False,
+        master_listen_fd=sock.fileno(),
+    )
+    return port
+
+
+def _join_process_group(backend: str, rank: int, world_size: int, port: int, timeout_s: float) -> None:
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    lo = loopback_interface()
+    # gloo and NCCL open their own listening sockets on the interface these name.
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME=lo, NCCL_SOCKET_IFNAME=lo)
+    timeout = timedelta(seconds=timeout_s)
+    store = _STORE["server"] if rank == 0 else dist.TCPStore("127.0.0.1", port, world_size, False, timeout)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+
+
+def _release_store() -> None:
+    _STORE.pop("server", None)
+    if (sock := _STORE.pop("socket", None)) is not None:
+        sock.close()
+
+
+def loopback_torch_config(**kwargs):
+    """A `TorchConfig` for Ray Train on a loopback Ray (every worker on this machine): same process group as Ray's
+    own backend, but the rendezvous store, gloo and NCCL listen on the loopback interface only."""
+    import ray
+    from ray.train._internal.worker_group import WorkerGroup as V1WorkerGroup
+    from ray.train.torch import TorchConfig
+    from ray.train.torch.config import _set_torch_distributed_env_vars, _TorchBackend
+
+    class _LoopbackTorchBackend(_TorchBackend):
+        def on_start(self, worker_group, backend_config) -> None:
+            world = len(worker_group)
+            gpus = worker_group.get_resources_per_worker().get("GPU", 0)
+            backend = backend_config.backend or ("nccl" if gpus > 0 else "gloo")
+            port = worker_group.execute_single(0, _host_store, world, backend_config.timeout_s)
+            if not isinstance(worker_group, V1WorkerGroup):  # V1 sets them in on_training_start, as Ray's does
+                worker_group.execute(_set_torch_distributed_env_vars)  # RANK, LOCAL_RANK, WORLD_SIZE, ...
+            ray.get(
+                [
+                    worker_group.execute_single_async(
+                        rank, _join_process_group, backend, rank, world, port, backend_config.timeout_s
+                    )
+                    for rank in range(world)
+                ]
+            )
+
+        def on_shutdown(self, worker_group, backend_config) -> None:
+            super().on_shutdown(worker_group, backend_config)
+            worker_group.execute_single(0, _release_store)
+
+    class LoopbackTorchConfig(TorchConfig):
+        @property
+        def backend_cls(self):
+            return _LoopbackTorchBackend
+
+    return LoopbackTorchConfig(**kwargs)
