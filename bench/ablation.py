@@ -1,20 +1,17 @@
-"""Ablations of Jacobi Forcing at equal compute, on the project's own configs (one shared trajectory store).
+"""Ablations of Jacobi Forcing at equal compute, on the project's own configs, each variant a `jf-round` flow run.
 
-    .venv/bin/python bench/ablation.py --out runs/ablation [--steps 600]
+    .venv/bin/python bench/ablation.py [--profile tiny] [--steps 600]
 
 Variants: the progressive schedule with the shipped mask (the paper's choice), random and reverse schedules, and
-the clean-context mask. Every variant trains the same number of steps on the same trajectories from the same base
-model; the table prints accuracy and TPF per block size.
+the clean-context mask. Every variant trains the same number of steps on the same trajectories (rounds that differ
+in training alone share one trajectory store) from the same base model, and registers under its own model name
+(`jf-ablation-<variant>`), never the profile's; the table prints accuracy and TPF per block size.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
-
-from jf_core.config import load_profile
-from tasks.round import run_round
 
 VARIANTS = {
     "progressive + shipped mask": {"schedule": "progressive", "mask": "shipped"},
@@ -27,18 +24,23 @@ VARIANTS = {
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default="tiny")
-    parser.add_argument("--out", required=True)
     parser.add_argument("--steps", type=int, default=600)
     args = parser.parse_args()
-    out = Path(args.out)
-    rows, base_eval = {}, None
+    from jf_cli.orchestrate import _prefect_env
+
+    _prefect_env()  # before Prefect is imported: the flow runs on the project's own Prefect home
+    from flows.round import jf_round
+
+    rows = {}
     for name, overrides in VARIANTS.items():
-        profile = load_profile(args.profile, training={**overrides, "steps": args.steps})
         slug = name.replace(" + ", "-").replace(" ", "-")
-        report = run_round(
-            profile, out / slug, base_eval=base_eval, trajectories_dir=out / "trajectories", progress=False
+        report = jf_round(
+            args.profile,
+            overrides={
+                "training": {**overrides, "steps": args.steps},
+                "registry": {"model_name": f"jf-ablation-{slug}"},
+            },
         )
-        base_eval = report["base_eval"]
         rows[name] = report
         print(f"{name}: accuracy {report['accuracy']:.3f}, TPF {json.dumps(report['tpf'])}", flush=True)
     sizes = list(next(iter(rows.values()))["tpf"])

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 
 from jf_core.decoding.ar import ar_decode
-from jf_core.models import load_model
+from jf_core.models import load_model, stop_tokens
 from jf_core.toy.task import make_split
 
 
@@ -26,7 +26,7 @@ def main() -> None:
             batch = examples[start : start + 50]
             prompts = [tok(e.prompt, add_special_tokens=False)["input_ids"] for e in batch]
             out = ar_decode(
-                model, prompts, max_new_tokens=160, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id
+                model, prompts, max_new_tokens=160, **stop_tokens(model, tok)
             )
             for e, seq in zip(batch, out.sequences, strict=True):
                 got = tok.decode(seq, skip_special_tokens=True).strip()

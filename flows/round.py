@@ -10,7 +10,6 @@ before any work starts; `model` may be a directory, a hub id, or `models:/<name>
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
@@ -45,9 +44,9 @@ def jf_round(
     try:
         tracking.log_params(client, run_id, prof)
         model_in = round_tasks.resolve_model(model or prof.model.path, prof)
-        root = str(stages.round_dir(prof, model_in))
+        paths = stages.round_paths(prof, model_in)
+        root = str(paths.root)
         logger.info("round directory %s", root)
-        paths = stages.RoundPaths(Path(root))
         cached = round_tasks.cached
         traj = cached(round_tasks.trajectories, paths.trajectories, prof, model_in, root)
         packed = cached(round_tasks.pack, paths.packed, prof, root, wait_for=[traj])

@@ -1,94 +1,190 @@
-"""`jf eval --benchmark NAME`: accuracy next to TPF and TPS, decoding with the model's decode config (lossless, so
-the accuracy is the model's own greedy accuracy); `jf tune`: find and save that decode config."""
+"""`jf eval`, `jf bench decode` and `jf tune`: a model evaluated, benchmarked and tuned the way a round does it
+(jf_core/evaluation/evaluate.py), on the prompts of a profile: its benchmark for accuracy and speed, its prompt
+source for calibration, its prompt format (chat template, system prompt) for both. The toy task is only the
+embedded model's (the `tiny` profile's); `--profile qwen2.5-coder-7b --model Qwen/...` evaluates on HumanEval.
+
+jf eval [--profile P] [--model M] [--benchmark B --source S] [--set evaluation.key=value]
+jf bench decode [--profile P] [--model M] [--jf-model DIR] [--num-prompts N] [--batch-size B] [--out DIR]
+jf tune --model DIR [--profile P] [--block-sizes ...]
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import asdict
 from pathlib import Path
 
 
-def cmd_eval(args: argparse.Namespace) -> int:
-    from tqdm.auto import tqdm
+def _say(message: str) -> None:
+    print(f"  {message}", file=sys.stderr)
 
-    from jf_cli.main import _model_and_tokenizer
-    from jf_core.decoding.config_io import decode, load_decode_config
-    from jf_core.decoding.stats import DecodeStats
-    from jf_core.evaluation.benchmarks import load_benchmark, score
 
-    items = load_benchmark(args.benchmark, args.source, limit=args.limit, template=args.template)
-    model, tok = _model_and_tokenizer(args.model)
-    cfg = load_decode_config(args.model, block_size=args.block_size, max_new_tokens=args.max_new_tokens)
-    stats, correct, rows = DecodeStats(sequences=[]), 0, []
-    bar = tqdm(range(0, len(items), args.batch_size), desc=f"{args.benchmark} n={cfg.block_size}", unit="batch")
-    for start in bar:
-        batch = items[start : start + args.batch_size]
-        prompts = [tok(i.prompt, add_special_tokens=False)["input_ids"] for i in batch]
-        out = decode(model, prompts, cfg, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-        stats = stats.merge(out.stats)
-        for item, seq in zip(batch, out.sequences, strict=True):
-            text = tok.decode(seq, skip_special_tokens=True)
-            ok = score(args.benchmark, item, text)
-            correct += ok
-            rows.append({"uid": item.uid, "correct": ok, "completion": text})
-        bar.set_postfix(acc=f"{correct / len(rows):.3f}", tpf=f"{stats.tpf:.2f}")
-    result = {
-        "benchmark": args.benchmark,
-        "items": len(items),
-        "accuracy": correct / max(1, len(items)),
-        "tpf": stats.tpf,
-        "tps": stats.tps,
-        "decode_config": asdict(cfg),
-    }
+def _profile(args: argparse.Namespace, evaluation: dict):
+    from jf_cli.orchestrate import parse_overrides
+    from jf_core.config import load_profile
+
+    overrides = parse_overrides(args.set or [])
+    overrides.setdefault("evaluation", {}).update({k: v for k, v in evaluation.items() if v is not None})
+    return load_profile(args.profile, **overrides)
+
+
+def _load(profile, model: str | None):
+    from jf_core.models import load_model
+
+    path = model or profile.model.resolve()
+    loaded, tok = load_model(path, **profile.model.decode_kwargs())
+    return path, loaded, tok
+
+
+def _report(result: dict, args: argparse.Namespace, meta: dict) -> None:
+    from jf_core.evaluation.evaluate import result_rows
+    from jf_core.evaluation.speed import format_markdown, format_table, save_plots, write_json
+
+    rows = result_rows(result)
+    print(format_table(rows))
     print(
-        f"{args.benchmark}: accuracy {result['accuracy']:.3f} on {len(items)} items; "
-        f"TPF {stats.tpf:.2f}, TPS {stats.tps:.1f} (n={cfg.block_size}, batch {args.batch_size})"
+        f"\n{result['benchmark']}: accuracy {result['accuracy']:.3f} on {result['items']} items ({result['dtype']}); "
+        f"headline {result['headline_method']}: TPF {result['headline_tpf']:.2f}, "
+        f"{result['speedup_vs_ar']:.2f}x our AR on the same model"
+        + (f" (n={result['speedup_block_size']} chosen on calibration prompts)" if result["calibration"]["tps"] else "")
     )
+    meta = {**meta, "result": {k: v for k, v in result.items() if k != "methods"}}
+    if getattr(args, "out", None):
+        out = Path(args.out)
+        save_plots(rows, out)
+        (out / "bench.md").write_text(format_markdown(rows) + "\n")
+        args.json = args.json or str(out / "bench.json")
+        print(f"wrote {out}/bench.md, bench.json and plots", file=sys.stderr)
     if args.json:
-        Path(args.json).write_text(json.dumps({**result, "rows": rows}, indent=2))
+        write_json(rows, Path(args.json), meta)
         print(f"wrote {args.json}", file=sys.stderr)
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from jf_core.evaluation.evaluate import evaluate_profile
+
+    limit = args.limit
+    profile = _profile(
+        args,
+        {
+            "benchmark": args.benchmark,
+            "source": args.source,
+            "template": args.template,
+            "num_prompts": limit,
+            "speed_prompts": min(limit, 30) if limit else None,
+            "block_sizes": args.block_sizes,
+            "max_new_tokens": args.max_new_tokens,
+            "batch_size": args.batch_size,
+            "repeats": args.repeats,
+        },
+    )
+    model = args.model or profile.model.resolve()
+    result = evaluate_profile(model, profile, progress=_say)
+    _report(result, args, {"model": model, "profile": profile.name})
     return 0
 
 
-def register(sub) -> None:
-    from jf_cli.main import _positive
+def cmd_bench_decode(args: argparse.Namespace) -> int:
+    import torch
 
-    p = sub.add_parser("eval", help="accuracy on a benchmark next to TPF and TPS (greedy Jacobi decoding)")
-    p.add_argument("--benchmark", required=True, choices=["humaneval", "mbpp", "gsm8k", "math", "embedded"])
-    p.add_argument("--source", help="local JSONL/JSONL.gz/Parquet or hub id (default: the benchmark's hub id)")
-    p.add_argument("--model", help="local directory or hub id (default: the embedded model)")
-    p.add_argument("--template", help="prompt template, e.g. 'Question: {question}\\nAnswer:'")
-    p.add_argument("--limit", type=_positive("--limit"))
-    p.add_argument("--block-size", type=_positive("--block-size"))
-    p.add_argument("--max-new-tokens", type=_positive("--max-new-tokens"), default=512)
-    p.add_argument("--batch-size", type=_positive("--batch-size"), default=8)
-    p.add_argument("--json", help="also write per-item results here")
-    p.set_defaults(func=cmd_eval)
+    from jf_cli.main import set_threads
+    from jf_core.decoding.config_io import load_decode_config
+    from jf_core.decoding.multiblock import JFDecodeConfig
+    from jf_core.evaluation.evaluate import evaluate_model
+    from jf_core.evaluation.speed import hf_generate_decoder, jf_methods
+    from jf_core.models import load_model, stop_tokens
+    from jf_core.trajectory.prompts import PromptFormat, calibration_prompts
+
+    set_threads(args)
+    n = args.num_prompts
+    profile = _profile(
+        args,
+        {
+            "num_prompts": n,
+            "speed_prompts": n,
+            "batch_size": args.batch_size,
+            "speed_batch_size": args.batch_size,
+            "block_sizes": args.block_sizes,
+            "max_new_tokens": args.max_new_tokens,
+            "repeats": args.repeats,
+        },
+    )
+    cfg = profile.evaluation
+    path, model, tok = _load(profile, args.model)
+    stop = stop_tokens(model, tok)
+    pad, eos = stop["pad_token_id"], stop["eos_token_id"]
+    extra = {
+        "hf_generate": hf_generate_decoder(model, eos, pad, cfg.max_new_tokens),
+        "hf_prompt_lookup": hf_generate_decoder(  # batch 1 only in transformers
+            model, eos, pad, cfg.max_new_tokens, batched=False, prompt_lookup_num_tokens=10
+        ),
+    }
+    same: dict[str, str] = {}
+    if args.jf_model:
+        jf_model, jf_tok = load_model(args.jf_model, **profile.model.decode_kwargs())
+        saved = load_decode_config(args.jf_model)
+        rows, same = jf_methods(
+            jf_model,
+            **stop_tokens(jf_model, jf_tok),
+            max_new_tokens=cfg.max_new_tokens,
+            block_size=args.jf_block_size or saved.block_size,
+            tuned=saved if isinstance(saved, JFDecodeConfig) else None,
+        )
+        extra.update(rows)
+    saved = load_decode_config(path) if Path(path).is_dir() else None
+    result = evaluate_model(
+        model,
+        tok,
+        cfg,
+        fmt=PromptFormat.of(profile.prompts),
+        stop=stop,
+        calibration=calibration_prompts(profile.prompts, tok, cfg.tune.prompts, cfg.calibration_split),
+        tuned=saved if isinstance(saved, JFDecodeConfig) else None,
+        extra_methods=extra,
+        same_output_as=same,
+        progress=_say,
+    )
+    meta = {
+        "profile": profile.name,
+        "model": path,
+        "jf_model": args.jf_model,
+        "benchmark": cfg.benchmark,
+        "num_prompts": n,
+        "batch_size": args.batch_size,
+        "repeats": args.repeats,
+        "max_new_tokens": cfg.max_new_tokens,
+        "device": str(model.device),
+        "dtype": str(model.dtype),
+        "torch_threads": torch.get_num_threads(),
+        "attn_implementation": model.config._attn_implementation,
+    }
+    _report(result, args, meta)
+    return 0
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
+    from jf_cli.main import set_threads
+    from jf_core.config import TuneConfig
     from jf_core.decoding.config_io import save_decode_config
-    from jf_core.evaluation.tune import TuneSpace, tune
-    from jf_core.models import load_model
-    from jf_core.toy.task import make_split
+    from jf_core.evaluation.tune import tune
+    from jf_core.models import stop_tokens
+    from jf_core.trajectory.prompts import calibration_prompts
 
     if not (Path(args.model) / "config.json").is_file():
         raise ValueError(f"--model {args.model} is not a model directory (the decode config is saved beside it)")
-    from jf_cli.main import set_threads
-
     set_threads(args)
-    model, tok = load_model(args.model)
-    prompts = [tok(e.prompt, add_special_tokens=False)["input_ids"] for e in make_split("calib", args.num_prompts)]
-    space = TuneSpace(
-        block_sizes=tuple(args.block_sizes),
-        num_blocks=tuple(args.num_blocks),
-        pool_sizes=tuple(args.pool_sizes),
-        spawn_ratios=tuple(args.spawn_ratios),
-        ngrams=tuple(args.ngrams),
-        seed_drafts=tuple(bool(x) for x in args.seed_drafts),
-    )
+    profile = _profile(args, {})
+    _, model, tok = _load(profile, args.model)
+    prompts = calibration_prompts(profile.prompts, tok, args.num_prompts, profile.evaluation.calibration_split)
+    space = TuneConfig(
+        block_sizes=args.block_sizes,
+        num_blocks=args.num_blocks,
+        pool_sizes=args.pool_sizes,
+        spawn_ratios=args.spawn_ratios,
+        ngrams=args.ngrams,
+        seed_drafts=[bool(x) for x in args.seed_drafts],
+    ).space()
 
     def show(i: int, total: int, t) -> None:
         c = t.config
@@ -101,30 +197,63 @@ def cmd_tune(args: argparse.Namespace) -> int:
     best, trials = tune(
         model,
         prompts,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
+        **stop_tokens(model, tok),
         max_new_tokens=args.max_new_tokens,
         space=space,
         repeats=args.repeats,
         progress=show,
     )
-    report = {"calibration_prompts": len(prompts), "trials": [asdict(t) for t in trials]}
+    report = {"calibration_prompts": len(prompts), "profile": profile.name, "trials": [asdict(t) for t in trials]}
     path = save_decode_config(args.model, best, extra=report)
     win = next(t for t in trials if t.config == asdict(best))
     print(
         f"best: n={best.block_size} K={best.num_blocks} pool={best.pool_size} r={best.spawn_ratio} "
-        f"seeded={best.seed_drafts}: "
-        f"TPS {win.tps:.1f}, TPF {win.tpf:.2f}; saved {path}"
+        f"seeded={best.seed_drafts}: TPS {win.tps:.1f}, TPF {win.tpf:.2f}; saved {path}"
     )
     return 0
 
 
-def register_tune(sub) -> None:
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--profile", default="tiny", help="profile name or YAML path: benchmark, prompts, prompt format")
+    p.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="override a profile field")
+
+
+def register(sub, bench_sub) -> None:
     from jf_cli.main import _positive, add_threads_option
 
+    p = sub.add_parser("eval", help="accuracy next to TPF and TPS, every method taking turns, as a round evaluates")
+    _common(p)
+    p.add_argument("--model", help="local directory or hub id (default: the profile's model)")
+    p.add_argument("--benchmark", choices=["humaneval", "mbpp", "gsm8k", "math", "embedded"])
+    p.add_argument("--source", help="local JSONL/JSONL.gz/Parquet or hub id (default: the benchmark's hub id)")
+    p.add_argument("--template", help="prompt template, e.g. 'Question: {question}\\nAnswer:'")
+    p.add_argument("--limit", type=_positive("--limit"), help="items to evaluate")
+    p.add_argument("--block-sizes", type=_positive("--block-sizes"), nargs="+")
+    p.add_argument("--max-new-tokens", type=_positive("--max-new-tokens"))
+    p.add_argument("--batch-size", type=_positive("--batch-size"))
+    p.add_argument("--repeats", type=_positive("--repeats"))
+    p.add_argument("--json", help="also write the per-method results here")
+    p.set_defaults(func=cmd_eval)
+
+    p = bench_sub.add_parser("decode", help="every decoding method on the profile's benchmark prompts, in one run")
+    _common(p)
+    p.add_argument("--model", help="local directory or hub id (default: the profile's model)")
+    p.add_argument("--num-prompts", type=_positive("--num-prompts"), default=50)
+    p.add_argument("--batch-size", type=_positive("--batch-size"), default=1)
+    p.add_argument("--max-new-tokens", type=_positive("--max-new-tokens"), default=160)
+    p.add_argument("--block-sizes", type=_positive("--block-sizes"), nargs="+", default=[8, 16, 32, 64])
+    p.add_argument("--json", help="also write the results as JSON here")
+    p.add_argument("--jf-model", help="a Jacobi Forcing model: adds its vanilla, recycling, multi-block and tuned rows")
+    p.add_argument("--jf-block-size", type=_positive("--jf-block-size"), help="default: its decode config's n")
+    p.add_argument("--out", help="directory for bench.json, bench.md and the plots")
+    p.add_argument("--repeats", type=_positive("--repeats"), default=3, help="runs per method, fastest kept")
+    add_threads_option(p)
+    p.set_defaults(func=cmd_bench_decode)
+
     p = sub.add_parser("tune", help="search (n, K, pool_size, r) for the best TPS here; save the model's decode config")
+    _common(p)
     p.add_argument("--model", required=True, help="model directory (decode_config.json is written into it)")
-    p.add_argument("--num-prompts", type=_positive("--num-prompts"), default=12)
+    p.add_argument("--num-prompts", type=_positive("--num-prompts"), default=12, help="calibration prompts")
     p.add_argument("--max-new-tokens", type=_positive("--max-new-tokens"), default=160)
     p.add_argument("--block-sizes", type=int, nargs="+", default=[16, 32, 64])
     p.add_argument("--num-blocks", type=int, nargs="+", default=[1, 2, 3])

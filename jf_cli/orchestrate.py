@@ -63,7 +63,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(
         f"\naccuracy {summary['accuracy']:.3f} (input model {summary['base_accuracy']:.3f}); "
         f"TPF {summary['headline_tpf']:.2f} at n={summary['speedup_block_size']}; "
-        f"speedup vs AR {summary['speedup_vs_ar']:.2f}x; trained {summary['train_seconds']:.0f} s"
+        f"speedup vs our AR {summary['speedup_vs_ar']:.2f}x; trained {summary['train_seconds']:.0f} s\n"
+        f"identical to greedy AR: {summary['identical_fraction']:.3f} of the evaluation prompts ({summary['dtype']}"
+        + ("; fp32 promises 1.000)" if summary["dtype"] == "float32" else "; measured, see README 'Numerics')")
     )
     verdict = "passed: now champion" if reg["gate_passed"] else "failed: champion unchanged"
     print(f"registry: {reg['model_name']} version {reg['version']}, gate {verdict}")

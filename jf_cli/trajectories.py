@@ -170,19 +170,22 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     """Read the store back with `datasets` (schema and records validated), then re-decode every prompt with greedy
-    AR and check that each block's fixed point is exactly AR's tokens for that block."""
+    AR in the dtype the trajectories were made in and compare each block's fixed point with AR's tokens for that
+    block: in fp32 they must be equal; in bf16/fp16 near-tied argmaxes may flip between a wide window and a
+    one-token step, so the agreement is reported, not required."""
     from collections import defaultdict
 
     import torch
 
     from jf_core.decoding.ar import ar_decode
-    from jf_core.models import load_model
+    from jf_core.models import load_model, stop_tokens
     from jf_core.trajectory.store import TrajectoryStore
 
     store = TrajectoryStore(args.dir)
     ds = store.dataset()
     meta = store.manifest()["meta"]
-    model, tokenizer = load_model(meta["model"])
+    dtype = meta.get("dtype", "float32")
+    model, tokenizer = load_model(meta["model"], dtype=dtype)
     by_prompt: dict[str, list[dict]] = defaultdict(list)
     for row in ds:
         by_prompt[row["prompt_id"]].append(row)
@@ -198,8 +201,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
                 model,
                 prompts,
                 max_new_tokens=budget,
-                eos_token_id=tokenizer.eos_token_id,
-                pad_token_id=tokenizer.pad_token_id,
+                **stop_tokens(model, tokenizer),
             ).sequences
             for pid, expected in zip(chunk, greedy, strict=True):
                 rows = sorted(by_prompt[pid], key=lambda r: r["block_index"])
@@ -207,5 +209,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
                 mismatches += got != expected[: len(got)]
     print(f"{len(ds)} records of {len(ids)} prompts read with datasets; schema and record rules valid")
     print(f"initial draft starts with the block's known token in {first_is_known}/{len(ds)} records")
-    print(f"fixed points equal greedy AR output for {len(ids) - mismatches}/{len(ids)} prompts")
-    return 0 if mismatches == 0 and first_is_known == len(ds) else 1
+    print(f"fixed points equal greedy AR output ({dtype}) for {len(ids) - mismatches}/{len(ids)} prompts")
+    exact = dtype in ("float32", "float64")
+    if mismatches and not exact:
+        print(f"{dtype}: reported, not an error (a wide window and a one-token step round near-ties differently)")
+    return 0 if (mismatches == 0 or not exact) and first_is_known == len(ds) else 1

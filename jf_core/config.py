@@ -23,10 +23,23 @@ class _Strict(BaseModel):
 
 class ModelConfig(_Strict):
     path: str = "embedded"  # local directory, hub id, or "embedded" (bootstrapped on first use)
+    # fp32: greedy Jacobi decoding is token-for-token greedy AR. bf16/fp16: every committed token is the argmax of
+    # the forward that verified it, but a wide window and a one-token step run different kernels and near-tied
+    # argmaxes can flip (measured and reported as the identical fraction). README, "Numerics".
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     device: str = "auto"
     attn_implementation: str = "auto"
-    trust_remote_code: bool = False
+    trust_remote_code: bool = False  # code shipped with a checkpoint runs only when this is on
+    lm_head_fp32: bool = False  # decoding a bf16/fp16 model: fp32 logits, fewer argmax flips (models.upcast_lm_head)
+
+    def decode_kwargs(self) -> dict:
+        """load_model's placement and numerics for decoding this model (trajectories, evaluation, serving)."""
+        return {
+            "dtype": self.dtype,
+            "attn_implementation": self.attn_implementation,
+            "trust_remote_code": self.trust_remote_code,
+            "lm_head_fp32": self.lm_head_fp32,
+        }
 
     def resolve(self) -> str:
         """The model's location, bootstrapping the embedded default when asked for it."""
@@ -141,15 +154,23 @@ class TuneConfig(_Strict):
 
 
 class EvalConfig(_Strict):
+    """The evaluation of a model (jf_core/evaluation/evaluate.py); prompts are rendered with the profile's prompt
+    format (chat template, system prompt), like the trajectories' prompts."""
+
     benchmark: Literal["embedded", "humaneval", "mbpp", "gsm8k", "math"] = "embedded"  # see evaluation/benchmarks.py
     source: str | None = None  # local JSONL/JSONL.gz/Parquet or hub id; None: the benchmark's hub id
     template: str | None = None  # prompt template for this model; None: the benchmark's default
     tune: TuneConfig = TuneConfig()
-    num_prompts: int = Field(200, ge=1)  # accuracy and TPF
-    speed_prompts: int = Field(30, ge=1)  # TPS at batch 1, JF vs AR side by side
+    num_prompts: int = Field(200, ge=1)  # accuracy, TPF and identity with greedy AR
+    speed_prompts: int = Field(30, ge=1)  # TPS, every method taking turns
+    speed_batch_size: int = Field(1, ge=1)
+    repeats: int = Field(2, ge=1)  # timed runs per batch, fastest kept
     block_sizes: list[int] = [16, 32]
     max_new_tokens: int = Field(160, ge=1)
     batch_size: int = Field(32, ge=1)
+    # Calibration prompts (choosing n, autotuning): the profile's prompt source, this split ("calib" for the embedded
+    # task; a file source has no splits: its first prompts); `tune.prompts` of them.
+    calibration_split: str | None = None
 
 
 class GateConfig(_Strict):
@@ -189,7 +210,7 @@ class Profile(_Strict):
     compute: ComputeConfig = ComputeConfig()
     training: JFTrainConfig = JFTrainConfig()
     evaluation: EvalConfig = EvalConfig()
-    rounds: list[RoundSpec] = []  # for `jf rounds`: growing block sizes, each round from the previous model
+    rounds: list[RoundSpec] = []  # for `jf run --progressive`: growing block sizes, each from the previous model
     registry: RegistryConfig = RegistryConfig()
     storage: StorageConfig = StorageConfig()
 

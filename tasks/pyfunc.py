@@ -32,11 +32,12 @@ class JacobiForcingModel(mlflow.pyfunc.PythonModel):
         from dataclasses import replace
 
         from jf_core.decoding.config_io import decode
+        from jf_core.models import stop_tokens
 
         cfg = replace(self.decode, **{k: v for k, v in (params or {}).items() if k in ("block_size", "max_new_tokens")})
         prompts = [self.tokenizer(text, add_special_tokens=False)["input_ids"] for text in model_input]
         if any(not ids for ids in prompts):
             raise ValueError("every prompt must encode to at least one token")
         tok = self.tokenizer
-        out = decode(self.model, prompts, cfg, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        out = decode(self.model, prompts, cfg, **stop_tokens(self.model, tok))
         return [tok.decode(seq, skip_special_tokens=True) for seq in out.sequences]

@@ -2,12 +2,14 @@
 
 Each stage writes under its own directory and, last, a `done.json` marker (atomically) holding its result. A stage
 whose marker exists returns that result and does no work, so a re-run, a retried task or a resumed flow reuses
-every finished stage. `run_round` (local) and the Prefect flow (flows/round.py) both call these.
+every finished stage. The Prefect flow (flows/round.py) calls these.
 
 Layout of a round, keyed by everything that determines its model (input model, prompts, trajectory and training
 configs; not the evaluation or the gate):
 
-    <runs_dir>/<profile>/n<block>-<key>/{trajectories/, packed/, checkpoints/, model/}
+    <runs_dir>/<profile>/n<block>-<key>/{trajectories -> shared store, packed/, checkpoints/, model/}
+    <runs_dir>/<profile>/trajectories/n<block>-<key>/   (keyed by model, prompts and trajectory config only: rounds
+                                                         that differ in training alone, e.g. ablations, share it)
     <runs_dir>/evals/<model fingerprint>-<eval config hash>.json   (shared: a base model is evaluated once)
 """
 
@@ -19,7 +21,6 @@ import logging
 import os
 import shutil
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -34,11 +35,10 @@ DONE = "done.json"
 @dataclass(frozen=True)
 class RoundPaths:
     root: Path
-    trajectories_dir: Path | None = None  # a shared store (ablations); default: <root>/trajectories
 
     @property
     def trajectories(self) -> Path:
-        return self.trajectories_dir or self.root / "trajectories"
+        return self.root / "trajectories"
 
     @property
     def packed(self) -> Path:
@@ -68,6 +68,29 @@ def finished(stage_dir: Path) -> dict | None:
 
 def _digest(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def trajectory_dir(profile: Profile, model_in: str) -> Path:
+    key = _digest(
+        {
+            "model": model_identity(model_in),
+            "prompts": profile.prompts.model_dump(),
+            "trajectory": profile.trajectory.model_dump(),
+        }
+    )
+    return profile.runs_dir() / profile.name / "trajectories" / f"n{profile.trajectory.block_size}-{key}"
+
+
+def round_paths(profile: Profile, model_in: str) -> RoundPaths:
+    """The round's directory, its `trajectories` a link into the shared trajectory store (made on first use)."""
+    root = round_dir(profile, model_in)
+    link = root / "trajectories"
+    if not link.exists() and not link.is_symlink():
+        shared = trajectory_dir(profile, model_in)
+        shared.mkdir(parents=True, exist_ok=True)
+        root.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(os.path.relpath(shared, root), target_is_directory=True)
+    return RoundPaths(root)
 
 
 def round_dir(profile: Profile, model_in: str) -> Path:
@@ -201,8 +224,8 @@ def stage_tune(profile: Profile, model_dir: Path) -> dict | None:
     """Autotune the model's decode config on calibration prompts and save it beside the weights (when enabled)."""
     from jf_core.decoding.config_io import save_decode_config
     from jf_core.evaluation.tune import tune
-    from jf_core.models import load_model
-    from jf_core.toy.task import make_split
+    from jf_core.models import load_model, stop_tokens
+    from jf_core.trajectory.prompts import calibration_prompts
 
     cfg = profile.evaluation.tune
     if not cfg.enabled:
@@ -211,13 +234,12 @@ def stage_tune(profile: Profile, model_dir: Path) -> dict | None:
     if done.is_file():
         log.info("reusing tuned decode config of %s", model_dir)
         return json.loads(done.read_text())
-    model, tok = load_model(str(model_dir), dtype=profile.model.dtype)
-    prompts = [tok(e.prompt, add_special_tokens=False)["input_ids"] for e in make_split("calib", cfg.prompts)]
+    model, tok = load_model(str(model_dir), **profile.model.decode_kwargs())
+    prompts = calibration_prompts(profile.prompts, tok, cfg.prompts, profile.evaluation.calibration_split)
     best, trials = tune(
         model,
         prompts,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
+        **stop_tokens(model, tok),
         max_new_tokens=profile.evaluation.max_new_tokens,
         space=cfg.space(),
         repeats=cfg.repeats,
@@ -235,76 +257,26 @@ def eval_path(profile: Profile, model_path: str) -> Path:
 
 
 def stage_evaluate(profile: Profile, model_path: str) -> dict:
-    """Accuracy, TPF per block size and TPS (Jacobi vs AR side by side) of one model; cached per (model, config)."""
+    """Accuracy, TPF, identity with greedy AR and TPS (every method taking turns) of one model
+    (jf_core/evaluation/evaluate.py); cached per (model, evaluation config)."""
+    from jf_core.evaluation.evaluate import evaluate_profile
+
     out = eval_path(profile, model_path)
     if out.is_file():
         log.info("reusing evaluation %s", out)
         return json.loads(out.read_text())
-    started = time.perf_counter()
-    result = evaluate_model(model_path, profile)
+    result = evaluate_profile(model_path, profile, progress=log.info)
     result["model"] = model_path
-    result["eval_seconds"] = time.perf_counter() - started
     write_json_atomic(out, result)
     return result
 
 
-def evaluate_model(model_path: str, profile: Profile) -> dict:
-    """Accuracy on the profile's benchmark (greedy), TPF per block size, and TPS of Jacobi vs AR on the same model
-    at batch 1, measured side by side. Every Jacobi configuration must reproduce AR's texts exactly."""
-    from jf_core.decoding.ar import ar_decode
-    from jf_core.decoding.config_io import decode, load_decode_config
-    from jf_core.decoding.jacobi import JacobiConfig
-    from jf_core.decoding.multiblock import JFDecodeConfig
-    from jf_core.evaluation.benchmarks import decode_items, load_benchmark, score
-    from jf_core.models import load_model
-
-    cfg = profile.evaluation
-    model, tok = load_model(model_path, dtype=profile.model.dtype)
-    items = load_benchmark(cfg.benchmark, cfg.source, limit=cfg.num_prompts, template=cfg.template)
-    speed_set = items[: cfg.speed_prompts]
-    eos, pad = tok.eos_token_id, tok.pad_token_id
-
-    def ar(prompts):
-        return ar_decode(model, prompts, max_new_tokens=cfg.max_new_tokens, eos_token_id=eos, pad_token_id=pad)
-
-    def measure(decoder, label: str) -> tuple:
-        texts, stats = decode_items(tok, items, decoder, cfg.batch_size)
-        if label != "ar" and texts != ar_texts:
-            raise AssertionError(f"{label} changed the greedy output of {model_path}")
-        return stats, decode_items(tok, speed_set, decoder, 1)[1].tps
-
-    ar_texts, _ = decode_items(tok, items, ar, cfg.batch_size)
-    correct = sum(score(cfg.benchmark, item, text) for item, text in zip(items, ar_texts, strict=True))
-    result = {"accuracy": correct / len(items), "tpf": {}, "tps": {}, "accepted_histogram": {}}
-    result["tps"]["ar"] = decode_items(tok, speed_set, ar, 1)[1].tps
-    for n in cfg.block_sizes:
-        jcfg = JacobiConfig(block_size=n, max_new_tokens=cfg.max_new_tokens)
-        stats, tps = measure(
-            lambda ps, jcfg=jcfg: decode(model, ps, jcfg, eos_token_id=eos, pad_token_id=pad), f"n={n}"
-        )
-        result["tpf"][str(n)] = stats.tpf
-        result["accepted_histogram"][str(n)] = stats.accepted_histogram()
-        result["tps"][f"jacobi_n{n}"] = tps
-    best = max(cfg.block_sizes, key=lambda n: result["tps"][f"jacobi_n{n}"])
-    result["speedup_vs_ar"] = result["tps"][f"jacobi_n{best}"] / result["tps"]["ar"]
-    result["speedup_block_size"] = best
-    result["decode_config"] = asdict(JacobiConfig(block_size=best, max_new_tokens=cfg.max_new_tokens))
-    tuned = load_decode_config(model_path, max_new_tokens=cfg.max_new_tokens)
-    if isinstance(tuned, JFDecodeConfig):  # the autotuned multi-block/recycling config, measured the same way
-        stats, tps = measure(lambda ps: decode(model, ps, tuned, eos_token_id=eos, pad_token_id=pad), "tuned")
-        result["tuned"] = {
-            "config": asdict(tuned),
-            "tpf": stats.tpf,
-            "tps": tps,
-            "speedup_vs_ar": tps / result["tps"]["ar"],
-            "accepted_histogram": stats.accepted_histogram(),
-        }
-    return result
-
-
 def round_report(profile: Profile, model_in: str, paths: RoundPaths, stages: dict, base: dict, jf: dict) -> dict:
-    """The round's result: the same names in report.json, MLflow, the Prefect artifacts and the CLI table."""
-    n = str(jf["speedup_block_size"])
+    """The round's result: the same names in report.json, MLflow, the Prefect artifacts and the CLI table. The
+    headline is the evaluation's: the tuned decode config when there is one, else plain Jacobi at the block size
+    chosen on calibration prompts; its speedup is against our AR on the same model."""
+    tuned = jf["methods"].get("tuned")
+    headline = jf["methods"][jf["headline_method"]]
     return {
         "profile": profile.name,
         "model_in": model_in,
@@ -316,12 +288,19 @@ def round_report(profile: Profile, model_in: str, paths: RoundPaths, stages: dic
         "accuracy": jf["accuracy"],
         "tpf": jf["tpf"],
         "tps": jf["tps"],
-        "headline_tpf": jf["tpf"][n],
-        "headline_tps": jf["tps"][f"jacobi_n{n}"],
+        "headline_tpf": headline["tpf"],
+        "headline_tps": headline["tps"],
         "speedup_vs_ar": jf["speedup_vs_ar"],
+        "speedup_vs_hf_generate": jf["speedup_vs_hf_generate"],
         "speedup_block_size": jf["speedup_block_size"],
-        "decode_config": jf.get("tuned", {}).get("config", jf["decode_config"]),
-        "tuned": jf.get("tuned"),
+        "dtype": jf["dtype"],
+        "identical_fraction": headline["identical_fraction"],  # with the model's greedy AR; 1.0 in fp32 by contract
+        "decode_config": jf["decode_config"],
+        "tuned": None
+        if tuned is None
+        else {k: tuned[k] for k in ("tpf", "tps", "speedup_vs_ar", "identical_fraction")} | {
+            "config": jf["decode_config"]
+        },
         "train_seconds": stages["train"]["train_seconds"],
         "trajectories": {k: v for k, v in stages["trajectories"].items()},
         "packing": stages["pack"],

@@ -143,9 +143,18 @@ def generate_trajectories(
     shards = [prompt_set.items[i : i + size] for i in range(0, len(prompt_set.items), size)]
     keyed = [(shard_key(model_hash, s, cfg), s) for s in shards]
 
+    from jf_core.models import ModelSpec
+
     store = TrajectoryStore(out)
+    device = "cuda" if profile.compute.gpus_per_worker > 0 else "cpu"
+    dtype = str(ModelSpec(model_path, dtype=profile.model.dtype, device=device).resolved_dtype()).removeprefix("torch.")
     store.set_meta(
-        profile=profile.name, model=model_path, model_hash=model_hash, collect=asdict(cfg), prompts=prompt_set.summary()
+        profile=profile.name,
+        model=model_path,
+        model_hash=model_hash,
+        dtype=dtype,  # the numerics the fixed points were computed in (jf trajectories verify holds them to it)
+        collect=asdict(cfg),
+        prompts=prompt_set.summary(),
     )
     todo = [(k, s) for k, s in keyed if not store.is_done(k)]
     generated_tokens, pool_seconds = 0, 0.0
@@ -200,12 +209,10 @@ def _run_pool(
             max_task_retries=compute.max_task_retries,
         )
         model_kwargs = {
-            "dtype": profile.model.dtype,
+            **profile.model.decode_kwargs(),
             "device": "cuda"
             if compute.gpus_per_worker > 0
             else ("cpu" if profile.model.device == "auto" else profile.model.device),
-            "attn_implementation": profile.model.attn_implementation,
-            "trust_remote_code": profile.model.trust_remote_code,
         }
         workers = [
             actor_cls.remote(

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import torch
 from transformers import DynamicCache
 
-from jf_core.decoding.common import DecodeOutput, check_inputs, finish, left_pad, model_device
+from jf_core.decoding.common import DecodeOutput, EosIds, check_inputs, eos_set, finish, left_pad, model_device
 from jf_core.decoding.stats import DecodeStats, SequenceStats, Timer
 
 
@@ -21,10 +21,11 @@ def ar_decode(
     prompts: Sequence[Sequence[int]],
     *,
     max_new_tokens: int,
-    eos_token_id: int | None,
+    eos_token_id: EosIds,
     pad_token_id: int,
 ) -> DecodeOutput:
     prompts = check_inputs(prompts, max_new_tokens)
+    eos = eos_set(eos_token_id)
     device = model_device(model)
     timer = Timer(device)
     stats = [SequenceStats() for _ in prompts]
@@ -45,7 +46,7 @@ def ar_decode(
     while True:
         keep = []
         for row, (i, tok) in enumerate(zip(active, nxt.tolist(), strict=False)):
-            outputs[i], done = finish(outputs[i] + [tok], eos_token_id, max_new_tokens)
+            outputs[i], done = finish(outputs[i] + [tok], eos, max_new_tokens)
             stats[i].new_tokens = len(outputs[i])
             if not done:
                 keep.append(row)

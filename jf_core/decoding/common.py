@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -41,10 +41,27 @@ def left_pad(
     return ids.to(device), mask.to(device)
 
 
-def finish(tokens: list[int], eos_token_id: int | None, max_new_tokens: int) -> tuple[list[int], bool]:
+EosIds = int | Iterable[int] | None  # what decoders accept: one id, several (Qwen instruct has two), or none
+
+
+def eos_set(eos_token_id: EosIds) -> frozenset[int]:
+    if eos_token_id is None:
+        return frozenset()
+    if isinstance(eos_token_id, int):
+        return frozenset({eos_token_id})
+    return frozenset(int(t) for t in eos_token_id)
+
+
+def first_eos(tokens: Sequence[int], eos: frozenset[int], start: int = 0) -> int | None:
+    """Index of the first token in `tokens[start:]` that is an EOS id, or None."""
+    return next((i for i in range(start, len(tokens)) if tokens[i] in eos), None)
+
+
+def finish(tokens: list[int], eos: frozenset[int], max_new_tokens: int) -> tuple[list[int], bool]:
     """Cut at the first EOS (kept) and at max_new_tokens; say whether the sequence is finished."""
-    if eos_token_id is not None and eos_token_id in tokens:
-        return tokens[: tokens.index(eos_token_id) + 1][:max_new_tokens], True
+    end = first_eos(tokens, eos)
+    if end is not None:
+        return tokens[: end + 1][:max_new_tokens], True
     return tokens[:max_new_tokens], len(tokens) >= max_new_tokens
 
 

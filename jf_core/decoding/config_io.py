@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from jf_core.decoding.common import DecodeOutput
+from jf_core.decoding.common import DecodeOutput, EosIds
 from jf_core.decoding.jacobi import JacobiConfig, jacobi_decode
 from jf_core.decoding.multiblock import JFDecodeConfig, jf_decode
 
@@ -53,7 +53,7 @@ def decode(
     prompts: Sequence[Sequence[int]],
     config: JacobiConfig,
     *,
-    eos_token_id: int | None,
+    eos_token_id: EosIds,
     pad_token_id: int,
 ) -> DecodeOutput:
     if isinstance(config, JFDecodeConfig):

@@ -23,7 +23,16 @@ from typing import Protocol
 
 import torch
 
-from jf_core.decoding.common import DecodeOutput, check_inputs, finish, left_pad, model_device
+from jf_core.decoding.common import (
+    DecodeOutput,
+    EosIds,
+    check_inputs,
+    eos_set,
+    finish,
+    first_eos,
+    left_pad,
+    model_device,
+)
 from jf_core.decoding.draft import DraftInitName, make_draft_init, sequence_rng
 from jf_core.decoding.kv import KVState
 from jf_core.decoding.stats import DecodeStats, SequenceStats, Timer
@@ -107,13 +116,13 @@ class JacobiDecoder:
         model: torch.nn.Module,
         config: JacobiConfig,
         *,
-        eos_token_id: int | None,
+        eos_token_id: EosIds,
         pad_token_id: int,
         recorder: BlockRecorder | None = None,
     ) -> None:
         self.model = model
         self.config = config
-        self.eos_token_id = eos_token_id
+        self.eos = eos_set(eos_token_id)
         self.pad_token_id = pad_token_id
         self.recorder = recorder
         self.draft_init = make_draft_init(config.draft_init, model.config.vocab_size)
@@ -202,7 +211,7 @@ class JacobiDecoder:
             if self.recorder is not None:
                 self._emit(seq, seq.block_accepted + seq.window)
                 known = seq.block_accepted + seq.window[:1]
-                if len(seq.window) == 1 or self.eos_token_id in known:
+                if len(seq.window) == 1 or first_eos(known, self.eos) is not None:
                     # Every token of the block (through EOS) is known: the fixed point is reached. The next
                     # forward would only compute the bonus token; the sequence may stop before it.
                     self._converged(seq, known)
@@ -222,7 +231,8 @@ class JacobiDecoder:
 
     def _converged(self, seq: _Sequence, known: list[int]) -> None:
         """`known`: the block's tokens known to be greedy's, all of them or at least through EOS."""
-        length = known.index(self.eos_token_id) + 1 if self.eos_token_id in known else len(known)
+        end = first_eos(known, self.eos)
+        length = end + 1 if end is not None else len(known)
         fixed_point = known[:length] + [self.pad_token_id] * (seq.block_length - length)
         if fixed_point != seq.last_state:
             self._emit(seq, fixed_point)
@@ -247,7 +257,7 @@ class JacobiDecoder:
         return self.draft_init(context, length, seq.rng)
 
     def _check_done(self, seq: _Sequence) -> bool:
-        seq.output, seq.done = finish(seq.committed + seq.window[:1], self.eos_token_id, self.config.max_new_tokens)
+        seq.output, seq.done = finish(seq.committed + seq.window[:1], self.eos, self.config.max_new_tokens)
         seq.stats.new_tokens = len(seq.output)
         return seq.done
 
@@ -263,7 +273,7 @@ def jacobi_decode(
     prompts: Sequence[Sequence[int]],
     config: JacobiConfig,
     *,
-    eos_token_id: int | None,
+    eos_token_id: EosIds,
     pad_token_id: int,
     recorder: BlockRecorder | None = None,
 ) -> DecodeOutput:

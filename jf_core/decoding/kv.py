@@ -6,16 +6,91 @@ positions come from the live count, so a row's logits are exactly those of its o
 draft slots become dead slots ("holes"); trailing slots dead in every row are cropped at once and `compact()`
 squeezes holes out when they waste too much.
 
-Masks: SDPA and eager get a ready 4D mask built here, in a handful of tensor ops (the backend's generic mask
-builder costs a measurable share of a small model's step). Other backends (flash-attention) take only 2D padding
-masks: there, when no row has a hole and every window is a plain causal run, the forward passes a 2D mask and the
-backend builds the causal part itself.
+Masks, per attention backend:
+- SDPA and eager get a ready 4D mask built here, in a handful of tensor ops (the backend's generic builder costs a
+  measurable share of a small model's step). Sliding-window layers get the window applied in position space
+  (`key position > query position - window`, transformers' own rule), as a per-layer-type dict for hybrid models.
+- Backends that take only 2D padding masks (flash-attention and its kin) get `[live cache slots | live window
+  slots]`. transformers unpads by that mask, so holes anywhere in the cache and ragged windows (live prefix, padded
+  tail) are exact: each row's live keys are its tokens in order, and causal attention aligned at the bottom right
+  (flash's rule) lets window query i see exactly its row's cache plus window slots 0..i, with any sliding window
+  counted over the same compacted keys. Only a tree layout (recycled branches beside the window) cannot be said in
+  2D: that forward runs on SDPA (eager where a model has no SDPA), whatever the model was loaded with.
+The cache is plain full layers (no sliding truncation: slots are indexed), whatever the model's layer types.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+
 import torch
 from transformers import DynamicCache
+
+FOUR_D_BACKENDS = ("sdpa", "eager")
+SUPPORTED_LAYER_TYPES = {"full_attention", "sliding_attention", "dummy"}  # dummy: MoE/MLP-only layers
+
+
+class UnsupportedModelError(ValueError):
+    """A model whose attention or cache the exact decoders cannot run (named in the message)."""
+
+
+@dataclass(frozen=True)
+class AttentionLayout:
+    """Which attention windows a model's layers use: {layer type: window or None (full)}; one entry for a model
+    whose attention layers all look alike."""
+
+    windows: dict[str, int | None]
+
+    @property
+    def hybrid(self) -> bool:
+        return len(self.windows) > 1
+
+    @property
+    def max_window(self) -> int | None:
+        sizes = [w for w in self.windows.values() if w is not None]
+        return max(sizes) if sizes else None
+
+
+def attention_layout(model: torch.nn.Module) -> AttentionLayout:
+    """The model's attention layout from transformers' own per-layer reading of its config; raises
+    UnsupportedModelError for recurrent state, chunked, linear or compressed attention."""
+    from transformers.cache_utils import get_layer_types_and_kwargs
+
+    config = model.config
+    name = type(model).__name__
+    if getattr(model, "_is_stateful", False):
+        raise UnsupportedModelError(
+            f"{name} keeps a recurrent state, not a KV cache: Jacobi decoding needs to drop rejected draft tokens "
+            "from the cache, which a recurrent state cannot do"
+        )
+    types, kwargs = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
+    unknown = sorted(set(types) - SUPPORTED_LAYER_TYPES)
+    if unknown:
+        raise UnsupportedModelError(
+            f"{name} has {', '.join(unknown)} layers; the exact decoders support full and sliding-window attention "
+            "only (a draft's rejected tokens must be droppable from every layer's cache)"
+        )
+    windows = {t: kw.get("sliding_window") for t, kw in zip(types, kwargs, strict=True) if t != "dummy"}
+    if len(set(windows.values())) == 1:  # one kind of attention layer: one mask serves all
+        return AttentionLayout({"all": next(iter(windows.values()))})
+    return AttentionLayout(windows)
+
+
+@contextlib.contextmanager
+def attention_backend(model: torch.nn.Module, name: str) -> Iterator[None]:
+    """Run the model on attention backend `name` for the duration (transformers' set_attn_implementation)."""
+    current = model.config._attn_implementation
+    if current == name:
+        yield
+        return
+    model.set_attn_implementation(name)
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(current)
 
 
 class KVState:
@@ -24,9 +99,12 @@ class KVState:
         self.cache = cache
         self.valid = valid  # [B, S] bool: slot s of row b holds a live token
         self._pending = 0  # slots appended by the last forward and not yet settled by keep()
-        backend = getattr(model.config, "_attn_implementation", None) or "sdpa"
-        self._takes_4d = backend in ("sdpa", "eager")
-        self._additive = backend == "eager"  # eager adds the mask to the scores: it needs 0 / -inf, not bools
+        self.backend = getattr(model.config, "_attn_implementation", None) or "sdpa"
+        self.takes_4d = self.backend in FOUR_D_BACKENDS
+        # Where a 2D-only backend cannot run a layout (trees): SDPA, or eager for models without SDPA support.
+        self.fallback = "sdpa" if getattr(model, "_supports_sdpa", True) else "eager"
+        self.layout = attention_layout(model)
+        self.forwards: Counter[str] = Counter()  # per mask path: "4d", "2d", "fallback"
 
     @property
     def batch_size(self) -> int:
@@ -47,12 +125,15 @@ class KVState:
     ) -> tuple[KVState, torch.Tensor]:
         """Run left-padded prompts; return the state and the logits at each row's last prompt token ([B, V])."""
         valid = attention_mask.bool()
-        cache = DynamicCache(config=model.config)
+        cache = DynamicCache()  # full layers only, even for sliding-window models: KVState indexes slots
         state = cls(model, cache, valid[:, :0])
         width = input_ids.shape[1]
-        rel = torch.cumsum(valid.long(), dim=1) - 1
-        causal = torch.tril(torch.ones(width, width, dtype=torch.bool, device=input_ids.device))
-        logits = state._run(input_ids, rel.clamp(min=0), causal.expand(len(input_ids), width, width), valid)
+        rel = (torch.cumsum(valid.long(), dim=1) - 1).clamp(min=0)
+        if not state.takes_4d:  # left padding is what a 2D padding mask says
+            logits = state._call(input_ids, rel, attention_mask.long(), "2d")
+        else:
+            causal = torch.tril(torch.ones(width, width, dtype=torch.bool, device=input_ids.device))
+            logits = state._run(input_ids, rel, causal.expand(len(input_ids), width, width), valid)
         state.keep(valid)
         return state, logits[:, -1]
 
@@ -71,36 +152,56 @@ class KVState:
             raise ValueError("KVState.forward takes rel_pos and window_mask together, or neither (a causal window)")
         batch, width = tokens.shape
         if window_mask is None:
-            if not self._takes_4d and bool(self.valid.all()):
-                return self._run_contiguous(tokens)
+            if not self.takes_4d:
+                return self.forward_causal(tokens, torch.ones_like(tokens, dtype=torch.bool))
             rel_pos = torch.arange(width, device=tokens.device).expand(batch, width)
             window_mask = torch.tril(torch.ones(width, width, dtype=torch.bool, device=tokens.device))
             window_mask = window_mask.expand(batch, width, width)
         return self._run(tokens, rel_pos, window_mask, torch.ones_like(tokens, dtype=torch.bool))
 
-    def _run_contiguous(self, tokens: torch.Tensor) -> torch.Tensor:
-        """No holes and a causal window, on a backend that takes only 2D masks: it builds the causal part itself."""
+    def forward_causal(self, tokens: torch.Tensor, query_live: torch.Tensor) -> torch.Tensor:
+        """Windows that are plain causal runs, each row's live slots first (`query_live` [B, W]: a live prefix per
+        row, padding after it). The Jacobi hot path: 2D masks where the backend takes only those."""
         batch, width = tokens.shape
         positions = self.lengths[:, None] + torch.arange(width, device=tokens.device)
-        mask = torch.ones(batch, self.slots + width, dtype=torch.long, device=tokens.device)
-        return self._call(tokens, positions, mask)
+        if not self.takes_4d:
+            return self._call(tokens, positions, torch.cat([self.valid, query_live], dim=1).long(), "2d")
+        causal = torch.tril(torch.ones(width, width, dtype=torch.bool, device=tokens.device))
+        return self._run(tokens, positions - self.lengths[:, None], causal.expand(batch, width, width), query_live)
 
     def _run(
         self, tokens: torch.Tensor, rel_pos: torch.Tensor, window_mask: torch.Tensor, query_live: torch.Tensor
     ) -> torch.Tensor:
+        """A 4D mask for any layout: the backend's own when it takes 4D, else the fallback's for this forward."""
         batch, width = tokens.shape
-        if not self._takes_4d and self._is_contiguous_causal(rel_pos, window_mask, query_live):
-            return self._run_contiguous(tokens)
         # A query that may see nothing would make softmax produce NaN; padding queries therefore see themselves.
         own = torch.eye(width, dtype=torch.bool, device=tokens.device)
         window = (window_mask & query_live[:, None, :]) | own
-        mask = torch.cat([self.valid[:, None, :].expand(batch, width, self.slots), window], dim=-1)[:, None]
-        return self._call(tokens, self.lengths[:, None] + rel_pos, mask)
+        mask = torch.cat([self.valid[:, None, :].expand(batch, width, self.slots), window], dim=-1)
+        positions = self.lengths[:, None] + rel_pos
+        masks = self._windowed(mask, positions)
+        if self.takes_4d:
+            return self._call(tokens, positions, masks, "4d", additive=self.backend == "eager")
+        with attention_backend(self.model, self.fallback):
+            return self._call(tokens, positions, masks, "fallback", additive=self.fallback == "eager")
 
-    def _call(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        if self._additive and mask.dtype == torch.bool:
-            dtype = next(self.model.parameters()).dtype
-            mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
+    def _windowed(self, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor | dict[str, torch.Tensor]:
+        """[B, 1, W, S+W] mask(s): sliding-window layers see keys with position > query position - window."""
+        out: dict[str, torch.Tensor] = {}
+        slot_pos = torch.cumsum(self.valid.long(), dim=1) - 1  # a live slot's position; dead slots are masked anyway
+        key_pos = torch.cat([slot_pos, positions], dim=1)
+        for layer_type, size in self.layout.windows.items():
+            if size is None or int(positions.max()) < size:  # no key can be out of any query's window yet
+                out[layer_type] = mask[:, None]
+            else:
+                out[layer_type] = (mask & (key_pos[:, None, :] > positions[:, :, None] - size))[:, None]
+        return out.get("all", out)
+
+    def _call(
+        self, tokens: torch.Tensor, positions: torch.Tensor, mask, path: str, *, additive: bool = False
+    ) -> torch.Tensor:
+        if additive:  # eager adds the mask to the scores: it needs 0 / -inf, not bools
+            mask = {k: self._additive(m) for k, m in mask.items()} if isinstance(mask, dict) else self._additive(mask)
         out = self.model(
             input_ids=tokens,
             position_ids=positions,
@@ -109,15 +210,12 @@ class KVState:
             use_cache=True,
         )
         self._pending = tokens.shape[1]
+        self.forwards[path] += 1
         return out.logits
 
-    def _is_contiguous_causal(self, rel_pos: torch.Tensor, window_mask: torch.Tensor, query_live: torch.Tensor) -> bool:
-        width = rel_pos.shape[1]
-        if not bool(self.valid.all()) or not bool(query_live.all()):
-            return False
-        arange = torch.arange(width, device=rel_pos.device)
-        causal = torch.tril(torch.ones(width, width, dtype=torch.bool, device=rel_pos.device))
-        return bool((rel_pos == arange).all()) and bool((window_mask == causal).all())
+    def _additive(self, mask: torch.Tensor) -> torch.Tensor:
+        dtype = next(self.model.parameters()).dtype
+        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
 
     def keep(self, live: torch.Tensor) -> None:
         """Settle the last forward's window: `live` [B, W] marks the slots that hold accepted tokens.

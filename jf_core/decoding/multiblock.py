@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from jf_core.decoding.common import DecodeOutput
+from jf_core.decoding.common import DecodeOutput, EosIds, first_eos
 from jf_core.decoding.jacobi import BlockRecorder, JacobiConfig, JacobiDecoder, Layout, _Sequence
 from jf_core.decoding.recycling import NgramPool
 
@@ -70,7 +70,7 @@ class JFDecoder(JacobiDecoder):
         model: torch.nn.Module,
         config: JFDecodeConfig,
         *,
-        eos_token_id: int | None,
+        eos_token_id: EosIds,
         pad_token_id: int,
         recorder: BlockRecorder | None = None,
     ) -> None:
@@ -87,9 +87,8 @@ class JFDecoder(JacobiDecoder):
 
     def _run_length(self, window: list[int]) -> int:
         """How much of the window the next forward runs: all of it, or through the first EOS of its draft."""
-        if self.cfg.cut_at_draft_eos and self.eos_token_id is not None and self.eos_token_id in window[1:]:
-            return window.index(self.eos_token_id, 1) + 1
-        return len(window)
+        end = first_eos(window, self.eos, start=1) if self.cfg.cut_at_draft_eos else None
+        return end + 1 if end is not None else len(window)
 
     def layout(self, seq: _JFSequence) -> Layout:
         run = self._run_length(seq.window)
@@ -185,7 +184,7 @@ def jf_decode(
     prompts: Sequence[Sequence[int]],
     config: JFDecodeConfig,
     *,
-    eos_token_id: int | None,
+    eos_token_id: EosIds,
     pad_token_id: int,
 ) -> DecodeOutput:
     return JFDecoder(model, config, eos_token_id=eos_token_id, pad_token_id=pad_token_id).decode(prompts)

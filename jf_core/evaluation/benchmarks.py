@@ -5,7 +5,7 @@
 | humaneval | task_id, prompt, test, entry_point | running prompt + completion + test + check() in the sandbox |
 | mbpp | task_id, text, test_list, test_setup_code | running completion + setup + asserts in the sandbox |
 | gsm8k | question, answer | the final number (answers.extract_gsm8k) |
-| math | problem, solution | the last boxed answer, normalised (answers.math_correct) |
+| math | problem, and answer (MATH-500) or solution (MATH) | the last boxed answer, normalised (answers.math_correct) |
 | embedded | (generated) | exact match of the embedded task's answer |
 
 A source is a local file (JSONL, JSONL.gz, Parquet) or a hub id (through `datasets`, with the benchmark's usual
@@ -49,8 +49,9 @@ SPECS = {
     "gsm8k": BenchmarkSpec(
         "gsm8k", "openai/gsm8k", "main", "test", ("question", "answer"), "Question: {question}\nAnswer:", "answer"
     ),
-    "math": BenchmarkSpec(
-        "math", "EleutherAI/hendrycks_math", None, "test", ("problem", "solution"),
+    "math": BenchmarkSpec(  # MATH-500 (Lightman et al.'s subset): one config, an `answer` field; the full MATH
+        # (EleutherAI/hendrycks_math) needs a subject config: give a local file or a dataset directory instead.
+        "math", "HuggingFaceH4/MATH-500", None, "test", ("problem",),
         "Problem: {problem}\nPut the final answer in \\boxed{{}}.\nSolution:", "answer",
     ),
     "embedded": BenchmarkSpec("embedded", None, None, "test", (), "{prompt}", "embedded"),
@@ -111,6 +112,8 @@ def load_benchmark(
     items = []
     for i, row in enumerate(rows):
         missing = [f for f in spec.required if f not in row]
+        if name == "math" and not (row.get("answer") or row.get("solution")):
+            missing.append("answer or solution")
         if missing:
             raise BenchmarkError(f"{source}: row {i} lacks field(s) {', '.join(missing)} needed by {name}")
         fields = {k: v for k, v in row.items() if isinstance(v, str)}
@@ -127,9 +130,16 @@ def extract_code(completion: str) -> str:
 
 
 def humaneval_program(record: dict, completion: str) -> str:
+    """prompt + completion; a completion that writes the whole function (chat models do) replaces only the
+    prompt's target function: what precedes it in the prompt (imports, helper functions) is kept."""
     code = extract_code(completion)
-    head = "" if f"def {record['entry_point']}" in code else record["prompt"]
-    return f"{head}{code}\n\n{record['test']}\n\ncheck({record['entry_point']})\n"
+    entry = record["entry_point"]
+    if re.search(rf"^def {re.escape(entry)}\b", code, re.M):
+        target = re.search(rf"^def {re.escape(entry)}\b", record["prompt"], re.M)
+        head = record["prompt"][: target.start()] if target else ""
+    else:
+        head = record["prompt"]
+    return f"{head}{code}\n\n{record['test']}\n\ncheck({entry})\n"
 
 
 def mbpp_program(record: dict, completion: str) -> str:
@@ -145,7 +155,9 @@ def score(name: str, item: BenchmarkItem, completion: str, limits: SandboxLimits
     if name == "gsm8k":
         return gsm8k_correct(completion, item.record["answer"])
     if name == "math":
-        return math_correct(completion, item.record["solution"])
+        reference = item.record.get("answer")
+        reference = f"\\boxed{{{reference}}}" if reference else item.record.get("solution", "")
+        return math_correct(completion, reference)
     if name == "embedded":
         return completion.strip() == item.record["answer"].strip()
     raise BenchmarkError(f"unknown benchmark {name!r}")

@@ -10,16 +10,17 @@ end to end (prefill included) for every method. Ratios are computed here, from n
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
 from jf_core.decoding.ar import ar_decode
-from jf_core.decoding.common import DecodeOutput, finish
+from jf_core.decoding.common import DecodeOutput, EosIds, eos_set, finish, left_pad
 from jf_core.decoding.jacobi import JacobiConfig, jacobi_decode
 from jf_core.decoding.stats import DecodeStats, SequenceStats, Timer
 
@@ -42,6 +43,15 @@ class MethodResult:
     accuracy: float | None = None
     tpf_per_example: list[float] = field(default_factory=list)
     accepted_histogram: dict[int, int] = field(default_factory=dict)
+    first_divergence: list[int | None] = field(default_factory=list)  # per prompt: None when identical
+
+
+def first_divergence(reference: Sequence[int], candidate: Sequence[int]) -> int | None:
+    """The first position where two token sequences differ (a length difference counts), or None."""
+    for i, (a, b) in enumerate(zip(reference, candidate, strict=False)):
+        if a != b:
+            return i
+    return None if len(reference) == len(candidate) else min(len(reference), len(candidate))
 
 
 class ForwardCounter:
@@ -58,36 +68,70 @@ class ForwardCounter:
         self._handle.remove()
 
 
-def hf_generate_decoder(model, eos_token_id, pad_token_id, max_new_tokens: int, **generate_kwargs) -> Decoder:
-    """HF `generate` wrapped to the project's decoder interface; one call per prompt when batched generation is
-    not supported by the method (prompt lookup), else left-padded batches."""
+@contextlib.contextmanager
+def _pristine_generation_config(model) -> Iterator[None]:
+    """transformers fills every field a passed GenerationConfig leaves unset from the checkpoint's
+    generation_config.json (Qwen instruct ships repetition_penalty 1.05, top_k, top_p, ...): during the call the
+    model's own config is a blank one, so nothing but what we pass applies."""
+    from transformers import GenerationConfig
 
-    def run_one(prompt: list[int]) -> tuple[list[int], int]:
-        ids = torch.tensor([prompt], device=model.device)
+    saved = model.generation_config
+    model.generation_config = GenerationConfig()
+    try:
+        yield
+    finally:
+        model.generation_config = saved
+
+
+def greedy_generation_config(eos_token_id: EosIds, pad_token_id: int, max_new_tokens: int, **extra):
+    """Plain greedy search, explicitly: no penalties, no sampling knobs, every EOS id."""
+    from transformers import GenerationConfig
+
+    return GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        num_beams=1,
+        repetition_penalty=1.0,
+        no_repeat_ngram_size=0,
+        eos_token_id=sorted(eos_set(eos_token_id)) or None,
+        pad_token_id=pad_token_id,
+        **extra,
+    )
+
+
+def hf_generate_decoder(
+    model, eos_token_id: EosIds, pad_token_id: int, max_new_tokens: int, *, batched: bool = True, **generate_kwargs
+) -> Decoder:
+    """HF `generate`, greedy and nothing else (`greedy_generation_config`), wrapped to the project's decoder
+    interface: left-padded batches like our decoders, or one call per prompt for methods that only run at batch 1
+    (prompt lookup: `batched=False`). Forwards are counted by a hook; a sequence's TPF counts the batch forwards it
+    took part in (through its EOS)."""
+    eos = eos_set(eos_token_id)
+    gen_config = greedy_generation_config(eos, pad_token_id, max_new_tokens, **generate_kwargs)
+
+    def run(prompts: list[list[int]]) -> tuple[list[list[int]], int]:
+        ids, mask = left_pad(prompts, pad_token_id, model.device)
         counter = ForwardCounter(model)
-        try:
-            out = model.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=max_new_tokens,
-                do_sample=False,
-                eos_token_id=eos_token_id,
-                pad_token_id=pad_token_id,
-                **generate_kwargs,
-            )
-        finally:
-            counter.close()
-        return out[0, len(prompt) :].tolist(), counter.count
+        with _pristine_generation_config(model):
+            try:
+                out = model.generate(input_ids=ids, attention_mask=mask, generation_config=gen_config)
+            finally:
+                counter.close()
+        return out[:, ids.shape[1] :].tolist(), counter.count
 
     def decode(prompts: list[list[int]]) -> DecodeOutput:
         timer = Timer(model.device)
         start = timer.now()
+        groups = [prompts] if batched else [[p] for p in prompts]
         seqs, stats = [], []
-        for p in prompts:
-            tokens, forwards = run_one(p)
-            tokens, _ = finish(tokens, eos_token_id, max_new_tokens)
-            seqs.append(tokens)
-            stats.append(SequenceStats(new_tokens=len(tokens), forwards=forwards))
+        for group in groups:
+            rows, forwards = run(group)
+            for row in rows:
+                tokens, _ = finish(row, eos, max_new_tokens)
+                seqs.append(tokens)
+                # At batch 1 the hook counts this sequence's forwards; in a batch, one per token it generated.
+                taken = forwards if len(group) == 1 else len(tokens)
+                stats.append(SequenceStats(new_tokens=len(tokens), forwards=taken))
         return DecodeOutput(seqs, DecodeStats(stats, decode_seconds=timer.now() - start, prefill_timed=False))
 
     return decode
@@ -96,7 +140,7 @@ def hf_generate_decoder(model, eos_token_id, pad_token_id, max_new_tokens: int, 
 def standard_methods(
     model,
     *,
-    eos_token_id: int,
+    eos_token_id: EosIds,
     pad_token_id: int,
     max_new_tokens: int,
     block_sizes: Sequence[int] = (8, 16, 32, 64),
@@ -113,8 +157,8 @@ def standard_methods(
         methods[f"jacobi_n{n}"] = lambda ps, cfg=cfg: jacobi_decode(
             model, ps, cfg, eos_token_id=eos_token_id, pad_token_id=pad_token_id
         )
-    methods["hf_prompt_lookup"] = hf_generate_decoder(
-        model, eos_token_id, pad_token_id, max_new_tokens, prompt_lookup_num_tokens=prompt_lookup_tokens
+    methods["hf_prompt_lookup"] = hf_generate_decoder(  # batch 1 only in transformers
+        model, eos_token_id, pad_token_id, max_new_tokens, batched=False, prompt_lookup_num_tokens=prompt_lookup_tokens
     )
     return methods
 
@@ -122,7 +166,7 @@ def standard_methods(
 def jf_methods(
     jf_model,
     *,
-    eos_token_id: int,
+    eos_token_id: EosIds,
     pad_token_id: int,
     max_new_tokens: int,
     block_size: int,
@@ -216,25 +260,29 @@ def bench(
     warmup_prompts: int = 2,
     repeats: int = 1,
     scorer: Scorer | None = None,
-    reference: str = "hf_generate",
+    reference: str | None = "hf_generate",
     baseline_ar: str = "ar",
     progress: Callable[[str], None] | None = None,
     same_output_as: dict[str, str] | None = None,
 ) -> list[MethodResult]:
-    """Speedups are against `reference` and `baseline_ar` (the base model's HF generate and our AR);
-    `identical_fraction` compares each method with `same_output_as[method]` (default: `reference`), e.g. a
-    fine-tuned model's methods with that model's own greedy AR. Timing: `run_interleaved`."""
-    if reference not in methods:
-        raise ValueError(f"the reference method {reference!r} is not among {sorted(methods)}")
+    """Speedups are against `reference` (HF generate, when it is among the methods) and `baseline_ar` (our AR on
+    the same model: the headline). Identity compares each method with `same_output_as[method]` (default
+    `baseline_ar`), e.g. a fine-tuned model's methods with that model's own greedy AR: the fraction of identical
+    outputs and, per prompt, the first position where they diverge. Timing: `run_interleaved`."""
+    for name in filter(None, (reference, baseline_ar)):
+        if name not in methods and not (name == reference and reference == "hf_generate"):
+            raise ValueError(f"the reference method {name!r} is not among {sorted(methods)}")
     same_output_as = same_output_as or {}
     outputs = run_interleaved(
         methods, prompts, batch_size, repeats=repeats, warmup_prompts=warmup_prompts, progress=progress
     )
-    ref = outputs[reference]
+    ref = outputs.get(reference) if reference else None
+    ar = outputs.get(baseline_ar)
     results = []
     for name, out in outputs.items():
         s = out.stats
-        twin = outputs[same_output_as.get(name, reference)]
+        twin = outputs[same_output_as.get(name, baseline_ar if ar is not None else name)]
+        diverged = [first_divergence(a, b) for a, b in zip(twin.sequences, out.sequences, strict=True)]
         hf_style = not s.prefill_timed
         results.append(
             MethodResult(
@@ -245,15 +293,15 @@ def bench(
                 prefill_seconds=None if hf_style else s.prefill_seconds,
                 seconds=s.seconds,
                 new_tokens=s.new_tokens,
-                speedup_vs_hf_generate=s.tps / ref.stats.tps,
-                speedup_vs_ar=s.tps / outputs[baseline_ar].stats.tps if baseline_ar in outputs else math.nan,
-                identical_fraction=sum(a == b for a, b in zip(out.sequences, twin.sequences, strict=False))
-                / len(prompts),
+                speedup_vs_hf_generate=s.tps / ref.stats.tps if ref is not None else math.nan,
+                speedup_vs_ar=s.tps / ar.stats.tps if ar is not None else math.nan,
+                identical_fraction=sum(d is None for d in diverged) / len(prompts),
                 accuracy=None
                 if scorer is None
                 else sum(scorer(i, seq) for i, seq in enumerate(out.sequences)) / len(prompts),
                 tpf_per_example=[q.tpf for q in s.sequences],
                 accepted_histogram=s.accepted_histogram(),
+                first_divergence=diverged,
             )
         )
     return results

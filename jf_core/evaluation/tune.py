@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from jf_core.decoding.common import EosIds
 from jf_core.decoding.config_io import decode
 from jf_core.decoding.multiblock import JFDecodeConfig
 from jf_core.evaluation.speed import run_interleaved
@@ -61,7 +62,7 @@ def tune(
     model: torch.nn.Module,
     prompts: Sequence[Sequence[int]],
     *,
-    eos_token_id: int | None,
+    eos_token_id: EosIds,
     pad_token_id: int,
     max_new_tokens: int,
     space: TuneSpace = TuneSpace(),

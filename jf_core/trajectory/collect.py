@@ -16,6 +16,7 @@ import torch
 
 from jf_core.decoding.draft import DraftInitName
 from jf_core.decoding.jacobi import JacobiConfig, JacobiDecoder
+from jf_core.models import stop_tokens
 from jf_core.trajectory.prompts import PromptItem
 
 
@@ -70,7 +71,7 @@ def collect(
         batch = prompts[first : first + cfg.batch_size]
         recorder = _Recorder()
         decoder = JacobiDecoder(
-            model, jacobi, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, recorder=recorder
+            model, jacobi, **stop_tokens(model, tokenizer), recorder=recorder
         )
         out = decoder.decode([p.token_ids for p in batch])
         new_tokens += out.stats.new_tokens

@@ -116,11 +116,44 @@ def read_rows(cfg: PromptSourceConfig) -> Iterator[tuple[str, dict]]:
         yield from _read_datasets(cfg.source, cfg.split)
 
 
+@dataclass(frozen=True)
+class PromptFormat:
+    """How a text becomes a model input: the profile's chat-template switch and system prompt."""
+
+    chat_template: bool | None = None  # None: apply when the tokenizer has one
+    system_prompt: str | None = None
+
+    @classmethod
+    def of(cls, source: PromptSourceConfig) -> PromptFormat:
+        return cls(source.chat_template, source.system_prompt)
+
+    def render(self, content: str | list[dict], tokenizer) -> str:
+        return format_prompt(content, tokenizer, chat_template=self.chat_template, system_prompt=self.system_prompt)
+
+
+def uses_chat_template(tokenizer, chat_template: bool | None) -> bool:
+    return chat_template if chat_template is not None else bool(getattr(tokenizer, "chat_template", None))
+
+
+def format_prompt(
+    content: str | list[dict], tokenizer, *, chat_template: bool | None = None, system_prompt: str | None = None
+) -> str:
+    """The model's input for a user text (or a list of chat messages): the chat template with the generation
+    prompt and the system prompt when the template is used, else the text as is. Trajectory prompts and evaluation
+    prompts both come from here, so a model is evaluated on prompts shaped like the ones it was trained on."""
+    if not uses_chat_template(tokenizer, chat_template):
+        if not isinstance(content, str):
+            raise PromptSourceError("chat messages need a tokenizer with a chat template")
+        return content
+    messages = [{"role": "user", "content": content}] if isinstance(content, str) else list(content)
+    if system_prompt is not None:
+        messages = [{"role": "system", "content": system_prompt}, *messages]
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+
 def _render(cfg: PromptSourceConfig, row: dict, tokenizer) -> tuple[str | None, str | None]:
     """(text to tokenize, skip reason)."""
-    use_template = (
-        cfg.chat_template if cfg.chat_template is not None else bool(getattr(tokenizer, "chat_template", None))
-    )
+    use_template = uses_chat_template(tokenizer, cfg.chat_template)
     if cfg.messages_field is not None:
         messages = row.get(cfg.messages_field)
         if not isinstance(messages, list) or not messages:
@@ -135,12 +168,16 @@ def _render(cfg: PromptSourceConfig, row: dict, tokenizer) -> tuple[str | None, 
             return None, f"missing_field:{cfg.text_field}"
         if not text.strip():
             return None, "empty"
-        if not use_template:
-            return text, None
-        messages = [{"role": "user", "content": text}]
-    if cfg.system_prompt is not None:
-        messages = [{"role": "system", "content": cfg.system_prompt}, *messages]
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False), None
+        messages = text
+    return format_prompt(messages, tokenizer, chat_template=cfg.chat_template, system_prompt=cfg.system_prompt), None
+
+
+def calibration_prompts(source: PromptSourceConfig, tokenizer, n: int, split: str | None = None) -> list[list[int]]:
+    """`n` calibration prompts (choosing n, autotuning) from the profile's prompt source, rendered like its training
+    prompts: the `split` ("calib" for the embedded task, whose splits are disjoint; a file source has none and
+    gives its first prompts)."""
+    split = split or ("calib" if source.source == "embedded" else source.split)
+    return [p.token_ids for p in load_prompts(source.model_copy(update={"split": split, "limit": n}), tokenizer).items]
 
 
 def load_prompts(

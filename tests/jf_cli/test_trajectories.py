@@ -33,7 +33,7 @@ def test_show_and_verify(store_dir, capsys):
     root, records = store_dir
     out = write(root, records)
     assert main(["trajectories", "verify", out]) == 0
-    assert "fixed points equal greedy AR output for 3/3 prompts" in capsys.readouterr().out
+    assert "fixed points equal greedy AR output (float32) for 3/3 prompts" in capsys.readouterr().out
     assert main(["trajectories", "show", out, "--prompt-id", "train-1"]) == 0
     shown = capsys.readouterr().out
     assert "prompt train-1" in shown and "16/16 converged" not in shown and "8/8 converged" in shown

@@ -77,3 +77,52 @@ def test_pickled_weights_are_refused(tmp_path):
     AutoModelForCausalLM.from_pretrained(tmp_path)  # transformers alone would unpickle it
     with pytest.raises(ModelLoadError, match="no safetensors weights"):
         load_model(str(tmp_path))
+
+
+def test_recurrent_models_are_refused_at_load_by_name(tmp_path):
+    """A model whose state cannot drop rejected drafts is refused when loaded, naming why."""
+    from transformers import MambaConfig, MambaForCausalLM
+
+    save_tiny(tmp_path)  # the tokenizer
+    MambaForCausalLM(MambaConfig(vocab_size=64, hidden_size=16, state_size=4, num_hidden_layers=1)).save_pretrained(
+        tmp_path
+    )
+    with pytest.raises(ModelLoadError, match="recurrent state"):
+        load_model(str(tmp_path))
+
+
+def test_attention_choice_follows_what_the_model_class_supports(monkeypatch):
+    import importlib.util
+
+    import torch
+
+    class FlashAndSdpa:
+        _supports_flash_attn, _supports_sdpa = True, True
+
+    class SdpaOnly:
+        _supports_flash_attn, _supports_sdpa = False, True
+
+    class EagerOnly:
+        _supports_flash_attn, _supports_sdpa = False, False
+
+    cuda = torch.device("cuda")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object() if name == "flash_attn" else real(name))
+    assert pick_attention("auto", cuda, FlashAndSdpa) == "flash_attention_2"
+    assert pick_attention("auto", cuda, SdpaOnly) == "sdpa"
+    assert pick_attention("auto", cuda, EagerOnly) == "eager"
+    assert pick_attention("auto", torch.device("cpu"), FlashAndSdpa) == "sdpa"
+
+
+def test_fp32_lm_head_gives_fp32_logits_of_the_same_weights(tmp_path):
+    import torch
+
+    save_tiny(tmp_path)
+    bf16, _ = load_model(str(tmp_path), dtype="bfloat16")
+    upcast, _ = load_model(str(tmp_path), dtype="bfloat16", lm_head_fp32=True)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad():
+        low, high = bf16(input_ids=ids).logits, upcast(input_ids=ids).logits
+    assert low.dtype == torch.bfloat16 and high.dtype == torch.float32
+    assert next(upcast.model.parameters()).dtype == torch.bfloat16  # only the head is fp32
+    torch.testing.assert_close(high.to(torch.bfloat16), low, rtol=0.02, atol=0.02)

@@ -10,6 +10,7 @@ import torch
 
 from jf_core.decoding.common import left_pad
 from jf_core.decoding.kv import KVState
+from tests import flash_standin
 from tests.conftest import PAD, VOCAB
 
 
@@ -114,13 +115,11 @@ def test_misuse_is_reported(tiny_model):
             kv.forward(torch.tensor([[1]]), torch.zeros(1, 1, dtype=torch.long), torch.ones(1, 1, 1, dtype=torch.bool))
 
 
-@pytest.mark.parametrize("mask_2d", [False, True], ids=["4d mask", "2d mask (flash-attention's path)"])
 @pytest.mark.parametrize("prompts", [[[5, 6, 7, 8]], [[5, 6, 7, 8, 9], [10, 11]]], ids=["no holes", "padded rows"])
-def test_causal_window_shorthand_matches_fresh_forward(tiny_model, prompts, mask_2d):
-    """forward(tokens) alone is the Jacobi hot path: a ready 4D mask for SDPA/eager; a 2D mask, where no row has a
-    hole, for backends that take nothing else. Every window position's logits equal a fresh forward either way."""
+def test_causal_window_shorthand_matches_fresh_forward(tiny_model, prompts):
+    """forward(tokens) alone is the Jacobi hot path (a ready 4D mask on SDPA): every window position's logits equal
+    a fresh forward."""
     kv, _ = build(tiny_model, prompts)
-    kv._takes_4d = not mask_2d
     window = [30, 31, 32]
     with torch.inference_mode():
         logits = kv.forward(torch.tensor([window] * len(prompts)))
@@ -130,6 +129,43 @@ def test_causal_window_shorthand_matches_fresh_forward(tiny_model, prompts, mask
             want = fresh_logits(tiny_model, [*p, *window[: j + 1]])
             torch.testing.assert_close(logits[row, j], want, rtol=1e-4, atol=1e-4)
     assert kv.lengths.tolist() == [len(p) + len(window) for p in prompts]
+    assert kv.forwards == {"4d": 2}
+
+
+def test_flash_path_is_exact_with_holes_ragged_windows_and_falls_back_for_trees(tiny_model):
+    """On a backend that takes only 2D masks (the flash-attention stand-in refuses anything else), left padding,
+    rejected-slot holes and ragged windows all run as 2D padding masks, exactly; a tree runs on SDPA."""
+    flash = flash_standin.use(copy.deepcopy(tiny_model))
+    prompts = [[5, 6, 7, 8, 9, 10, 11], [10, 11], [12, 13, 14, 15]]
+    kv, last = build(flash, prompts)
+    for row, p in enumerate(prompts):
+        torch.testing.assert_close(last[row], fresh_logits(tiny_model, p), rtol=1e-4, atol=1e-4)
+    seqs = [list(p) for p in prompts]
+    g = torch.Generator().manual_seed(0)
+    for widths, keep in (([4, 2, 3], [1, 2, 3]), ([3, 4, 1], [3, 1, 1]), ([2, 2, 4], [2, 1, 2])):
+        windows = [torch.randint(3, VOCAB, (w,), generator=g).tolist() for w in widths]
+        width = max(widths)
+        tokens = torch.full((3, width), PAD)
+        live = torch.zeros(3, width, dtype=torch.bool)
+        for i, w in enumerate(windows):
+            tokens[i, : len(w)], live[i, : len(w)] = torch.tensor(w), True
+        with torch.inference_mode():
+            logits = kv.forward_causal(tokens, live)
+        for row, w in enumerate(windows):  # every live window position, against a fresh forward
+            for j in range(len(w)):
+                want = fresh_logits(tiny_model, [*seqs[row], *w[: j + 1]])
+                torch.testing.assert_close(logits[row, j], want, rtol=1e-4, atol=1e-4)
+        kept = torch.zeros(3, width, dtype=torch.bool)
+        for row, k in enumerate(keep):
+            kept[row, :k] = True
+            seqs[row] += windows[row][:k]
+        kv.keep(kept)
+    assert kv.waste > 0 and kv.forwards == {"2d": 4}
+    got = next_logits(kv, [40, 41, 42])  # a tree-form forward (explicit positions and mask): SDPA
+    for row, s in enumerate(seqs):
+        torch.testing.assert_close(got[row], fresh_logits(tiny_model, [*s, [40, 41, 42][row]]), rtol=1e-4, atol=1e-4)
+    assert kv.forwards == {"2d": 4, "fallback": 1}
+    assert flash.config._attn_implementation == flash_standin.NAME  # back on flash after the tree
 
 
 def test_forward_takes_positions_and_mask_together(tiny_model):

@@ -87,3 +87,37 @@ def test_bad_sources_are_named(tmp_path):
 def test_embedded_items_score_exact_match():
     item = load_benchmark("embedded", limit=3)[0]
     assert score("embedded", item, item.record["answer"]) and not score("embedded", item, "answer 0")
+
+
+def test_humaneval_keeps_the_prompts_imports_and_helpers_when_the_completion_redefines_the_function(tmp_path):
+    """A chat model writes the whole function; the prompt's imports and earlier helpers must stay in the program."""
+    record = {
+        "task_id": "T/2",
+        "prompt": "from typing import List\nimport math\n\n\ndef norm(v: List[float]) -> float:\n"
+        "    return math.sqrt(sum(x * x for x in v))\n\n\ndef unit(v: List[float]) -> List[float]:\n"
+        '    """Scale v to length 1."""\n',
+        "test": "def check(candidate):\n    assert candidate([3.0, 4.0]) == [0.6, 0.8]\n",
+        "entry_point": "unit",
+    }
+    (tmp_path / "he.jsonl").write_text(json.dumps(record) + "\n")
+    item = load_benchmark("humaneval", str(tmp_path / "he.jsonl"))[0]
+    whole = "```python\ndef unit(v: List[float]) -> List[float]:\n    n = norm(v)\n    return [x / n for x in v]\n```"
+    assert score("humaneval", item, whole)  # List, math and norm all come from the prompt
+    assert score("humaneval", item, "    n = norm(v)\n    return [x / n for x in v]\n")  # a plain continuation
+    assert not score("humaneval", item, "```python\ndef unit(v):\n    return v\n```")
+
+
+def test_math_500_from_a_local_file(tmp_path):
+    rows = [
+        {"problem": "What is $1+1$?", "solution": "It is $\\boxed{2}$.", "answer": "2", "unique_id": "a/1.json"},
+        {"problem": "Half of one?", "solution": "...", "answer": "\\frac{1}{2}", "unique_id": "a/2.json"},
+    ]
+    path = tmp_path / "math500.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    items = load_benchmark("math", str(path))
+    assert [i.prompt.startswith("Problem: ") for i in items] == [True, True]
+    assert accuracy("math", items, ["so \\boxed{2}", "\\boxed{0.5}"]) == 1.0
+    assert accuracy("math", items, ["\\boxed{3}", "no box"]) == 0.0
+    (tmp_path / "bad.jsonl").write_text(json.dumps({"problem": "x"}) + "\n")
+    with pytest.raises(BenchmarkError, match="answer or solution"):
+        load_benchmark("math", str(tmp_path / "bad.jsonl"))

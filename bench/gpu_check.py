@@ -1,0 +1,324 @@
+"""The GPU check: what a CUDA machine confirms about this project, in one run, in minutes, with no downloads.
+
+    .venv/bin/python bench/gpu_check.py [--out DIR]                  # a machine with a CUDA GPU (< 10 minutes)
+    .venv/bin/python bench/gpu_check.py --device cpu --smoke         # the same code on tiny shapes (CI runs it)
+
+1. lossless: the architecture matrix (tests/jf_core/decoding/architectures.py) on the device in fp32, TF32 off:
+   Jacobi, multi-block and recycling at batch 1 and 3, token for token against HF greedy generate.
+2. numerics: on a random model shaped like Qwen2.5-0.5B, the identical fraction of Jacobi against AR in bf16,
+   with the fp32 LM head, and in fp32, at batch 1 and 8; and what exactness costs (fp32 vs bf16 TPS).
+3. flash-attention (when flash_attn imports): Jacobi and recycling on flash_attention_2 against SDPA, bf16: the
+   identical fraction between them, the forwards per mask path (2D on flash, trees on SDPA), TPS.
+4. training: the Jacobi Forcing loss of one packed batch with FlexAttention's BlockMask against SDPA's dense mask.
+5. the cost of one forward at window widths 1, 16, 64, 128, 256 over a 512-token cache, on a Qwen2.5-0.5B-shaped
+   model and a Qwen2.5-7B-shaped layer stack (4 layers): where a wider window stops being free.
+
+Random weights: numerics on a random model are a worst case (near-tied argmaxes everywhere); the figures for a
+trained checkpoint come from `jf eval` on it. Prints a markdown report and writes `gpu_check.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from jf_core.decoding.ar import ar_decode  # noqa: E402
+from jf_core.decoding.jacobi import JacobiConfig  # noqa: E402
+from jf_core.decoding.kv import KVState  # noqa: E402
+from jf_core.decoding.multiblock import JFDecodeConfig  # noqa: E402
+from jf_core.evaluation.speed import first_divergence, hf_generate_decoder, run_interleaved  # noqa: E402
+
+QWEN_05B = dict(  # Qwen2.5-0.5B's shape
+    vocab_size=151936,
+    hidden_size=896,
+    intermediate_size=4864,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    tie_word_embeddings=True,
+)
+QWEN_7B_STACK = dict(  # Qwen2.5-7B's layer shape, 4 layers of its 28
+    vocab_size=152064,
+    hidden_size=3584,
+    intermediate_size=18944,
+    num_hidden_layers=4,
+    num_attention_heads=28,
+    num_key_value_heads=4,
+    tie_word_embeddings=False,
+)
+SMOKE = dict(
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    tie_word_embeddings=True,
+)
+STOP = {"eos_token_id": None, "pad_token_id": 0}
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def random_qwen2(shape: dict, device: torch.device, dtype: torch.dtype, attn: str = "sdpa") -> torch.nn.Module:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(**shape, max_position_embeddings=4096)
+    config._attn_implementation = attn
+    with torch.device(device):
+        model = Qwen2ForCausalLM(config)
+    return model.to(dtype).eval()
+
+
+def random_prompts(vocab: int, count: int, low: int = 16, high: int = 64, seed: int = 1) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    sizes = torch.randint(low, high, (count,), generator=g).tolist()
+    return [torch.randint(3, vocab, (s,), generator=g).tolist() for s in sizes]
+
+
+def decoder(model, cfg):
+    from jf_core.decoding.config_io import decode
+
+    return lambda ps: decode(model, ps, cfg, **STOP)
+
+
+def check_lossless(device: torch.device, smoke: bool) -> dict:
+    from tests.jf_core.decoding.architectures import CONFIGS, DECODERS, NEW, PROMPTS, build, supports
+
+    prompts, new, configs = PROMPTS, NEW, DECODERS
+    archs = ["qwen2", "mistral-window", "gemma3-window"] if smoke else list(CONFIGS)
+    rows, failures = {}, []
+    for arch in archs:
+        reference = hf_generate_decoder(build(arch, "eager").to(device), None, 0, new, batched=False)(prompts)
+        for backend in ("sdpa", "eager"):
+            if not supports(arch, backend):
+                continue
+            model = copy.deepcopy(build(arch, backend)).to(device)
+            for name, cfg in configs.items():
+                alone = [decoder(model, cfg)([p]).sequences[0] for p in prompts]
+                together = decoder(model, cfg)(prompts).sequences
+                ok = alone == reference.sequences == together
+                rows[f"{arch}/{backend}/{name}"] = ok
+                if not ok:
+                    failures.append(f"{arch}/{backend}/{name}")
+    return {"cases": len(rows), "identical": sum(rows.values()), "failures": failures}
+
+
+def identity(model, prompts: list[list[int]], n: int, batch: int, new: int) -> tuple[float, float | None]:
+    """Fraction of prompts where Jacobi at block size n equals AR (same batch size), and the median first
+    divergence of the others."""
+    ar, jac = [], []
+    for i in range(0, len(prompts), batch):
+        chunk = prompts[i : i + batch]
+        ar += ar_decode(model, chunk, max_new_tokens=new, **STOP).sequences
+        jac += decoder(model, JacobiConfig(block_size=n, max_new_tokens=new))(chunk).sequences
+    diverged = [d for d in (first_divergence(a, b) for a, b in zip(ar, jac, strict=True)) if d is not None]
+    median = statistics.median(diverged) if diverged else None
+    return 1 - len(diverged) / len(prompts), median
+
+
+def check_numerics(device: torch.device, shape: dict, smoke: bool) -> dict:
+    from jf_core.models import upcast_lm_head
+
+    prompts = random_prompts(shape["vocab_size"], 8 if smoke else 32)
+    new = 32 if smoke else 128
+    out = {}
+    variants = {
+        "bf16": lambda: random_qwen2(shape, device, torch.bfloat16),
+        "bf16 + fp32 LM head": lambda: upcast_lm_head(random_qwen2(shape, device, torch.bfloat16)),
+        "fp32": lambda: random_qwen2(shape, device, torch.float32),
+    }
+    models = {}
+    for label, make in variants.items():
+        models[label] = make()
+        out[label] = {}
+        for batch in (1, 8):
+            frac, median = identity(models[label], prompts, 16, batch, new)
+            out[label][f"batch {batch}"] = {"identical_fraction": frac, "median_first_divergence": median}
+    # What exactness costs here: AR and Jacobi n=16 in fp32 against bf16, taking turns.
+    speed_prompts = prompts[:4]
+    methods = {}
+    for label in ("bf16", "fp32"):
+        m = models[label]
+        methods[f"{label} ar"] = lambda ps, m=m: ar_decode(m, ps, max_new_tokens=new, **STOP)
+        methods[f"{label} jacobi"] = decoder(m, JacobiConfig(block_size=16, max_new_tokens=new))
+    timed = run_interleaved(methods, speed_prompts, 1, repeats=2, warmup_prompts=1)
+    out["tps"] = {name: o.stats.tps for name, o in timed.items()}
+    return out
+
+
+def check_flash(device: torch.device, shape: dict) -> dict:
+    import importlib.util
+
+    if device.type != "cuda" or importlib.util.find_spec("flash_attn") is None:
+        return {"skipped": "needs CUDA and the flash_attn package (pip install flash-attn --no-build-isolation)"}
+    prompts = random_prompts(shape["vocab_size"], 8)
+    paths: dict[str, int] = {}
+    original = KVState._call
+
+    def spy(self, tokens, positions, mask, path, **kw):
+        paths[path] = paths.get(path, 0) + 1
+        return original(self, tokens, positions, mask, path, **kw)
+
+    KVState._call = spy
+    try:
+        out = {}
+        cfgs = {
+            "jacobi n=16": JacobiConfig(block_size=16, max_new_tokens=128),
+            "recycling (pool 4)": JFDecodeConfig(block_size=16, num_blocks=2, pool_size=4, max_new_tokens=128),
+        }
+        sdpa = random_qwen2(shape, device, torch.bfloat16, "sdpa")
+        flash = random_qwen2(shape, device, torch.bfloat16, "flash_attention_2")
+        for label, cfg in cfgs.items():
+            paths.clear()
+            timed = run_interleaved(
+                {"flash": decoder(flash, cfg), "sdpa": decoder(sdpa, cfg)}, prompts, 4, repeats=2, warmup_prompts=4
+            )
+            same = sum(a == b for a, b in zip(timed["flash"].sequences, timed["sdpa"].sequences, strict=True))
+            out[label] = {
+                "identical_flash_vs_sdpa": same / len(prompts),
+                "tps_flash": timed["flash"].stats.tps,
+                "tps_sdpa": timed["sdpa"].stats.tps,
+                "forwards_per_mask_path": dict(paths),
+            }
+        return out
+    finally:
+        KVState._call = original
+
+
+def check_flex_training(device: torch.device, smoke: bool) -> dict:
+    if device.type != "cuda":
+        return {"skipped": "FlexAttention training runs on CUDA only (on CPU it compiles for minutes)"}
+    from types import SimpleNamespace
+
+    from jf_core.training.losses import JacobiForcingObjective, JFLossConfig
+    from jf_core.training.noise import NoiseSchedule
+    from jf_core.training.packing import collate, pack_records
+    from jf_core.trajectory.collect import CollectConfig, collect
+    from jf_core.trajectory.prompts import PromptItem
+
+    model = random_qwen2(SMOKE, device, torch.float32)
+    tok = SimpleNamespace(eos_token_id=None, pad_token_id=0)
+    items = [PromptItem(str(i), p) for i, p in enumerate(random_prompts(SMOKE["vocab_size"], 8, 8, 24))]
+    records = collect(model, tok, items, CollectConfig(block_size=8, max_new_tokens=32), model_hash="random").records
+    packed, _ = pack_records(records, NoiseSchedule("random", window=4), 2048)
+    batch = {k: v.to(device) for k, v in collate(packed[:4], 0).items()}
+    objective = JacobiForcingObjective(JFLossConfig())
+    losses = {}
+    for attn in ("sdpa", "flex_attention"):
+        model.set_attn_implementation(attn)
+        with torch.no_grad():
+            losses[attn] = objective(model, batch)[1]
+    diff = {k: abs(losses["sdpa"][k] - losses["flex_attention"][k]) for k in ("loss", "ar_loss", "consistency_loss")}
+    return {"losses": losses, "abs_difference": diff}
+
+
+def forward_cost(device: torch.device, shape: dict, widths: list[int], context: int = 512) -> dict:
+    """Median ms of one forward of a window of each width over a `context`-token KV cache (batch 1, bf16 on CUDA)."""
+    from transformers import DynamicCache
+
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model = random_qwen2(shape, device, dtype)
+    ids = torch.randint(3, shape["vocab_size"], (1, context), device=device)
+    cache = DynamicCache()
+    with torch.inference_mode():
+        model(input_ids=ids, past_key_values=cache, use_cache=True)
+        out = {}
+        for w in widths:
+            window = torch.randint(3, shape["vocab_size"], (1, w), device=device)
+            positions = torch.arange(context, context + w, device=device)[None]
+            times = []
+            for rep in range(25):
+                sync(device)
+                t0 = time.perf_counter()
+                model(input_ids=window, position_ids=positions, past_key_values=cache, use_cache=True)
+                sync(device)
+                if rep >= 5:  # warmup
+                    times.append(time.perf_counter() - t0)
+                cache.crop(-w)
+            out[w] = 1000 * statistics.median(times)
+    base = out[widths[0]]
+    knee = max((w for w in widths if out[w] <= 1.5 * base), default=widths[0])
+    del model
+    return {"ms": out, "ratio_to_width_1": {w: out[w] / base for w in widths}, "widest_within_1.5x": knee}
+
+
+def report(results: dict) -> str:
+    lines = [f"# GPU check on {results['device_name']}", ""]
+    lossless = results["lossless"]
+    lines.append(f"**Lossless (fp32, TF32 off)**: {lossless['identical']}/{lossless['cases']} cases identical")
+    for f in lossless["failures"]:
+        lines.append(f"- differs: {f}")
+    lines += ["", "**Numerics** (random Qwen2.5-0.5B shape, Jacobi n=16 vs AR, identical fraction):", ""]
+    lines += ["| weights | batch 1 | batch 8 |", "|---|---|---|"]
+    for label, row in results["numerics"].items():
+        if label == "tps":
+            continue
+        cells = [f"{row[b]['identical_fraction']:.3f}" for b in ("batch 1", "batch 8")]
+        lines.append(f"| {label} | {' | '.join(cells)} |")
+    tps = results["numerics"]["tps"]
+    ar_cost, jacobi_cost = tps["fp32 ar"] / tps["bf16 ar"], tps["fp32 jacobi"] / tps["bf16 jacobi"]
+    lines.append(f"\nExactness costs: fp32 runs AR at {ar_cost:.2f}x and Jacobi at {jacobi_cost:.2f}x the bf16 TPS.")
+    lines += ["", f"**flash-attention**: {json.dumps(results['flash'])}"]
+    lines += ["", f"**FlexAttention training**: {json.dumps(results['flex_training'])}", ""]
+    for name, cost in results["forward_cost"].items():
+        ratios = ", ".join(f"w={w}: {r:.2f}x" for w, r in cost["ratio_to_width_1"].items())
+        knee = cost["widest_within_1.5x"]
+        lines.append(f"**Forward cost, {name}** (vs width 1): {ratios}; widest within 1.5x: {knee}")
+    lines.append(f"\nTotal {results['seconds']:.0f} s.")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes: checks that the script works")
+    parser.add_argument("--out", default="gpu-check")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            sys.exit("no CUDA device: run with --device cpu --smoke to check the script itself")
+        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32 for the lossless check
+        torch.backends.cudnn.allow_tf32 = False
+    started = time.perf_counter()
+    small = SMOKE if args.smoke else QWEN_05B
+    widths = [1, 4, 16] if args.smoke else [1, 16, 64, 128, 256]
+    results = {
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+        "torch": torch.__version__,
+        "lossless": check_lossless(device, args.smoke),
+        "numerics": check_numerics(device, small, args.smoke),
+        "flash": check_flash(device, small),
+        "flex_training": check_flex_training(device, args.smoke),
+        "forward_cost": {
+            "qwen2.5-0.5b shape": forward_cost(device, small, widths),
+            "qwen2.5-7b layer stack (4 layers)": forward_cost(device, SMOKE if args.smoke else QWEN_7B_STACK, widths),
+        },
+    }
+    results["seconds"] = time.perf_counter() - started
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gpu_check.json").write_text(json.dumps(results, indent=2, default=str))
+    text = report(results)
+    (out / "gpu_check.md").write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,225 @@
+"""The evaluation of a model: accuracy on its benchmark and its speed against its own greedy AR, side by side.
+
+One function, `evaluate_model`, serves the round (tasks/stages.py), `jf eval` and `jf bench decode`:
+
+1. **Quality**: every method decodes the whole evaluation set at the evaluation batch size: accuracy (each method's
+   own texts, scored), TPF and acceptance, and identity with the model's greedy AR, per prompt identical or the
+   first position where it diverges. The numerics contract decides what a difference means: in fp32 the decoders
+   must reproduce greedy AR token for token, so a difference is a bug and raises `LosslessnessError`; in bf16/fp16
+   a wide window and a one-token step run different kernels, near-tied argmaxes flip, and the difference is
+   reported (every committed token is still the argmax of the forward that verified it).
+2. **Speed**: the methods take turns on the speed prompts at the speed batch size (1 unless asked;
+   `speed.run_interleaved`, each batch's fastest of `repeats` runs): TPS, and speedups against our AR on the same
+   model (the headline) and HF generate (a row). When speed covers the whole set at the evaluation batch size (the
+   bench), one pass serves both.
+3. **Block size**: plain Jacobi's n is chosen by TPS on calibration prompts, taking turns likewise, never on the
+   test timings. The headline speedup is that n's on the test prompts, or the tuned decode config's when the model
+   has one (tuned on calibration prompts too).
+
+Prompts are rendered like the trajectories' prompts were (`prompts.format_prompt`: chat template and system prompt
+from the profile), so a model is evaluated on inputs shaped like its training data.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+
+import torch
+
+from jf_core.config import EvalConfig, Profile
+from jf_core.decoding.ar import ar_decode
+from jf_core.decoding.config_io import decode
+from jf_core.decoding.jacobi import JacobiConfig
+from jf_core.evaluation.benchmarks import BenchmarkItem, load_benchmark, score
+from jf_core.evaluation.speed import Decoder, MethodResult, bench, run_interleaved
+from jf_core.trajectory.prompts import PromptFormat, calibration_prompts
+
+EXACT_DTYPES = (torch.float32, torch.float64)
+
+
+class LosslessnessError(AssertionError):
+    """An exact decoder's output differed from greedy AR where the numerics promise identity (fp32)."""
+
+
+@dataclass
+class EvalSet:
+    benchmark: str
+    items: list[BenchmarkItem]
+    prompts: list[list[int]]  # the items' rendered prompts, tokenized
+
+
+def eval_set(cfg: EvalConfig, tokenizer, fmt: PromptFormat, *, limit: int | None = None) -> EvalSet:
+    items = load_benchmark(cfg.benchmark, cfg.source, limit=limit or cfg.num_prompts, template=cfg.template)
+    prompts = [tokenizer(fmt.render(i.prompt, tokenizer), add_special_tokens=False)["input_ids"] for i in items]
+    return EvalSet(cfg.benchmark, items, prompts)
+
+
+def model_methods(
+    model: torch.nn.Module, stop: dict, cfg: EvalConfig, tuned: JacobiConfig | None = None
+) -> dict[str, Decoder]:
+    """Our AR, plain Jacobi at each of the evaluation's block sizes, and the model's tuned config when it has one."""
+    n_new = cfg.max_new_tokens
+    methods: dict[str, Decoder] = {"ar": lambda ps: ar_decode(model, ps, max_new_tokens=n_new, **stop)}
+    for n in cfg.block_sizes:
+        jcfg = JacobiConfig(block_size=n, max_new_tokens=n_new)
+        methods[f"jacobi_n{n}"] = lambda ps, jcfg=jcfg: decode(model, ps, jcfg, **stop)
+    if tuned is not None:
+        tcfg = replace(tuned, max_new_tokens=n_new)
+        methods["tuned"] = lambda ps: decode(model, ps, tcfg, **stop)
+    return methods
+
+
+def evaluate_model(
+    model: torch.nn.Module,
+    tokenizer,
+    cfg: EvalConfig,
+    *,
+    fmt: PromptFormat,
+    stop: dict,
+    calibration: list[list[int]] | None = None,
+    tuned: JacobiConfig | None = None,
+    extra_methods: dict[str, Decoder] | None = None,
+    same_output_as: dict[str, str] | None = None,
+    exact_methods: Callable[[str], bool] = lambda name: not name.startswith("hf_"),
+    progress: Callable[[str], None] | None = None,
+) -> dict:
+    """Evaluate `model` (see the module docstring); `stop` is `models.stop_tokens(model, tokenizer)`.
+
+    `extra_methods` (HF generate, prompt lookup, a second model's decoders) join every pass; `same_output_as` names
+    the greedy reference of each (default: this model's AR). `exact_methods` says which methods the fp32 contract
+    covers (ours; HF's own methods are rows to compare, not ours to guarantee)."""
+    started = time.perf_counter()
+    dtype = next(model.parameters()).dtype
+    data = eval_set(cfg, tokenizer, fmt)
+    methods = {**model_methods(model, stop, cfg, tuned), **(extra_methods or {})}
+    scores: dict[tuple[int, str], bool] = {}
+
+    def scorer(i: int, seq: list[int]) -> bool:  # methods mostly agree: score each distinct text once
+        text = tokenizer.decode(seq, skip_special_tokens=True)
+        if (i, text) not in scores:
+            scores[(i, text)] = score(data.benchmark, data.items[i], text)
+        return scores[(i, text)]
+
+    say = progress or (lambda _m: None)
+    speed_prompts = data.prompts[: cfg.speed_prompts]
+    one_pass = len(speed_prompts) == len(data.prompts) and cfg.speed_batch_size == cfg.batch_size
+    say(f"quality: {len(methods)} methods on {len(data.prompts)} {data.benchmark} prompts, batch {cfg.batch_size}")
+    quality = {
+        r.method: r
+        for r in bench(
+            methods,
+            data.prompts,
+            batch_size=cfg.batch_size,
+            repeats=cfg.repeats if one_pass else 1,
+            scorer=scorer,
+            reference="hf_generate",
+            same_output_as=same_output_as,
+            progress=say,
+        )
+    }
+    if dtype in EXACT_DTYPES:
+        for name, r in quality.items():
+            if exact_methods(name) and r.identical_fraction < 1.0:
+                bad = next(i for i, d in enumerate(r.first_divergence) if d is not None)
+                raise LosslessnessError(
+                    f"{name} changed the greedy output in {dtype} (prompt {bad}, token {r.first_divergence[bad]}): "
+                    "in fp32 the decoders must reproduce greedy AR token for token"
+                )
+    if one_pass:
+        speed = quality
+    else:
+        b = cfg.speed_batch_size
+        say(f"speed: {len(methods)} methods taking turns on {len(speed_prompts)} prompts, batch {b}, x{cfg.repeats}")
+        speed = {
+            r.method: r
+            for r in bench(methods, speed_prompts, batch_size=b, repeats=cfg.repeats, reference="hf_generate")
+        }
+    rows = {
+        name: replace(
+            speed[name],
+            tpf=q.tpf,
+            accuracy=q.accuracy,
+            identical_fraction=q.identical_fraction,
+            first_divergence=q.first_divergence,
+            tpf_per_example=q.tpf_per_example,
+            accepted_histogram=q.accepted_histogram,
+        )
+        for name, q in quality.items()
+    }
+    best_n, calibrated = choose_block_size(model, stop, cfg, calibration, say)
+    headline = "tuned" if "tuned" in rows else f"jacobi_n{best_n}"
+    return {
+        "benchmark": data.benchmark,
+        "items": len(data.items),
+        "dtype": str(dtype).removeprefix("torch."),
+        "accuracy": rows["ar"].accuracy,  # greedy accuracy: the model's own, whatever decodes it
+        "methods": {name: asdict(r) for name, r in rows.items()},
+        "tpf": {str(n): rows[f"jacobi_n{n}"].tpf for n in cfg.block_sizes},
+        "tps": {name: r.tps for name, r in rows.items()},
+        "accepted_histogram": {str(n): rows[f"jacobi_n{n}"].accepted_histogram for n in cfg.block_sizes},
+        "identical_fraction": {name: r.identical_fraction for name, r in rows.items()},
+        "calibration": calibrated,
+        "speedup_block_size": best_n,
+        "headline_method": headline,
+        "headline_tpf": rows[headline].tpf,
+        "speedup_vs_ar": rows[headline].speedup_vs_ar,
+        "speedup_vs_hf_generate": rows[headline].speedup_vs_hf_generate,
+        "decode_config": asdict(tuned)
+        if tuned is not None
+        else asdict(JacobiConfig(block_size=best_n, max_new_tokens=cfg.max_new_tokens)),
+        "eval_seconds": time.perf_counter() - started,
+    }
+
+
+def choose_block_size(
+    model: torch.nn.Module,
+    stop: dict,
+    cfg: EvalConfig,
+    calibration: list[list[int]] | None,
+    say: Callable[[str], None],
+) -> tuple[int, dict]:
+    """Plain Jacobi's block size with the best TPS on the calibration prompts (batch 1, taking turns)."""
+    if len(cfg.block_sizes) == 1:
+        return cfg.block_sizes[0], {"prompts": 0, "tps": {}}
+    if not calibration:
+        raise ValueError("choosing among several block sizes needs calibration prompts")
+    candidates = {
+        str(n): (
+            lambda ps, n=n: decode(model, ps, JacobiConfig(block_size=n, max_new_tokens=cfg.max_new_tokens), **stop)
+        )
+        for n in cfg.block_sizes
+    }
+    say(f"block size: n in {cfg.block_sizes} taking turns on {len(calibration)} calibration prompts")
+    outputs = run_interleaved(candidates, calibration, 1, repeats=cfg.repeats)
+    tps = {n: out.stats.tps for n, out in outputs.items()}
+    return int(max(tps, key=tps.get)), {"prompts": len(calibration), "tps": tps}
+
+
+def evaluate_profile(model_path: str, profile: Profile, *, progress: Callable[[str], None] | None = None) -> dict:
+    """`evaluate_model` for a model directory or hub id as a profile evaluates it: the profile's dtype, benchmark,
+    prompt format and calibration prompts, and the model's tuned decode config when it has one."""
+    from jf_core.decoding.config_io import load_decode_config
+    from jf_core.decoding.multiblock import JFDecodeConfig
+    from jf_core.models import load_model, stop_tokens
+
+    cfg = profile.evaluation
+    model, tok = load_model(model_path, **profile.model.decode_kwargs())
+    saved = load_decode_config(model_path, max_new_tokens=cfg.max_new_tokens)
+    calibration = calibration_prompts(profile.prompts, tok, cfg.tune.prompts, cfg.calibration_split)
+    return evaluate_model(
+        model,
+        tok,
+        cfg,
+        fmt=PromptFormat.of(profile.prompts),
+        stop=stop_tokens(model, tok),
+        calibration=calibration,
+        tuned=saved if isinstance(saved, JFDecodeConfig) else None,
+        progress=progress,
+    )
+
+
+def result_rows(result: dict) -> list[MethodResult]:
+    """An evaluation's per-method rows, for `speed.format_table` and the plots."""
+    return [MethodResult(**row) for row in result["methods"].values()]

@@ -1,0 +1,29 @@
+"""The GPU check script keeps working where CI runs it: on the CPU, on tiny shapes (the figures are a GPU's job)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.timeout(600)
+def test_gpu_check_runs_in_smoke_mode(tmp_path):
+    out = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "gpu_check.py"), "--device", "cpu", "--smoke", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    data = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert data["lossless"]["failures"] == [] and data["lossless"]["cases"] == 18
+    assert set(data["numerics"]) == {"bf16", "bf16 + fp32 LM head", "fp32", "tps"}
+    assert data["numerics"]["fp32"]["batch 8"]["identical_fraction"] == 1.0
+    assert all(len(c["ms"]) == 3 for c in data["forward_cost"].values())
+    assert "Lossless" in (tmp_path / "gpu_check.md").read_text()

@@ -1,0 +1,66 @@
+"""`jf eval`, `jf bench decode` and `jf tune` on a profile: its benchmark and prompt source, not the toy task's."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from jf_cli.main import main
+
+pytestmark = pytest.mark.timeout(600)
+
+
+@pytest.fixture()
+def profile_yaml(profile, tmp_path):
+    rows = [{"question": f"What is {i} + 2?", "answer": f"#### {i + 2}"} for i in range(5)]
+    (tmp_path / "gsm8k.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data = profile.model_dump(mode="json")
+    data["evaluation"].update(
+        benchmark="gsm8k",
+        source=str(tmp_path / "gsm8k.jsonl"),
+        template="Q: {question} A:",
+        max_new_tokens=12,
+        repeats=1,
+        tune={"prompts": 3},
+    )
+    path = tmp_path / "profile.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def test_eval_uses_the_profiles_benchmark(profile_yaml, tmp_path, capsys):
+    out = tmp_path / "eval.json"
+    code = main(["eval", "--profile", profile_yaml, "--limit", "4", "--block-sizes", "4", "8", "--json", str(out)])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "gsm8k: accuracy" in printed and "chosen on calibration prompts" in printed
+    data = json.loads(out.read_text())
+    assert data["meta"]["result"]["items"] == 4 and set(data["methods"]) == {"ar", "jacobi_n4", "jacobi_n8"}
+    assert all(m["identical_fraction"] == 1.0 for m in data["methods"].values())
+
+
+def test_bench_decode_adds_hf_rows_on_the_profiles_prompts(profile_yaml, tmp_path, capsys):
+    out = tmp_path / "bench"
+    argv = ["bench", "decode", "--profile", profile_yaml, "--num-prompts", "3", "--repeats", "1"]
+    assert main([*argv, "--block-sizes", "4", "--batch-size", "2", "--out", str(out)]) == 0
+    data = json.loads((out / "bench.json").read_text())
+    assert set(data["methods"]) == {"ar", "jacobi_n4", "hf_generate", "hf_prompt_lookup"}
+    assert data["meta"]["benchmark"] == "gsm8k" and data["meta"]["batch_size"] == 2
+    assert data["methods"]["hf_generate"]["identical_fraction"] == 1.0  # plain greedy, like our AR
+    assert (out / "bench.md").is_file() and "hf_prompt_lookup" in capsys.readouterr().out
+
+
+def test_tune_saves_a_decode_config_from_calibration_prompts(profile, profile_yaml, tmp_path, capsys):
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(profile.model.path, model)
+    argv = ["tune", "--model", str(model), "--profile", profile_yaml, "--num-prompts", "2", "--repeats", "1"]
+    space = ["--block-sizes", "4", "--num-blocks", "1", "2", "--pool-sizes", "0", "--spawn-ratios", "0.5"]
+    assert main([*argv, *space, "--ngrams", "0", "--seed-drafts", "0", "--max-new-tokens", "12"]) == 0
+    saved = json.loads((model / "decode_config.json").read_text())
+    assert saved["block_size"] == 4 and saved["num_blocks"] in (1, 2)
+    report = json.loads((model / "decode_tuning.json").read_text())
+    assert report["calibration_prompts"] == 2 and len(report["trials"]) == 2

@@ -1,0 +1,130 @@
+"""The architecture matrix: every decoder (Jacobi, multi-block, recycling), batch 1 and 3, on every attention
+backend transformers runs the architecture on (SDPA, eager, and flash-attention through the strict stand-in),
+token for token equal to HF greedy `generate` in fp32, sliding windows shorter than the sequence included.
+
+Not in the matrix, by transformers' own limits: SDPA for Gemma2 and GPT-OSS (eager only), flash-attention for
+GPT-OSS (hub kernels with attention sinks), flash-attention for Falcon (its own flash code, outside the attention
+interface, so no registered stand-in reaches it), and flash-attention for GPT-2 in fp32 (transformers' flash wrapper
+cannot pick a dtype for its Conv1D layers; real flash-attention only runs fp16/bf16, checked below in bf16).
+Models the decoders cannot run exactly are refused at load, naming why (the end of this file).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from jf_core.decoding.config_io import decode
+from jf_core.decoding.kv import KVState, UnsupportedModelError, attention_layout
+from jf_core.evaluation.speed import hf_generate_decoder
+from tests import flash_standin
+from tests.jf_core.decoding.architectures import CONFIGS, DECODERS, NEW, PROMPTS, WINDOW, build, supports
+
+pytestmark = pytest.mark.timeout(900)
+BACKENDS = {"sdpa": "sdpa", "eager": "eager", "flash": flash_standin.NAME}
+
+
+def _cases():
+    for arch in CONFIGS:
+        for backend in BACKENDS:
+            if not supports(arch, backend) or (backend == "flash" and arch in ("gpt2", "gpt-oss-window", "falcon")):
+                continue
+            yield arch, backend
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _standin():
+    flash_standin.install()
+
+
+_REFERENCE: dict[str, list[list[int]]] = {}
+
+
+def reference(arch: str) -> list[list[int]]:
+    """HF greedy generate, one prompt at a time, on the architecture's eager model (the plainest attention)."""
+    if arch not in _REFERENCE:
+        _REFERENCE[arch] = hf_generate_decoder(build(arch, "eager"), None, 0, NEW, batched=False)(PROMPTS).sequences
+    return _REFERENCE[arch]
+
+
+def run(model, name: str, prompts):
+    return decode(model, prompts, DECODERS[name], eos_token_id=None, pad_token_id=0).sequences
+
+
+@pytest.mark.parametrize("decoder", sorted(DECODERS))
+@pytest.mark.parametrize(("arch", "backend"), list(_cases()))
+def test_lossless_on_every_architecture_and_backend(arch, backend, decoder, monkeypatch):
+    model = build(arch, BACKENDS[backend])
+    paths: dict[str, int] = {}
+    original = KVState._call
+
+    def spy(self, tokens, positions, mask, path, **kw):
+        paths[path] = paths.get(path, 0) + 1
+        return original(self, tokens, positions, mask, path, **kw)
+
+    monkeypatch.setattr(KVState, "_call", spy)
+    want = reference(arch)
+    alone = [run(model, decoder, [p])[0] for p in PROMPTS]
+    together = run(model, decoder, PROMPTS)
+    assert alone == want, f"{arch}/{backend}/{decoder} batch 1"
+    assert together == want, f"{arch}/{backend}/{decoder} batch 3"
+    if backend == "flash":  # the 2D path carried every forward it can: all but recycling's trees
+        assert paths.get("2d", 0) > 0 and "4d" not in paths, paths
+        assert decoder == "recycling" or set(paths) == {"2d"}, paths
+    else:
+        assert set(paths) == {"4d"}, paths
+
+
+def test_windows_are_in_play():
+    """Every windowed architecture's layout says so, and the test sequences outrun its window."""
+    windowed = {a for a in CONFIGS if a.endswith("window")}
+    for arch in windowed:
+        assert attention_layout(build(arch, "eager")).max_window == WINDOW, arch
+    assert attention_layout(build("qwen2-hybrid-window", "eager")).hybrid
+    assert max(map(len, PROMPTS)) > WINDOW and NEW > WINDOW
+
+
+def test_gpt2_on_flash_in_bf16_never_sees_a_4d_mask():
+    """GPT-2 on the stand-in as real flash-attention runs it (bf16 only): every decoder completes, nothing but 2D
+    masks reach flash-attention, trees go to SDPA."""
+    model = flash_standin.use(build("gpt2", "sdpa", torch.bfloat16), strict_dtype=True)
+    try:
+        for name in DECODERS:
+            seqs = run(model, name, PROMPTS)
+            assert [len(s) for s in seqs] == [NEW] * len(PROMPTS)
+    finally:
+        flash_standin.use(model, strict_dtype=False)
+
+
+@pytest.mark.parametrize(
+    ("build_model", "message"),
+    [
+        (
+            lambda: __import__("transformers").MambaForCausalLM(
+                __import__("transformers").MambaConfig(vocab_size=64, hidden_size=16, state_size=4, num_hidden_layers=1)
+            ),
+            "recurrent state",
+        ),
+        (
+            lambda: __import__("transformers").Llama4ForCausalLM(
+                __import__("transformers").Llama4TextConfig(
+                    vocab_size=64,
+                    hidden_size=32,
+                    intermediate_size=64,
+                    intermediate_size_mlp=64,
+                    num_hidden_layers=2,
+                    num_attention_heads=4,
+                    num_key_value_heads=2,
+                    head_dim=8,
+                    attention_chunk_size=8,
+                    num_local_experts=2,
+                )
+            ),
+            "chunked_attention",
+        ),
+    ],
+    ids=["mamba", "llama4-chunked"],
+)
+def test_unsupported_attention_is_refused_by_name(build_model, message):
+    with pytest.raises(UnsupportedModelError, match=message):
+        attention_layout(build_model())

@@ -1,0 +1,162 @@
+"""The one evaluation (accuracy + speed) the round, `jf eval` and the bench share: prompts rendered like the
+trajectories' prompts, the fp32 identity contract enforced and the bf16 one reported, the HF baseline truly
+greedy, the block size chosen on calibration prompts."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+
+from jf_core.config import EvalConfig
+from jf_core.decoding.ar import ar_decode
+from jf_core.decoding.common import DecodeOutput
+from jf_core.evaluation.evaluate import LosslessnessError, eval_set, evaluate_model
+from jf_core.evaluation.speed import hf_generate_decoder
+from jf_core.trajectory.prompts import PromptFormat, PromptSourceConfig, load_prompts
+from tests.conftest import PAD, TINY_MODELS
+
+# Qwen2.5-Instruct's chat template, shortened to what it does with a system and a user message.
+QWEN_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+@pytest.fixture()
+def gsm8k_file(tmp_path):
+    rows = [
+        {"question": f"What is {i} + 1?", "answer": f"{i}+1=<<{i}+1={i + 1}>>{i + 1}\n#### {i + 1}"} for i in range(6)
+    ]
+    path = tmp_path / "gsm8k.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def _cfg(source: str, **kw) -> EvalConfig:
+    base = dict(
+        benchmark="gsm8k",
+        source=source,
+        template="Q: {question} A:",
+        num_prompts=5,
+        speed_prompts=2,
+        repeats=1,
+        block_sizes=[4, 8],
+        max_new_tokens=12,
+        batch_size=2,
+    )
+    return EvalConfig(**{**base, **kw})
+
+
+def _tokenizer():
+    from jf_core.toy.tokenizer import build_tokenizer
+
+    return build_tokenizer()
+
+
+def _model(tok, dtype=torch.float32):
+    from jf_core.toy.model import ToyModelConfig, build_model
+
+    model = build_model(
+        ToyModelConfig(hidden_size=32, num_hidden_layers=2, intermediate_size=64),
+        len(tok),
+        tok.pad_token_id,
+        tok.eos_token_id,
+        0,
+    )
+    return model.to(dtype).eval()
+
+
+def _stop(tok):
+    return {"eos_token_id": (tok.eos_token_id,), "pad_token_id": tok.pad_token_id}
+
+
+def test_fp32_evaluation_is_identical_calibrated_and_complete(gsm8k_file):
+    tok = _tokenizer()
+    model = _model(tok)
+    calibration = [tok(t, add_special_tokens=False)["input_ids"] for t in ("Q: 7 + 7? A:", "Q: 1 + 2? A:")]
+    result = evaluate_model(model, tok, _cfg(gsm8k_file), fmt=PromptFormat(), stop=_stop(tok), calibration=calibration)
+    assert result["dtype"] == "float32" and result["items"] == 5
+    assert set(result["methods"]) == {"ar", "jacobi_n4", "jacobi_n8"}
+    assert all(v == 1.0 for v in result["identical_fraction"].values())  # fp32: the contract is identity
+    assert all(d is None for r in result["methods"].values() for d in r["first_divergence"])
+    assert result["calibration"]["prompts"] == 2 and set(result["calibration"]["tps"]) == {"4", "8"}
+    best = max(result["calibration"]["tps"], key=result["calibration"]["tps"].get)
+    assert result["speedup_block_size"] == int(best) and result["headline_method"] == f"jacobi_n{best}"
+    assert result["speedup_vs_ar"] == pytest.approx(result["tps"][f"jacobi_n{best}"] / result["tps"]["ar"])
+    assert 0.0 <= result["accuracy"] <= 1.0
+
+
+def test_fp32_difference_is_a_bug_and_raises(gsm8k_file):
+    """A decoder that changes the greedy output in fp32 is reported by name, prompt and token."""
+    tok = _tokenizer()
+    model = _model(tok)
+    stop = _stop(tok)
+
+    def off_by_one(prompts):
+        out = ar_decode(model, prompts, max_new_tokens=12, **stop)
+        return DecodeOutput([[*s[:2], (s[2] + 1) % 50, *s[3:]] for s in out.sequences], out.stats)
+
+    cfg = _cfg(gsm8k_file, block_sizes=[4])
+    message = r"broken changed the greedy output in torch.float32 \(prompt 0, token 2"
+    with pytest.raises(LosslessnessError, match=message):
+        evaluate_model(model, tok, cfg, fmt=PromptFormat(), stop=stop, extra_methods={"broken": off_by_one})
+
+
+def test_bf16_evaluation_reports_identity_instead_of_raising(gsm8k_file):
+    """In bf16 a wide window and a one-token step run different kernels: differences are measured, not fatal."""
+    tok = _tokenizer()
+    model = _model(tok, torch.bfloat16)
+    cfg = _cfg(gsm8k_file, block_sizes=[8], max_new_tokens=24)
+    result = evaluate_model(model, tok, cfg, fmt=PromptFormat(), stop=_stop(tok))
+    assert result["dtype"] == "bfloat16"
+    fraction = result["identical_fraction"]["jacobi_n8"]
+    diverged = result["methods"]["jacobi_n8"]["first_divergence"]
+    assert 0.0 <= fraction <= 1.0 and len(diverged) == 5
+    assert fraction == sum(d is None for d in diverged) / 5
+
+
+def test_chat_template_prompts_match_the_trajectory_prompt_format(tmp_path):
+    """HumanEval prompts for a chat model are rendered exactly as the trajectory prompts were."""
+    tok = _tokenizer()
+    tok.chat_template = QWEN_TEMPLATE
+    record = {
+        "task_id": "T/0",
+        "prompt": 'def add(a, b):\n    """Add two numbers."""\n',
+        "test": "def check(candidate):\n    assert candidate(2, 3) == 5\n",
+        "entry_point": "add",
+    }
+    (tmp_path / "he.jsonl").write_text(json.dumps(record) + "\n")
+    system = "You are a careful Python programmer."
+    cfg = EvalConfig(benchmark="humaneval", source=str(tmp_path / "he.jsonl"), num_prompts=1)
+    got = eval_set(cfg, tok, PromptFormat(system_prompt=system)).prompts[0]
+    (tmp_path / "train.jsonl").write_text(json.dumps({"prompt": record["prompt"]}) + "\n")
+    trajectory = load_prompts(PromptSourceConfig(source=str(tmp_path / "train.jsonl"), system_prompt=system), tok)
+    assert got == trajectory.items[0].token_ids
+    text = tok.decode(got)
+    assert text.startswith("<|im_start|>system") and text.endswith("<|im_start|>assistant\n")
+
+
+def test_hf_generate_row_is_plain_greedy_under_a_qwen_generation_config():
+    """A Qwen-style checkpoint ships repetition_penalty 1.05 and two EOS ids: the HF generate row ignores the
+    penalty, stops on either EOS, and equals our greedy AR, one by one and in left-padded batches."""
+    model = copy.deepcopy(TINY_MODELS["qwen2"]())
+    prompts = [[5, 6, 7, 8, 9], [10, 11, 12], [13, 14, 15, 16], [40, 41]]
+    free = ar_decode(model, prompts, max_new_tokens=40, eos_token_id=None, pad_token_id=PAD).sequences
+    eos = (free[0][6], free[2][9])  # two ids the model really emits: stopping on them matters
+    model.generation_config.repetition_penalty = 1.05
+    model.generation_config.eos_token_id = list(eos)
+    model.generation_config.top_k, model.generation_config.top_p = 20, 0.8
+    ours = ar_decode(model, prompts, max_new_tokens=40, eos_token_id=eos, pad_token_id=PAD).sequences
+    assert any(s[-1] in eos and len(s) < 40 for s in ours)
+    for batched in (False, True):
+        hf = hf_generate_decoder(model, eos, PAD, 40, batched=batched)(prompts).sequences
+        assert hf == ours, f"batched={batched}"
+    assert model.generation_config.repetition_penalty == 1.05  # the checkpoint's config is left as it was
+    # Control: generate() left to the checkpoint's config applies the penalty and is not greedy.
+    inherited = [
+        model.generate(torch.tensor([p]), max_new_tokens=40, pad_token_id=PAD)[0, len(p) :].tolist() for p in prompts
+    ]
+    assert [s[: len(o)] for s, o in zip(inherited, ours, strict=True)] != ours
