@@ -14,6 +14,7 @@ import json
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
+from jf_core import planning
 from jf_core.config import Profile, load_profile
 from tasks import reporting, round_tasks, stages, tracking
 
@@ -33,6 +34,7 @@ def jf_round(
     """`parent_run_id`: the MLflow run of a calling flow (jf-progressive); `history`: earlier rounds' reports,
     for the TPF-per-round plot."""
     prof = load(profile, overrides)
+    planning.check(prof)  # a GPU profile that cannot fit is refused here, naming the stage and the knob
     logger = get_run_logger()
     client, experiment = tracking.connect(prof)
     n = prof.trajectory.block_size

@@ -6,6 +6,8 @@ jf bench decode [--profile P] [--jf-model DIR] [--num-prompts N] [--batch-size B
 jf eval [--profile P] [--benchmark NAME --source PATH_OR_ID] [--model M]   accuracy with TPF and TPS
 jf tune --model DIR [--profile P]              autotune the decode config on calibration prompts
 jf run [--profile tiny] [--set section.key=value]    one jf-round flow run (the main job)
+jf plan [--profile P] [--set section.key=value]      per-GPU memory of the profile's stages, before any work
+jf prompts prepare --source DATA --out DIR [--profile P]  a prompt store: filtered, deduplicated, calibration split
 jf stack up|down|status                        local Prefect + MLflow servers and a worker
 """
 
@@ -125,6 +127,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     orchestrate.register(sub)
     evaluate.register(sub, bench_sub)
+    from jf_cli import plan, prompts
+
+    plan.register(sub)
+    prompts.register(sub)
     return parser
 
 

@@ -41,8 +41,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     _prefect_env()
     overrides = parse_overrides(args.set or [])
     from jf_core.config import load_profile
+    from jf_core.planning import check
 
-    load_profile(args.profile, **overrides)  # bad parameters fail here, before any server starts
+    check(load_profile(args.profile, **overrides))  # bad parameters or a plan that cannot fit: before any server
     from flows.round import jf_round
     from tasks.reporting import markdown_table, metrics_rows
     from tasks.tracking import tracking_uri
@@ -62,7 +63,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(markdown_table(metrics_rows(report)))
     print(
         f"\naccuracy {summary['accuracy']:.3f} (input model {summary['base_accuracy']:.3f}); "
-        f"TPF {summary['headline_tpf']:.2f} at n={summary['speedup_block_size']}; "
+        f"TPF {summary['headline_tpf']:.2f} ({_decode_label(summary['decode_config'])}); "
         f"speedup vs our AR {summary['speedup_vs_ar']:.2f}x; trained {summary['train_seconds']:.0f} s\n"
         f"identical to greedy AR: {summary['identical_fraction']:.3f} of the evaluation prompts ({summary['dtype']}"
         + ("; fp32 promises 1.000)" if summary["dtype"] == "float32" else "; measured, see README 'Numerics')")
@@ -79,6 +80,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         f"  registry model   models:/{reg['model_name']}@{'champion' if reg['gate_passed'] else 'challenger'}"
     )
     return 0
+
+
+def _decode_label(cfg: dict) -> str:
+    """What decoded the headline: the tuned Jacobi Forcing config, or plain Jacobi at the chosen n."""
+    if "num_blocks" in cfg:
+        seeded = ", seeded drafts" if cfg.get("seed_drafts") else ""
+        return f"tuned: n={cfg['block_size']}, K={cfg['num_blocks']}, pool {cfg['pool_size']}{seeded}"
+    return f"plain Jacobi, n={cfg['block_size']} chosen on calibration prompts"
 
 
 def cmd_stack(args: argparse.Namespace) -> int:

@@ -35,3 +35,34 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out_dir
+
+
+def save_model_dir(
+    model: Any,
+    out_dir: Path,
+    *,
+    tokenizer: Any | None = None,
+    state_dict: dict | None = None,
+    dtype: Any | None = None,
+    extra_files: dict[str, str] | None = None,
+) -> Path:
+    """A trained model's directory, atomically: its weights (or `state_dict`, e.g. one gathered from shards) in
+    `dtype` (the model's own, typically bf16, though training kept fp32 masters), its tokenizer and extra files."""
+    import torch
+
+    state = state_dict if state_dict is not None else model.state_dict()
+    if dtype is not None:
+        state = {k: v.to(dtype) if torch.is_floating_point(v) else v for k, v in state.items()}
+
+    class _Weights:
+        def save_pretrained(self, path, **kwargs):
+            model.save_pretrained(path, state_dict=state, safe_serialization=True)
+            if dtype is not None:  # the config says what the weights are
+                import json
+
+                config = Path(path) / "config.json"
+                data = json.loads(config.read_text())
+                data["dtype"] = str(dtype).removeprefix("torch.")
+                config.write_text(json.dumps(data, indent=2))
+
+    return save_checkpoint(_Weights(), out_dir, tokenizer=tokenizer, extra_files=extra_files)

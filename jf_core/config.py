@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from jf_core.trajectory.prompts import PromptSourceConfig
 
@@ -66,19 +66,31 @@ class TrajectoryConfig(_Strict):
 
 
 class ComputeConfig(_Strict):
-    workers: int = Field(2, ge=1)  # actors: one per GPU on GPU hosts, one per CPU slot here
-    gpus_per_worker: float = Field(0, ge=0)
+    workers: int = Field(2, ge=1)  # trajectory actors: one per GPU on GPU hosts, one per CPU slot here
+    gpus_per_worker: float = Field(0, ge=0)  # per trajectory actor and per training worker
     cpus_per_worker: float = Field(1, gt=0)
+    train_workers: int = Field(1, ge=1)  # Ray Train workers for training.strategy ddp / fsdp2
+    train_max_failures: int = Field(2, ge=0)  # worker-group restarts (each resumes from the last checkpoint)
+    gpu_memory_gb: float = Field(80.0, gt=0)  # per GPU, for `jf plan` and the flow's check before any work
     ray_address: str | None = None  # None: RAY_ADDRESS if set, else a private loopback Ray (infra/ray_cluster.py)
     max_restarts: int = Field(2, ge=0)
     max_task_retries: int = Field(2, ge=0)
 
 
 class JFTrainConfig(_Strict):
+    # single: this process; ddp: a full replica per Ray Train worker; fsdp2: parameters, gradients and optimizer
+    # state sharded over the workers (compute.train_workers). Weights are fp32 masters always; compute runs in the
+    # model's dtype (model.dtype). See tasks/train_distributed.py and `jf plan`.
+    strategy: Literal["single", "ddp", "fsdp2"] = "single"
+    activation_checkpointing: bool = False  # recompute each layer's activations in backward (non-reentrant)
+    cpu_offload: bool = False  # fsdp2: fp32 masters, gradients and AdamW state in host memory (one small GPU)
+    checkpoint_every: int | None = Field(None, ge=1)  # steps between resumable checkpoints; None: a tenth of the run
+    lean_loss: bool = True  # the LM head on loss positions only, in chunks (losses.py); False: full logits
+    loss_chunk: int = Field(1024, ge=1)  # LM-head rows per chunk
     steps: int = Field(600, ge=1)
     lr: float = Field(1e-3, gt=0)
     warmup_steps: int = Field(30, ge=0)
-    batch_size: int = Field(16, ge=1)
+    batch_size: int = Field(16, ge=1)  # per worker: the global batch is batch_size x grad_accum x workers
     grad_accum: int = Field(1, ge=1)
     grad_clip: float = Field(1.0, gt=0)
     ar_weight: float = Field(1.0, ge=0)  # lambda
@@ -110,13 +122,22 @@ class JFTrainConfig(_Strict):
             consistency_weight=self.consistency_weight,
             temperature=self.temperature,
             hard_targets=self.hard_targets,
+            chunk=self.loss_chunk,
         )
-        return JacobiForcingObjective(loss, self.mask)
+        return JacobiForcingObjective(loss, self.mask, lean=self.lean_loss)
 
-    def loop(self, log_every: int = 10):
+    def every(self) -> int:
+        return self.checkpoint_every or max(1, self.steps // 10)
+
+    def loop(self, log_every: int = 10, compute_dtype: str = "float32"):
+        """The loop's settings; `compute_dtype` is the model's (a profile's model.dtype, "auto" meaning fp32 on CPU
+        and bf16 on CUDA)."""
+        import torch
+
         from jf_core.training.trainer import TrainConfig
 
         return TrainConfig(
+            compute_dtype=getattr(torch, compute_dtype),
             steps=self.steps,
             lr=self.lr,
             warmup_steps=self.warmup_steps,
@@ -217,6 +238,17 @@ class Profile(_Strict):
     @property
     def model_name(self) -> str:
         return self.registry.model_name or f"jf-{self.name}"
+
+    @model_validator(mode="after")
+    def _training_workers(self) -> Profile:
+        if self.training.cpu_offload and self.training.strategy != "fsdp2":
+            raise ValueError("training.cpu_offload needs training.strategy fsdp2 (FSDP2's CPUOffloadPolicy)")
+        if self.training.strategy == "single" and self.compute.train_workers > 1:
+            raise ValueError(
+                f"compute.train_workers={self.compute.train_workers} needs training.strategy ddp or fsdp2 "
+                "(strategy single trains in this process)"
+            )
+        return self
 
     def runs_dir(self) -> Path:
         from jf_core.paths import jf_home

@@ -168,28 +168,46 @@ def stage_train(
     progress: bool = True,
     on_log: Callable[[int, dict], None] | None = None,
 ) -> dict:
-    """Jacobi Forcing training from `model_in` on the packed examples -> model/ (safetensors + tokenizer).
+    """Jacobi Forcing training from `model_in` on the packed examples -> model/ (safetensors + tokenizer, in the
+    model's dtype). `training.strategy` single runs here; ddp and fsdp2 run on Ray Train workers
+    (tasks/train_distributed.py), through the same loop.
 
-    Checkpoints (weights + optimizer) every tenth of the run let a retried task resume where it died; they are
-    removed once the model directory is complete."""
-    import torch
-
-    from jf_core.checkpoint import save_checkpoint
-    from jf_core.models import load_model
-    from jf_core.toy.task import make_split
-    from jf_core.training.jf_data import jf_batches
-    from jf_core.training.losses import training_attention
-    from jf_core.training.trainer import train
-
+    Checkpoints (weights + optimizer) every `training.checkpoint_every` steps let a retried task or a restarted
+    worker resume where it died; they are removed once the model directory is complete."""
     if (done := finished(paths.model)) is not None:
         log.info("reusing trained model at %s (%s steps)", paths.model, done["steps"])
         return done
+    if profile.training.strategy != "single":
+        from tasks.train_distributed import train_distributed
+
+        summary = train_distributed(profile, paths, model_in, on_log=on_log)
+    else:
+        summary = _train_here(profile, model_in, paths, progress=progress, on_log=on_log)
+    shutil.rmtree(paths.checkpoints, ignore_errors=True)
+    return summary
+
+
+def _train_here(profile: Profile, model_in: str, paths: RoundPaths, *, progress: bool, on_log) -> dict:
+    import torch
+
+    from jf_core.checkpoint import save_model_dir
+    from jf_core.models import ModelSpec, load_model
+    from jf_core.toy.task import make_split
+    from jf_core.training.jf_data import jf_batches
+    from jf_core.training.losses import check_lean_head, training_attention
+    from jf_core.training.trainer import train
+
     t = profile.training
     examples = load_packed(paths)
     device = torch.device("cuda" if torch.cuda.is_available() and profile.model.device in ("auto", "cuda") else "cpu")
-    model, tok = load_model(
-        model_in, dtype=profile.model.dtype, device=str(device), attn_implementation=training_attention(device)
-    )
+    compute = ModelSpec(model_in, dtype=profile.model.dtype, device=str(device)).resolved_dtype()
+    attention = training_attention(device)
+    # fp32 master weights: the optimizer never steps bf16 weights; compute runs in the model's dtype (autocast).
+    model, tok = load_model(model_in, dtype="float32", device=str(device), attn_implementation=attention)
+    if t.activation_checkpointing:
+        from jf_core.training.parallel import enable_activation_checkpointing
+
+        enable_activation_checkpointing(model)
     ar_mix = None
     if t.mix_ar_every and profile.prompts.source == "embedded":
         from jf_core.toy.data import ar_batches
@@ -203,20 +221,32 @@ def stage_train(
         variant=t.mask,
         ar_batches=ar_mix,
         ar_every=t.mix_ar_every,
+        dense_mask=attention != "flex_attention",
     )
+    objective = t.objective()
+    if t.lean_loss:
+        check_lean_head(model, next(jf_batches(examples, 1, tok.pad_token_id, seed=t.seed, variant=t.mask)), t.mask)
     result = train(
         model.train(),
         batches,
-        t.objective(),
-        t.loop(),
+        objective,
+        t.loop(compute_dtype=str(compute).removeprefix("torch.")),
         progress=progress,
         on_log=on_log,
         checkpoint_dir=paths.checkpoints,
-        checkpoint_every=max(1, t.steps // 10),
+        checkpoint_every=t.every(),
     )
-    summary = {"steps": result.steps, "train_seconds": result.seconds, "model_in": model_in, "history": result.history}
-    save_checkpoint(model, paths.model, tokenizer=tok, extra_files={DONE: json.dumps(summary, indent=2)})
-    shutil.rmtree(paths.checkpoints, ignore_errors=True)
+    summary = {
+        "steps": result.steps,
+        "train_seconds": result.seconds,
+        "model_in": model_in,
+        "strategy": "single",
+        "resumed_from_step": result.resumed_from,
+        "history": result.history,
+    }
+    if result.resumed_from:
+        log.info("training resumed from its checkpoint at step %d of %d", result.resumed_from, result.steps)
+    save_model_dir(model, paths.model, tokenizer=tok, dtype=compute, extra_files={DONE: json.dumps(summary, indent=2)})
     return summary
 
 
@@ -298,9 +328,8 @@ def round_report(profile: Profile, model_in: str, paths: RoundPaths, stages: dic
         "decode_config": jf["decode_config"],
         "tuned": None
         if tuned is None
-        else {k: tuned[k] for k in ("tpf", "tps", "speedup_vs_ar", "identical_fraction")} | {
-            "config": jf["decode_config"]
-        },
+        else {k: tuned[k] for k in ("tpf", "tps", "speedup_vs_ar", "identical_fraction")}
+        | {"config": jf["decode_config"]},
         "train_seconds": stages["train"]["train_seconds"],
         "trajectories": {k: v for k, v in stages["trajectories"].items()},
         "packing": stages["pack"],

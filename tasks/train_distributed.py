@@ -1,36 +1,49 @@
 """Jacobi Forcing training on many workers: the project's one training loop inside a Ray Train `TorchTrainer`.
 
-DDP (gloo on CPU, NCCL on GPU) through `ray.train.torch.prepare_model`. Workers receive paths, not tensors: each
-reads the trajectory store, packs it with the same schedule (deterministic), and takes every world_size-th example
-starting at its rank. Rank 0 writes the model directory (atomically) at the end; checkpoints and resume work as in
-the single-process trainer when `checkpoint_dir` sits on storage all workers share.
+- `training.strategy: ddp`: a full replica per worker (DDP, `ray.train.torch.prepare_model`; gloo on CPU, NCCL on
+  GPUs).
+- `training.strategy: fsdp2`: `fully_shard` on each decoder layer, then the model: fp32 master weights and
+  optimizer state sharded over the workers, compute in the model's dtype, gradients reduced in fp32, activation
+  checkpointing with `training.activation_checkpointing` (jf_core/training/parallel.py).
+
+Workers receive paths, not tensors: each reads only its share of the packed examples (every world-th row). Every
+`training.checkpoint_every` steps the workers write a sharded checkpoint (torch.distributed.checkpoint) into the
+round's `checkpoints/`; when a worker dies, Ray Train restarts the group (`compute.train_max_failures`) and every
+worker resumes from the last complete checkpoint, fast-forwarding its data, so the run ends with the weights an
+uninterrupted one would have. At the end rank 0 gathers the full state and writes the model directory in the
+model's dtype (the same format as one-process training, so evaluation and registration do not change).
+
+A private loopback Ray with token auth by default; a cluster with RAY_ADDRESS or `compute.ray_address`, joined
+with token auth (infra/ray_cluster.py). On one machine: `training.strategy: fsdp2`, `compute.train_workers: 2`.
 """
 
 from __future__ import annotations
 
+import contextvars
 import json
 import os
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from infra.ray_cluster import loopback_torch_config, ray_session
 from jf_core.config import Profile
 
+CHAOS_ENV = "JF_CHAOS_KILL_WORKER"  # test hook: "rank:step:marker" - that worker dies after that step, once
+PROGRESS = "progress.json"  # rank 0's last logged row, for the driver (Prefect progress, logs)
+
 
 def _worker_loop(config: dict) -> None:
-    import json
-
     import ray.train
     import torch
     from ray.train.torch import prepare_model
 
-    from jf_core.checkpoint import save_checkpoint
-    from jf_core.config import Profile
-    from jf_core.models import load_model
-    from jf_core.training.jf_data import jf_batches
-    from jf_core.training.losses import training_attention
-    from jf_core.training.packing import pack_records
+    from jf_core.checkpoint import save_model_dir
+    from jf_core.models import ModelSpec, load_model
+    from jf_core.training.jf_data import jf_batches, read_packed_share
+    from jf_core.training.losses import check_lean_head, training_attention
+    from jf_core.training.parallel import Distributed, enable_activation_checkpointing, shard_fsdp2
     from jf_core.training.trainer import train
-    from jf_core.trajectory.store import TrajectoryStore
 
     profile = Profile.model_validate(config["profile"])
     t = profile.training
@@ -38,62 +51,170 @@ def _worker_loop(config: dict) -> None:
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     torch.set_num_threads(max(1, int(config["threads"])))
     device = ray.train.torch.get_device()
-    model, tok = load_model(
-        config["model_in"],
-        dtype=profile.model.dtype,
-        device=str(device),
-        attn_implementation=training_attention(device),
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    attention = training_attention(device)
+    compute = ModelSpec(config["model_in"], dtype=profile.model.dtype, device=device.type).resolved_dtype()
+    # fp32 master weights on every strategy; compute runs in the model's dtype.
+    model, tok = load_model(config["model_in"], dtype="float32", device="cpu", attn_implementation=attention)
+    mine = read_packed_share(config["packed"], rank, world)
+    if t.lean_loss:  # a property of the architecture: checked on the plain model, before wrapping or sharding
+        check_lean_head(model, next(jf_batches(mine, 1, tok.pad_token_id, seed=t.seed, variant=t.mask)), t.mask)
+    parallel = Distributed(t.strategy)
+    if t.strategy == "fsdp2":
+        wrapped = shard_fsdp2(model, compute, t.activation_checkpointing, t.cpu_offload)  # shards on the device
+    else:
+        if t.activation_checkpointing:
+            enable_activation_checkpointing(model)
+        wrapped = prepare_model(model, parallel_strategy="ddp")
+    batches = jf_batches(
+        mine,
+        t.batch_size,
+        tok.pad_token_id,
+        seed=t.seed + rank,
+        variant=t.mask,
+        dense_mask=attention != "flex_attention",
     )
-    records = TrajectoryStore(config["trajectories"]).read().to_pylist()
-    packed, _ = pack_records(records, t.noise_schedule(), t.max_length)
-    mine = packed[rank::world]
-    ddp = prepare_model(model)
-    batches = jf_batches(mine, t.batch_size, tok.pad_token_id, seed=t.seed + rank, variant=t.mask)
+    kill = os.environ.get(CHAOS_ENV, "").split(":") if os.environ.get(CHAOS_ENV) else None
+    progress = Path(config["checkpoints"]) / PROGRESS
 
-    last: dict = {}
+    def on_log(step: int, row: dict) -> None:
+        if rank == 0:
+            tmp = progress.with_name(f".{PROGRESS}.tmp")
+            tmp.write_text(json.dumps({**row, "step": step, "steps": t.steps}))
+            os.replace(tmp, progress)
+        if kill and int(kill[0]) == rank and int(kill[1]) == step and not os.path.exists(kill[2]):
+            Path(kill[2]).write_text(f"rank {rank} died after step {step}")
+            os._exit(1)  # as abruptly as a lost node: no cleanup, no goodbye to the process group
 
-    def report(step: int, row: dict) -> None:
-        last.update(row, rank=rank, world_size=world)
-        ray.train.report(dict(last))
-
-    train(ddp, batches, t.objective(), t.loop(log_every=1), on_log=report, progress=False)
+    result = train(
+        wrapped,
+        batches,
+        t.objective(),
+        t.loop(log_every=1, compute_dtype=str(compute).removeprefix("torch.")),
+        on_log=on_log,
+        progress=False,
+        checkpoint_dir=Path(config["checkpoints"]),
+        checkpoint_every=t.every(),
+        parallel=parallel,
+    )
+    state = parallel.full_state_dict(wrapped)  # every worker takes part in the gather
     if rank == 0:
-        save_checkpoint(model, Path(config["out"]), tokenizer=tok, extra_files={"train_metrics.json": json.dumps(last)})
+        summary = {
+            "steps": result.steps,
+            "train_seconds": result.seconds,
+            "model_in": config["model_in"],
+            "strategy": t.strategy,
+            "workers": world,
+            "resumed_from_step": result.resumed_from,
+            "history": result.history,
+        }
+        save_model_dir(
+            _plain_model(model.config),
+            Path(config["out"]),
+            tokenizer=tok,
+            state_dict=state,
+            dtype=compute,
+            extra_files={"done.json": json.dumps(summary, indent=2)},
+        )
+    ray.train.report({"step": result.steps, "rank": rank})
+
+
+def _plain_model(config):
+    """An unsharded, unwrapped model of this config without allocating weights: it only carries save_pretrained
+    for the gathered state (saving through an FSDP2-sharded model would meet its DTensors)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config)
 
 
 def train_distributed(
     profile: Profile,
-    trajectories: str | Path,
+    paths,
     model_in: str,
-    out: str | Path,
     *,
-    num_workers: int = 2,
-    use_gpu: bool = False,
+    on_log: Callable[[int, dict], None] | None = None,
     storage: str | Path | None = None,
 ) -> dict:
-    """Train on `num_workers` Ray Train workers; returns rank 0's last logged metrics (also in train_metrics.json)."""
+    """Train on `compute.train_workers` Ray Train workers with `training.strategy`; returns the model directory's
+    `done.json` summary (written by rank 0 last)."""
+    import ray.train
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    cpus = max(1, int(profile.compute.cpus_per_worker))
-    with ray_session(profile.compute.ray_address, num_cpus=max(os.cpu_count() or 1, num_workers * cpus)) as session:
+    compute = profile.compute
+    cpus = max(1, int(compute.cpus_per_worker))
+    gpus = compute.gpus_per_worker
+    resources = {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
+    paths.checkpoints.mkdir(parents=True, exist_ok=True)
+    config = {
+        "profile": profile.model_dump(mode="json"),
+        "model_in": model_in,
+        "packed": str((paths.packed / "examples.parquet").resolve()),
+        "checkpoints": str(paths.checkpoints.resolve()),
+        "out": str(paths.model.resolve()),
+        "threads": cpus,
+    }
+    watcher = _ProgressWatcher(paths.checkpoints / PROGRESS, on_log)
+    num_cpus = max(os.cpu_count() or 1, compute.train_workers * cpus)
+    with ray_session(compute.ray_address, num_cpus=num_cpus) as session, watcher:
         trainer = TorchTrainer(
             _worker_loop,
-            train_loop_config={
-                "profile": profile.model_dump(),
-                "trajectories": str(trajectories),
-                "model_in": model_in,
-                "out": str(Path(out).resolve()),
-                "threads": cpus,
-            },
+            train_loop_config=config,
             # On a loopback Ray every worker is on this machine: its rendezvous stays on 127.0.0.1 too.
             torch_config=loopback_torch_config() if session.loopback else TorchConfig(),
-            scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=use_gpu, resources_per_worker={"CPU": cpus}),
+            scaling_config=ScalingConfig(
+                num_workers=compute.train_workers, use_gpu=gpus > 0, resources_per_worker=resources
+            ),
             run_config=RunConfig(
-                name="jf-train", storage_path=str(Path(storage or Path(out).parent / "ray-train").resolve())
+                name=f"jf-train-{paths.root.name}",
+                storage_path=str(Path(storage or paths.root / "ray-train").resolve()),
+                failure_config=ray.train.FailureConfig(max_failures=compute.train_max_failures),
             ),
         )
         result = trainer.fit()
     if result.error is not None:
-        raise RuntimeError(f"distributed training failed: {result.error}")
-    return json.loads((Path(out) / "train_metrics.json").read_text())
+        raise RuntimeError(f"distributed training ({profile.training.strategy}) failed: {result.error}")
+    return json.loads((paths.model / "done.json").read_text())
+
+
+class _ProgressWatcher:
+    """Feeds rank 0's logged rows (its progress file) to `on_log` while the workers train, in the caller's context
+    (a Prefect task's run context lives in contextvars, which a new thread would not have)."""
+
+    def __init__(self, path: Path, on_log: Callable[[int, dict], None] | None) -> None:
+        self.path, self.on_log = path, on_log
+        self.context = contextvars.copy_context()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.seen = -1
+
+    def __enter__(self) -> _ProgressWatcher:
+        if self.on_log is not None:
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        if self.thread.is_alive():
+            self.thread.join()
+        self._poll()
+
+    def _run(self) -> None:
+        while not self.stop.wait(1.0):
+            self._poll()
+
+    def _poll(self) -> None:
+        if self.on_log is None or not self.path.is_file():
+            return
+        try:
+            row = json.loads(self.path.read_text())
+        except (OSError, json.JSONDecodeError):
+            return
+        step = int(row.pop("step"))
+        row.pop("steps", None)
+        if step > self.seen:
+            self.seen = step
+            self.context.copy().run(self.on_log, step, row)

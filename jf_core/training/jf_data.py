@@ -1,14 +1,38 @@
 """Batches for Jacobi Forcing training: packed trajectory examples, optionally mixed with plain AR batches of
-ground-truth task data (a check against drifting answers)."""
+ground-truth task data (a check against drifting answers).
+
+A batch's order is separate from its collation (`batch_orders`), so data-parallel workers, each holding only its
+share of the examples (`read_packed_share`), can be replayed as one process on the same global batches
+(`global_batches`): how the tests hold DDP and FSDP2 to the one-process loss curve.
+"""
 
 from __future__ import annotations
 
 import random
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import torch
 
 from jf_core.training.packing import PackedExample, collate
+
+
+def batch_orders(examples: Sequence[PackedExample], batch_size: int, seed: int) -> Iterator[list[int]]:
+    """Endless shuffled epochs of index lists; batches hold examples of similar lengths (less padding, a smaller
+    L x L mask)."""
+    if not examples:
+        raise ValueError("no packed examples to train on (every trajectory was dropped by packing?)")
+    rng = random.Random(seed)
+    order = list(range(len(examples)))
+    while True:
+        rng.shuffle(order)
+        chunks = [order[i : i + 16 * batch_size] for i in range(0, len(order), 16 * batch_size)]
+        batches = []
+        for chunk in chunks:
+            chunk = sorted(chunk, key=lambda i: examples[i].total_length)
+            batches += [chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size)]
+        rng.shuffle(batches)
+        yield from batches
 
 
 def jf_batches(
@@ -20,24 +44,40 @@ def jf_batches(
     variant: str = "shipped",
     ar_batches: Iterator[dict[str, torch.Tensor]] | None = None,
     ar_every: int = 0,
+    dense_mask: bool = True,
 ) -> Iterator[dict[str, torch.Tensor]]:
-    """Endless shuffled epochs; with `ar_batches` and `ar_every` = k, every k-th batch is a plain AR batch."""
-    if not examples:
-        raise ValueError("no packed examples to train on (every trajectory was dropped by packing?)")
-    rng = random.Random(seed)
-    order = list(range(len(examples)))
-    count = 0
+    """Endless collated batches; with `ar_batches` and `ar_every` = k, every k-th batch is a plain AR batch."""
+    for count, idx in enumerate(batch_orders(examples, batch_size, seed), start=1):
+        if ar_batches is not None and ar_every and count % ar_every == 0:
+            yield next(ar_batches)
+        yield collate([examples[i] for i in idx], pad_token_id, variant, dense_mask=dense_mask)
+
+
+def global_batches(
+    shares: Sequence[Sequence[PackedExample]],
+    batch_size: int,
+    pad_token_id: int,
+    *,
+    seed: int,
+    variant: str = "shipped",
+) -> Iterator[dict[str, torch.Tensor]]:
+    """The batches data-parallel workers train on together (worker r: its share, seed + r), as one batch per step."""
+    streams = [batch_orders(share, batch_size, seed + rank) for rank, share in enumerate(shares)]
     while True:
-        rng.shuffle(order)
-        # Similar lengths per batch keep padding (and the L x L mask) small.
-        chunks = [order[i : i + 16 * batch_size] for i in range(0, len(order), 16 * batch_size)]
-        batches = []
-        for chunk in chunks:
-            chunk = sorted(chunk, key=lambda i: examples[i].total_length)
-            batches += [chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size)]
-        rng.shuffle(batches)
-        for idx in batches:
-            count += 1
-            if ar_batches is not None and ar_every and count % ar_every == 0:
-                yield next(ar_batches)
-            yield collate([examples[i] for i in idx], pad_token_id, variant)
+        examples = [shares[rank][i] for rank, stream in enumerate(streams) for i in next(stream)]
+        yield collate(examples, pad_token_id, variant)
+
+
+def read_packed_share(path: str | Path, rank: int, world_size: int) -> list[PackedExample]:
+    """Worker `rank`'s share of a packed-examples Parquet file (every world_size-th row from `rank`), streamed in
+    record batches so that no worker holds the other workers' examples."""
+    import pyarrow.parquet as pq
+
+    mine: list[PackedExample] = []
+    row = 0
+    for part in pq.ParquetFile(path).iter_batches(batch_size=256):
+        for record in part.to_pylist():
+            if row % world_size == rank:
+                mine.append(PackedExample(**record))
+            row += 1
+    return mine

@@ -6,16 +6,32 @@
   tau^2 to keep gradient size independent of tau). Written as KL(teacher || student): the same gradient as
   upstream's soft cross entropy, but 0 when noisy and clean agree. `hard_targets` uses cross entropy against the
   fixed-point tokens instead.
-Both are means over their positions in the batch (upstream also divides the consistency term by the number of
-blocks, which makes its weight depend on answer length; we do not).
+
+Token-weighted: each term is a sum over its positions divided by a normaliser, by default the batch's own count of
+those positions (a mean). The trainer passes the count over every micro-batch of the step on every worker instead,
+so one step's loss is the same mean however the step is split into micro-batches and workers (upstream's mean of
+per-worker means weighs a worker's tokens by how few it had; it also divides the consistency term by the number of
+blocks, which makes its weight depend on answer length; we do neither).
+
+Memory-lean: the LM head runs only on the positions a loss uses, `chunk` rows at a time, each chunk checkpointed
+(its logits are recomputed in backward instead of kept), so peak memory grows with the chunk, not with vocabulary x
+packed length. The final hidden state is taken at the LM head's input (a pre-hook that hands the model's own head
+call zero positions), so the forward still goes through the whole wrapped model (DDP, FSDP2) and only the head
+moves out; the logits post-processing some architectures apply after the head (Gemma2's final softcapping,
+Granite's scaling) is applied the same way, and `check_lean_head` compares against the model's own logits once.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+Batch = dict[str, torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -25,79 +41,229 @@ class JFLossConfig:
     temperature: float = 1.0  # tau
     hard_targets: bool = False
     mixed_ar_weight: float = 1.0  # weight of plain AR batches of ground-truth data, when mixed in
+    chunk: int = 1024  # LM-head rows per checkpointed chunk
 
     def __post_init__(self) -> None:
         if self.temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
         if self.ar_weight < 0 or self.consistency_weight < 0:
             raise ValueError("loss weights must be >= 0")
+        if self.chunk < 1:
+            raise ValueError(f"chunk must be >= 1, got {self.chunk}")
 
 
-def _gather(logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    return torch.gather(logits, 1, index[..., None].expand(-1, -1, logits.shape[-1]))
+# ---- the LM head, moved out of the forward -------------------------------------------------------------------
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    return getattr(model, "module", model)  # DDP keeps the model in .module; FSDP2 shards it in place
+
+
+def head_fn(model: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """hidden [N, H] -> fp32 logits [N, V], as the model's own forward would compute them."""
+    inner = _unwrap(model)
+    head = inner.get_output_embeddings()
+    config = inner.config
+    scaling = getattr(config, "logits_scaling", None)  # Granite divides
+    softcap = getattr(config, "final_logit_softcapping", None)  # Gemma2
+
+    def fn(hidden: torch.Tensor) -> torch.Tensor:
+        logits = head(hidden).float()
+        if scaling:
+            logits = logits / scaling
+        if softcap:
+            logits = softcap * torch.tanh(logits / softcap)
+        return logits
+
+    return fn
+
+
+@contextlib.contextmanager
+def hidden_states_at_head(model: torch.nn.Module) -> Iterator[dict]:
+    """While open, the model's forward hands its LM head zero positions (so it computes no logits) and the real
+    final hidden state lands in `captured["hidden"]`."""
+    captured: dict = {}
+    head = _unwrap(model).get_output_embeddings()
+
+    def grab(_module, args):
+        hidden = args[0]
+        captured["hidden"] = hidden
+        return (hidden[..., :0, :],)
+
+    handle = head.register_forward_pre_hook(grab)
+    try:
+        yield captured
+    finally:
+        handle.remove()
+
+
+def _chunked(fn: Callable[..., torch.Tensor], *tensors: torch.Tensor, chunk: int) -> torch.Tensor:
+    """sum of fn(*(t[i:i + chunk] for t in tensors)) over chunks of rows, each chunk checkpointed when training:
+    backward recomputes its logits instead of keeping them."""
+    total = tensors[0].new_zeros((), dtype=torch.float32)
+    for start in range(0, len(tensors[0]), chunk):
+        parts = [t[start : start + chunk] for t in tensors]
+        total = total + (checkpoint(fn, *parts, use_reentrant=False) if torch.is_grad_enabled() else fn(*parts))
+    return total
+
+
+def _pick(hidden: torch.Tensor, index: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """hidden [B, L, H], index [B, K] positions, valid [B, K] -> the valid rows [N, H]."""
+    rows = torch.gather(hidden, 1, index[..., None].expand(-1, -1, hidden.shape[-1]))
+    return rows[valid]
+
+
+# ---- the losses ------------------------------------------------------------------------------------------------
+
+
+def loss_counts(batch: Batch, cfg: JFLossConfig) -> dict[str, int]:
+    """Positions each loss term is averaged over: the step's normaliser sums these over micro-batches and workers."""
+    cons = batch["cons_valid"] & (batch["cons_hard"] != -100) if cfg.hard_targets else batch["cons_valid"]
+    return {"ar": int((batch["ar_tgt"] != -100).sum()), "consistency": int(cons.sum())}
 
 
 def jf_losses(
-    logits: torch.Tensor, batch: dict[str, torch.Tensor], cfg: JFLossConfig
+    hidden: torch.Tensor,
+    head: Callable[[torch.Tensor], torch.Tensor],
+    batch: Batch,
+    cfg: JFLossConfig,
+    norm: dict[str, float] | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    logits = logits.float()
-    ar_logits = _gather(logits, batch["ar_src"])
-    ar = F.cross_entropy(ar_logits.reshape(-1, ar_logits.shape[-1]), batch["ar_tgt"].reshape(-1), ignore_index=-100)
+    """Both losses from the final hidden states; `norm` defaults to this batch's own counts (means)."""
+    local = loss_counts(batch, cfg)
+    norm = norm or local
+    ar_valid = batch["ar_tgt"] != -100
+    ar = _chunked(
+        lambda rows, targets: F.cross_entropy(head(rows), targets, reduction="sum"),
+        _pick(hidden, batch["ar_src"], ar_valid),
+        batch["ar_tgt"][ar_valid],
+        chunk=cfg.chunk,
+    )
     valid = batch["cons_valid"]
-    student = _gather(logits, batch["cons_student"])[valid]
     if cfg.hard_targets:
-        target = batch["cons_hard"][valid]
-        keep = target != -100
-        cons = F.cross_entropy(student[keep], target[keep]) if bool(keep.any()) else logits.sum() * 0.0
-    elif len(student):
-        teacher = _gather(logits, batch["cons_teacher"])[valid].detach()
-        tau = cfg.temperature
-        p_teacher = F.log_softmax(teacher / tau, dim=-1)
-        p_student = F.log_softmax(student / tau, dim=-1)
-        cons = F.kl_div(p_student, p_teacher, log_target=True, reduction="batchmean") * tau * tau
+        valid = valid & (batch["cons_hard"] != -100)
+        cons = _chunked(
+            lambda rows, targets: F.cross_entropy(head(rows), targets, reduction="sum"),
+            _pick(hidden, batch["cons_student"], valid),
+            batch["cons_hard"][valid],
+            chunk=cfg.chunk,
+        )
     else:
-        cons = logits.sum() * 0.0
-    loss = cfg.ar_weight * ar + cfg.consistency_weight * cons
+        tau = cfg.temperature
+
+        def kl_sum(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
+            log_teacher = F.log_softmax(head(teacher).detach() / tau, dim=-1)  # the model is its own fixed teacher
+            log_student = F.log_softmax(head(student) / tau, dim=-1)
+            return F.kl_div(log_student, log_teacher, log_target=True, reduction="sum") * tau * tau
+
+        cons = _chunked(
+            kl_sum,
+            _pick(hidden, batch["cons_student"], valid),
+            _pick(hidden, batch["cons_teacher"], valid).detach(),
+            chunk=cfg.chunk,
+        )
+    ar_mean = ar / max(norm["ar"], 1)
+    cons_mean = cons / max(norm["consistency"], 1)
+    loss = cfg.ar_weight * ar_mean + cfg.consistency_weight * cons_mean
     return loss, {
-        "loss": loss.item(),
-        "ar_loss": ar.item(),
-        "consistency_loss": cons.item(),
-        "consistency_positions": float(valid.sum()),
+        "loss": float(loss.detach()),
+        "ar_loss": float(ar_mean.detach()),
+        "consistency_loss": float(cons_mean.detach()),
+        # sums and counts: the trainer reduces these into the step's token-weighted means (`summarize`)
+        "ar_loss_sum": float(ar.detach()),
+        "consistency_loss_sum": float(cons.detach()),
+        "ar_positions": float(local["ar"]),
+        "consistency_positions": float(local["consistency"]),
     }
 
 
-class JacobiForcingObjective:
-    """The trainer's objective: one forward over a packed batch with its noise-aware mask. Plain AR batches of
-    ground-truth data (those with `labels`) are scored with the ordinary causal LM loss."""
+def check_lean_head(model: torch.nn.Module, batch: Batch, variant: str = "shipped", atol: float = 1e-3) -> None:
+    """Once per training run, on the plain model (before DDP or FSDP2 wraps it: a no-grad forward through an FSDP2
+    model would leave its root unsharded): the logits the lean loss computes equal the model's own.
 
-    def __init__(self, cfg: JFLossConfig, mask_variant: str = "shipped") -> None:
+    Raises ValueError naming the architecture when they do not (post-processing after the head that `head_fn`
+    does not know): `training.lean_loss: false` trains on the model's own full logits instead."""
+    inner = _unwrap(model)
+    sample = {k: v[:1] for k, v in batch.items() if isinstance(v, torch.Tensor) and v.dim() >= 1}
+    kwargs = _forward_kwargs(model, sample, variant)
+    with torch.no_grad():
+        full = inner(**kwargs).logits.float()
+        with hidden_states_at_head(inner) as captured:
+            inner(**kwargs)
+        lean = head_fn(inner)(captured["hidden"][0])
+    if not torch.allclose(full[0], lean, atol=atol, rtol=1e-3):
+        raise ValueError(
+            f"{type(inner).__name__} post-processes its logits in a way the memory-lean loss does not reproduce "
+            f"(max difference {(full[0] - lean).abs().max():.3g}); set training.lean_loss: false"
+        )
+
+
+def _forward_kwargs(model: torch.nn.Module, batch: Batch, variant: str) -> dict:
+    mask = batch.get("attention_mask")
+    config = _unwrap(model).config
+    if getattr(config, "_attn_implementation", None) == "flex_attention":
+        mask = flex_block_mask(batch["layout_kind"], batch["layout_block"], variant)
+    return {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"], "attention_mask": mask}
+
+
+class JacobiForcingObjective:
+    """The trainer's objective: one forward over a packed batch with its noise-aware mask, the losses from its
+    hidden states (memory-lean by default). Plain AR batches of ground-truth data (those with `labels`) are scored
+    with the ordinary causal LM loss."""
+
+    def __init__(self, cfg: JFLossConfig, mask_variant: str = "shipped", lean: bool = True) -> None:
         self.cfg = cfg
         self.mask_variant = mask_variant
+        self.lean = lean
 
-    def __call__(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+    def summarize(self, totals: dict[str, float]) -> dict[str, float]:
+        """A step's metrics from its summed per-batch metrics (all micro-batches, all workers): token-weighted."""
+        ar = totals.get("ar_loss_sum", 0.0) / max(totals.get("ar_positions", 0.0), 1.0)
+        cons = totals.get("consistency_loss_sum", 0.0) / max(totals.get("consistency_positions", 0.0), 1.0)
+        out = {
+            "loss": self.cfg.ar_weight * ar + self.cfg.consistency_weight * cons,
+            "ar_loss": ar,
+            "consistency_loss": cons,
+            "consistency_positions": totals.get("consistency_positions", 0.0),
+        }
+        if totals.get("lm_positions"):
+            out["mixed_ar_loss"] = totals["lm_loss_sum"] / totals["lm_positions"]
+        return out
+
+    def counts(self, batch: Batch) -> dict[str, int]:
         if "labels" in batch:
             from jf_core.training.trainer import causal_lm_loss
 
-            loss, metrics = causal_lm_loss(model, batch)
-            return self.cfg.mixed_ar_weight * loss, {"mixed_ar_loss": metrics["loss"]}
-        mask = batch["attention_mask"]
-        config = getattr(model, "module", model).config
-        if getattr(config, "_attn_implementation", None) == "flex_attention":
-            mask = flex_block_mask(batch["layout_kind"], batch["layout_block"], self.mask_variant)
-        logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], attention_mask=mask).logits
-        return jf_losses(logits, batch, self.cfg)
+            return causal_lm_loss.counts(batch)
+        return loss_counts(batch, self.cfg)
+
+    def __call__(
+        self, model: torch.nn.Module, batch: Batch, norm: dict[str, float] | None = None
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        if "labels" in batch:
+            from jf_core.training.trainer import causal_lm_loss
+
+            loss, metrics = causal_lm_loss(model, batch, norm)
+            return self.cfg.mixed_ar_weight * loss, metrics
+        kwargs = _forward_kwargs(model, batch, self.mask_variant)
+        if self.lean:
+            with hidden_states_at_head(model) as captured:
+                model(**kwargs)
+            return jf_losses(captured["hidden"], head_fn(model), batch, self.cfg, norm)
+        logits = model(**kwargs).logits.float()
+        return jf_losses(logits, lambda rows: rows, batch, self.cfg, norm)
 
 
 def flex_block_mask(kind: torch.Tensor, block: torch.Tensor, variant: str):
     """The noise-aware mask as a FlexAttention BlockMask: on GPUs it skips fully masked tiles instead of
-    materialising B x L x L."""
+    materialising B x L x L. The builder is compiled once and reused for every batch of a shape."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     from jf_core.training.mask import mask_mod
 
     batch, width = kind.shape
     return create_block_mask(
-        mask_mod(kind, block, variant), B=batch, H=None, Q_LEN=width, KV_LEN=width, device=kind.device
+        mask_mod(kind, block, variant), B=batch, H=None, Q_LEN=width, KV_LEN=width, device=kind.device, _compile=True
     )
 
 

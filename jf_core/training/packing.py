@@ -133,7 +133,11 @@ def loss_positions(ex: PackedExample) -> tuple[list[tuple[int, int]], list[tuple
     return ar, cons
 
 
-def collate(examples: Sequence[PackedExample], pad_token_id: int, variant: str = "shipped") -> dict[str, torch.Tensor]:
+def collate(
+    examples: Sequence[PackedExample], pad_token_id: int, variant: str = "shipped", *, dense_mask: bool = True
+) -> dict[str, torch.Tensor]:
+    """A padded batch with its loss positions and layout; the dense [B, 1, L, L] mask only when `dense_mask` (the
+    FlexAttention path builds a BlockMask from the layout instead of materialising B x L x L)."""
     width = max(e.total_length for e in examples)
     batch = len(examples)
     ids = torch.full((batch, width), pad_token_id, dtype=torch.long)
@@ -167,10 +171,9 @@ def collate(examples: Sequence[PackedExample], pad_token_id: int, variant: str =
             teacher[b, : len(cons)] = torch.tensor([t for _, t, _ in cons])
             hard[b, : len(cons)] = torch.tensor([h for _, _, h in cons])
             cons_valid[b, : len(cons)] = True
-    return {
+    out = {
         "input_ids": ids,
         "position_ids": pos,
-        "attention_mask": build_mask(kind, block, variant),
         "layout_kind": kind,
         "layout_block": block,
         "ar_src": ar_src,
@@ -181,3 +184,6 @@ def collate(examples: Sequence[PackedExample], pad_token_id: int, variant: str =
         "cons_valid": cons_valid,
         "noisy_tokens": (kind == NOISY).sum(),
     }
+    if dense_mask:
+        out["attention_mask"] = build_mask(kind, block, variant)
+    return out

@@ -1,11 +1,21 @@
 """The project's one training loop.
 
-Bootstrap (plain AR) and Jacobi Forcing differ only in the `Objective` they plug in: the loop owns optimisation
-(AdamW, warmup + cosine, accumulation, clipping), seeding, progress, the non-finite-loss guard and checkpoints.
+Bootstrap (plain AR) and Jacobi Forcing differ only in the `Objective` they plug in; one process, DDP and FSDP2
+differ only in the `Parallel` they pass (jf_core/training/parallel.py). The loop owns optimisation (AdamW, warmup +
+cosine, accumulation, clipping), seeding, progress, the non-finite-loss guard and checkpoints.
+
+- **Token-weighted steps.** An objective with `counts(batch)` averages each loss term over the positions of the
+  whole step (every micro-batch, every worker): the counts are summed (and all-reduced) before the first
+  micro-batch runs, so a step is the same mean however it is split. Gradient averaging across workers is undone by
+  scaling each worker's loss by the world size.
+- **Mixed precision.** The weights the optimizer steps are fp32, always (AdamW on bf16 weights rounds most small
+  updates away: at lr 1e-5, 15% of weights changed at all in 20 steps against 100% in fp32). Compute runs in
+  `compute_dtype` under autocast (one process, DDP) or FSDP2's MixedPrecisionPolicy (bf16 compute, fp32 reduce).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -16,14 +26,15 @@ from typing import Protocol
 import torch
 from tqdm.auto import tqdm
 
-from jf_core.checkpoint import save_checkpoint
+from jf_core.training.parallel import Parallel
 
 Batch = dict[str, torch.Tensor]
 
 
 class Objective(Protocol):
     def __call__(self, model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-        """Return the scalar loss to minimise and the per-step metrics to log (floats)."""
+        """Return the scalar loss to minimise and the per-step metrics to log (floats). Objectives that also have
+        `counts(batch)`, `summarize(totals)` and take `norm` are token-weighted over the step (see above)."""
 
 
 class NonFiniteLossError(RuntimeError):
@@ -42,6 +53,7 @@ class TrainConfig:
     grad_clip: float = 1.0
     seed: int = 0
     log_every: int = 10
+    compute_dtype: torch.dtype = torch.float32  # autocast dtype when not float32 (one process and DDP)
 
     def __post_init__(self) -> None:
         for name in ("steps", "grad_accum", "log_every"):
@@ -58,6 +70,7 @@ class TrainResult:
     steps: int
     seconds: float
     history: list[dict[str, float]] = field(default_factory=list)
+    resumed_from: int = 0  # the step a checkpoint put the run at (0: from the start)
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -81,13 +94,22 @@ def train(
     resume: bool = True,
     progress: bool = True,
     save_model: Callable[[Path], None] | None = None,
+    parallel: Parallel | None = None,
 ) -> TrainResult:
     """Run `cfg.steps` optimizer steps. With `checkpoint_dir` and `checkpoint_every`, a checkpoint (weights,
     optimizer state, step) is written atomically every that many steps and at the end, and with `resume` a run
     restarts from the latest complete one: the data stream is fast-forwarded, so a resumed run reaches the same
     weights as an uninterrupted one."""
+    parallel = parallel or Parallel()
     torch.manual_seed(cfg.seed)
-    device = next(model.parameters()).device
+    params = [p for p in model.parameters() if p.requires_grad]
+    low = sorted({str(p.dtype) for p in params if p.dtype != torch.float32})
+    if low:
+        raise ValueError(
+            f"the optimizer would step {', '.join(low)} weights: train fp32 master weights and compute in "
+            "bf16 (TrainConfig.compute_dtype, or FSDP2's MixedPrecisionPolicy)"
+        )
+    device = parallel.device(model)
     decay = [p for n, p in model.named_parameters() if p.requires_grad and p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.requires_grad and p.ndim < 2]
     optimizer = torch.optim.AdamW(
@@ -99,81 +121,87 @@ def train(
     history: list[dict[str, float]] = []
     first_step = 0
     if checkpoint_dir is not None and resume:
-        latest = latest_checkpoint(checkpoint_dir)
-        if latest is not None:
-            first_step, history = _load_training_state(latest, model, optimizer)
+        found = parallel.latest_checkpoint(checkpoint_dir)
+        if found is not None:
+            first_step, history = parallel.load_checkpoint(found, model, optimizer)
             for _ in range(first_step * cfg.grad_accum):
                 next(batches)
+    counted = hasattr(objective, "counts")
+    autocast = (
+        torch.autocast(device.type, dtype=cfg.compute_dtype)
+        if cfg.compute_dtype != torch.float32 and parallel.uses_autocast
+        else contextlib.nullcontext()
+    )
     start = time.perf_counter()
-    bar = tqdm(range(first_step, cfg.steps), desc="train", disable=not progress, dynamic_ncols=True)
+    show = progress and parallel.rank == 0
+    bar = tqdm(range(first_step, cfg.steps), desc="train", disable=not show, dynamic_ncols=True)
     for step in bar:
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, cfg)
+        micro = [{k: v.to(device) for k, v in next(batches).items()} for _ in range(cfg.grad_accum)]
+        norm = None
+        if counted:  # the step's positions per loss term, over every micro-batch and worker
+            norm = {}
+            for batch in micro:
+                for k, v in objective.counts(batch).items():
+                    norm[k] = norm.get(k, 0) + v
+            norm = parallel.sum(norm)
         totals: dict[str, float] = {}
-        for _ in range(cfg.grad_accum):
-            batch = {k: v.to(device) for k, v in next(batches).items()}
-            loss, metrics = objective(model, batch)
-            if not torch.isfinite(loss):
-                raise NonFiniteLossError(f"loss is {loss.item()} at step {step}; metrics: {metrics}")
-            (loss / cfg.grad_accum).backward()
-            for k, v in metrics.items():
-                totals[k] = totals.get(k, 0.0) + v / cfg.grad_accum
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        for i, batch in enumerate(micro):
+            with parallel.no_sync(model, last=i == len(micro) - 1):
+                with autocast:
+                    loss, metrics = objective(model, batch, norm) if counted else objective(model, batch)
+                # Workers' gradients are averaged: a token-weighted loss undoes that by the world size.
+                (loss * parallel.world_size if counted else loss / cfg.grad_accum).backward()
+            for k, v in {**metrics, "_loss": float(loss.detach())}.items():
+                totals[k] = totals.get(k, 0.0) + v
+        totals = parallel.sum(totals)
+        if not math.isfinite(totals["_loss"]):
+            raise NonFiniteLossError(f"loss is {totals['_loss']} at step {step}; metrics: {totals}")
+        if counted:
+            step_metrics = objective.summarize(totals)
+        else:  # mean of the micro-batches' (and workers') own means
+            step_metrics = {k: v / (cfg.grad_accum * parallel.world_size) for k, v in totals.items() if k != "_loss"}
+        grad_norm = parallel.clip_grad_norm(model, cfg.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if step % cfg.log_every == 0 or step == cfg.steps - 1:
-            row = {"step": float(step), "lr": optimizer.param_groups[0]["lr"], "grad_norm": float(grad_norm), **totals}
+            row = {"step": float(step), "lr": optimizer.param_groups[0]["lr"], "grad_norm": grad_norm, **step_metrics}
             history.append(row)
-            bar.set_postfix({k: f"{v:.3g}" for k, v in totals.items()})
+            bar.set_postfix({k: f"{v:.3g}" for k, v in step_metrics.items()})
             if on_log is not None:
                 on_log(step, row)
         done = step + 1
         if checkpoint_dir is not None and checkpoint_every and (done % checkpoint_every == 0 or done == cfg.steps):
-            _save_training_state(checkpoint_dir, done, model, optimizer, history, save_model)
+            parallel.save_checkpoint(checkpoint_dir, done, model, optimizer, history, save_model)
     model.eval()
-    return TrainResult(steps=cfg.steps, seconds=time.perf_counter() - start, history=history)
+    return TrainResult(steps=cfg.steps, seconds=time.perf_counter() - start, history=history, resumed_from=first_step)
 
 
-def latest_checkpoint(checkpoint_dir: Path) -> Path | None:
-    """The newest complete checkpoint (incomplete ones never have their final name: see `save_checkpoint`)."""
-    done = sorted(p for p in Path(checkpoint_dir).glob("step-*") if (p / "trainer_state.json").is_file())
-    return done[-1] if done else None
-
-
-def _save_training_state(root: Path, step: int, model, optimizer, history, save_model) -> None:
-    import json
-
-    state = {"step": step, "history": history}
-    extra = {"trainer_state.json": json.dumps(state)}
-    target = Path(root) / f"step-{step:08d}"
-
-    class _WithOptimizer:
-        def save_pretrained(self, path, **kwargs):
-            (save_model or (lambda p: model.save_pretrained(p, safe_serialization=True)))(Path(path))
-            torch.save(optimizer.state_dict(), Path(path) / "optimizer.pt")
-
-    save_checkpoint(_WithOptimizer(), target, extra_files=extra)
-
-
-def _load_training_state(path: Path, model, optimizer) -> tuple[int, list[dict[str, float]]]:
-    import json
-
-    from safetensors.torch import load_file
-
-    weights = load_file(str(path / "model.safetensors"))
-    missing, unexpected = model.load_state_dict(weights, strict=False)
-    # Tied embeddings are saved once; anything else missing means the checkpoint is not this model's.
-    if unexpected or any("lm_head" not in k for k in missing):
-        raise ValueError(f"checkpoint {path} does not match the model: missing {missing}, unexpected {unexpected}")
-    optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
-    state = json.loads((path / "trainer_state.json").read_text())
-    return state["step"], state["history"]
-
-
-def causal_lm_loss(model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-    """Plain next-token cross entropy; positions labelled -100 (prompt, padding) are ignored."""
+def causal_lm_loss(
+    model: torch.nn.Module, batch: Batch, norm: dict[str, float] | None = None
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Plain next-token cross entropy; positions labelled -100 (prompt, padding) are ignored. Token-weighted over
+    `norm["lm"]` positions (default: this batch's)."""
     out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
     logits = out.logits[:, :-1].float()
     labels = batch["labels"][:, 1:]
-    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1), ignore_index=-100)
-    return loss, {"loss": loss.item()}
+    total = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.size(-1)), labels.reshape(-1), ignore_index=-100, reduction="sum"
+    )
+    count = int((labels != -100).sum())
+    loss = total / max((norm or {"lm": count})["lm"], 1)
+    total_value = float(total.detach())
+    return loss, {"loss": total_value / max(count, 1), "lm_loss_sum": total_value, "lm_positions": float(count)}
+
+
+def _lm_counts(batch: Batch) -> dict[str, int]:
+    return {"lm": int((batch["labels"][:, 1:] != -100).sum())}
+
+
+def _lm_summary(totals: dict[str, float]) -> dict[str, float]:
+    return {"loss": totals["lm_loss_sum"] / max(totals["lm_positions"], 1.0)}
+
+
+causal_lm_loss.counts = _lm_counts  # type: ignore[attr-defined]
+causal_lm_loss.summarize = _lm_summary  # type: ignore[attr-defined]

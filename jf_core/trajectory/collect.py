@@ -70,9 +70,7 @@ def collect(
     for first in range(0, len(prompts), cfg.batch_size):
         batch = prompts[first : first + cfg.batch_size]
         recorder = _Recorder()
-        decoder = JacobiDecoder(
-            model, jacobi, **stop_tokens(model, tokenizer), recorder=recorder
-        )
+        decoder = JacobiDecoder(model, jacobi, **stop_tokens(model, tokenizer), recorder=recorder)
         out = decoder.decode([p.token_ids for p in batch])
         new_tokens += out.stats.new_tokens
         for sequence, block, fixed_point, length in sorted(recorder.converged, key=lambda c: (c[0], c[1])):

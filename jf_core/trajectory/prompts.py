@@ -1,7 +1,8 @@
 """Prompt sources for trajectory collection.
 
-A source is a JSONL (optionally .gz) or Parquet file, a directory saved with `datasets.save_to_disk`, a hub dataset
-id, or `embedded` (the embedded task's train split). Rows give either a text field or chat messages; the
+A source is a JSONL (optionally .gz) or Parquet file, a store made by `jf prompts prepare` (its `train` and `calib`
+splits), a directory saved with `datasets.save_to_disk`, a hub dataset id, or `embedded` (the embedded task's
+splits). Rows give either a text field or chat messages; the
 tokenizer's chat template is applied when it has one (configurable). Text is used exactly as stored: whitespace is
 never collapsed (upstream's bucketing destroys code indentation that way).
 
@@ -104,7 +105,12 @@ def read_rows(cfg: PromptSourceConfig) -> Iterator[tuple[str, dict]]:
         return
     path = Path(cfg.source).expanduser()
     name = path.name.lower()
-    if name.endswith((".jsonl", ".jsonl.gz", ".json.gz")):
+    if path.is_dir() and (path / "manifest.json").is_file():  # a store made by `jf prompts prepare`
+        split = path / f"{cfg.split}.jsonl"
+        if not split.is_file():
+            raise PromptSourceError(f"{path}: no split {cfg.split!r} (a prepared store has train and calib)")
+        yield from _read_jsonl(split)
+    elif name.endswith((".jsonl", ".jsonl.gz", ".json.gz")):
         if not path.is_file():
             raise PromptSourceError(f"prompt file {path} does not exist")
         yield from _read_jsonl(path)

@@ -82,3 +82,20 @@ def test_round_registers_reuses_and_gates(prefect_server, jf_env):
     ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
     greedy = ar_decode(hf, ids, max_new_tokens=24, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     assert texts == [tok.decode(s, skip_special_tokens=True) for s in greedy.sequences]
+
+
+def test_a_round_trains_with_fsdp2_on_two_ray_train_workers(prefect_server, jf_env):
+    """The same flow with training.strategy fsdp2 and 2 workers: Ray Train shards the model, writes sharded
+    checkpoints, and rank 0's consolidated model is evaluated and registered like a one-process one."""
+    import json
+    from pathlib import Path
+
+    from flows.round import jf_round
+
+    overrides = {"training": {"strategy": "fsdp2"}, "compute": {"train_workers": 2}}
+    summary = jf_round(jf_env["profile"], overrides=overrides)
+    report = json.loads((Path(summary["round_dir"]) / "report.json").read_text())
+    trained = json.loads((Path(summary["model"]) / "done.json").read_text())
+    assert trained["strategy"] == "fsdp2" and trained["workers"] == 2
+    assert report["training"]["strategy"] == "fsdp2" and summary["registry"]["version"]
+    assert not (Path(summary["round_dir"]) / "checkpoints").exists()  # removed once the model was complete

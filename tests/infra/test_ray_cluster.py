@@ -32,14 +32,20 @@ def _clean_env(home: Path) -> dict[str, str]:
 ROUND_SCRIPT = """
 import json, sys
 from jf_core.config import JFTrainConfig, Profile
-from tasks.stages import RoundPaths, stage_trajectories
+from tasks.stages import RoundPaths, stage_pack, stage_trajectories
 from tasks.train_distributed import train_distributed
 
 profile = Profile.model_validate(json.loads(open(sys.argv[1]).read()))
 paths = RoundPaths(__import__("pathlib").Path(sys.argv[2]))
 stage_trajectories(profile, profile.model.path, paths, progress=False)  # the flow's trajectory stage
-profile = profile.model_copy(update={"training": JFTrainConfig(steps=3, batch_size=2, warmup_steps=1)})
-train_distributed(profile, paths.trajectories, profile.model.path, paths.model, num_workers=2, storage=sys.argv[2])
+profile = profile.model_copy(
+    update={
+        "training": JFTrainConfig(steps=3, batch_size=2, warmup_steps=1, strategy="fsdp2"),
+        "compute": profile.compute.model_copy(update={"train_workers": 2}),
+    }
+)
+stage_pack(profile, paths)
+train_distributed(profile, paths, profile.model.path)  # the flow's train stage for strategy fsdp2
 print("ROUND-OK")
 """
 

@@ -6,7 +6,7 @@ from jf_core.config import available_profiles, load_profile
 
 
 def test_shipped_profiles_validate():
-    assert {"tiny", "qwen2.5-coder-7b"} <= set(available_profiles())
+    assert {"tiny", "qwen2.5-coder-7b", "qwen2.5-coder-1.5b"} <= set(available_profiles())
     tiny = load_profile("tiny")
     assert tiny.model.path == "embedded" and tiny.prompts.source == "embedded"
     real = load_profile("qwen2.5-coder-7b")
@@ -29,8 +29,19 @@ def test_bad_profiles_are_named(tmp_path):
         load_profile(str(bad))
 
 
-def test_real_profile_keeps_its_gpu_settings_and_rounds():
+def test_real_profile_is_the_papers_recipe():
     real = load_profile("qwen2.5-coder-7b")
-    assert [r.block_size for r in real.rounds] == [32, 64] and real.model_name == "jf-qwen2.5-coder-7b"
-    assert real.training.max_length >= 8192 and real.model.device == "cuda"
-    assert real.evaluation.benchmark == "humaneval"
+    assert [(r.block_size, r.window) for r in real.rounds] == [(16, 16), (32, 8)]
+    assert real.model_name == "jf-qwen2.5-coder-7b" and real.model.device == "cuda" and real.model.dtype == "bfloat16"
+    t = real.training
+    assert (t.strategy, t.activation_checkpointing, t.lr, t.batch_size) == ("fsdp2", True, 1e-5, 1)
+    assert real.compute.train_workers == 8 and t.max_length >= 8192 and real.evaluation.benchmark == "humaneval"
+    one = load_profile("qwen2.5-coder-1.5b")
+    assert one.compute.train_workers == 1 and one.training.cpu_offload and one.compute.gpu_memory_gb == 24
+
+
+def test_training_settings_that_cannot_go_together_are_named():
+    with pytest.raises(ValueError, match=r"train_workers=2 needs training\.strategy ddp or fsdp2"):
+        load_profile("tiny", compute={"train_workers": 2})
+    with pytest.raises(ValueError, match=r"cpu_offload needs training\.strategy fsdp2"):
+        load_profile("tiny", training={"cpu_offload": True})

@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from jf_core.training.losses import JFLossConfig, jf_losses
+from jf_core.training.losses import JacobiForcingObjective, JFLossConfig, jf_losses
 from jf_core.training.mask import build_mask, layout
 from jf_core.training.noise import NoiseSchedule
 from jf_core.training.packing import PackedExample, collate, loss_positions, pack_records
@@ -137,20 +137,43 @@ def test_one_pass_losses_equal_separate_passes(arch):
                 "e", torch.randint(3, 500, (prompt_len,), generator=g).tolist(), 4, noisy, clean, [4] * blocks
             )
         )
-    cfg = JFLossConfig(temperature=2.0)
+    cfg = JFLossConfig(temperature=2.0, chunk=3)  # several chunks per term
     batch = collate(examples, PAD)  # batch of 2 with padding
     with torch.no_grad():
         logits = model(
             input_ids=batch["input_ids"], position_ids=batch["position_ids"], attention_mask=batch["attention_mask"]
         ).logits
-        _, metrics = jf_losses(logits, batch, cfg)
+        _, metrics = jf_losses(logits, lambda rows: rows, batch, cfg)  # from the full logits
+        _, lean = JacobiForcingObjective(cfg)(model, batch)  # the LM head on the loss positions only, in chunks
         refs = [separate_pass_losses(model, e, cfg) for e in examples]
     n_ar = [len(loss_positions(e)[0]) for e in examples]
     n_cons = [len(loss_positions(e)[1]) for e in examples]
     ar_ref = sum(r[0] * k for r, k in zip(refs, n_ar, strict=True)) / sum(n_ar)
     cons_ref = sum(r[1] * k for r, k in zip(refs, n_cons, strict=True)) / sum(n_cons)
-    assert metrics["ar_loss"] == pytest.approx(ar_ref.item(), abs=1e-5)
-    assert metrics["consistency_loss"] == pytest.approx(cons_ref.item(), abs=1e-5)
+    for m in (metrics, lean):
+        assert m["ar_loss"] == pytest.approx(ar_ref.item(), abs=1e-5)
+        assert m["consistency_loss"] == pytest.approx(cons_ref.item(), abs=1e-5)
+
+
+def test_lean_loss_has_the_full_logits_gradients():
+    """The chunked, checkpointed head gives the same loss and the same gradients as the model's own logits."""
+    import copy
+
+    base = TINY_MODELS["qwen2"]()
+    g = torch.Generator().manual_seed(3)
+    clean = [torch.randint(3, 500, (4,), generator=g).tolist() for _ in range(3)]
+    noisy = [[c[0], *torch.randint(3, 500, (3,), generator=g).tolist()] for c in clean]
+    batch = collate([PackedExample("e", [5, 6, 7], 4, noisy, clean, [4, 4, 4])], PAD)
+    grads = {}
+    for lean in (False, True):
+        model = copy.deepcopy(base).train()
+        loss, _ = JacobiForcingObjective(JFLossConfig(chunk=2), lean=lean)(model, batch)
+        loss.backward()
+        grads[lean] = (loss.item(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    assert grads[True][0] == pytest.approx(grads[False][0], abs=1e-6)
+    assert grads[True][1].keys() == grads[False][1].keys()
+    for name, grad in grads[False][1].items():
+        torch.testing.assert_close(grads[True][1][name], grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
 def test_consistency_is_zero_when_noisy_equals_clean():
@@ -162,14 +185,14 @@ def test_consistency_is_zero_when_noisy_equals_clean():
         input_ids=batch["input_ids"], position_ids=batch["position_ids"], attention_mask=batch["attention_mask"]
     ).logits
     for cfg in (JFLossConfig(), JFLossConfig(hard_targets=True)):
-        _, m = jf_losses(logits, batch, cfg)
+        _, m = jf_losses(logits, lambda rows: rows, batch, cfg)
         assert m["consistency_loss"] == 0.0 and m["consistency_positions"] == 0.0
     # a noisy copy whose history is identical but whose own tokens agree gives KL exactly 0 at kept positions too
     forced = dict(batch)
     forced["cons_student"] = torch.tensor([[2 + 4 + 4 + 1]])  # N_1[1]
     forced["cons_teacher"] = torch.tensor([[2 + 4 + 4 + 4 + 1]])  # C_1[1]
     forced["cons_valid"] = torch.tensor([[True]])
-    _, m = jf_losses(logits, forced, JFLossConfig())
+    _, m = jf_losses(logits, lambda rows: rows, forced, JFLossConfig())
     assert m["consistency_loss"] == pytest.approx(0.0, abs=1e-6)
 
 

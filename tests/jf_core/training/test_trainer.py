@@ -115,3 +115,49 @@ def test_resume_reaches_the_same_weights(tmp_path):
     for (name, a), (_, b) in zip(straight.state_dict().items(), resumed.state_dict().items(), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6, msg=name)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000003", "step-00000006", "step-00000008"]
+
+
+def test_bf16_compute_keeps_fp32_master_weights_and_updates_like_fp32():
+    """bf16 training steps fp32 masters (compute under autocast): at lr 1e-5 nearly every weight moves, as in fp32;
+    stepping bf16 weights directly (where most such updates round away) is refused."""
+    changed = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        model = TINY_MODELS["qwen2"]().train()
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        cfg = TrainConfig(steps=20, lr=1e-5, warmup_steps=0, compute_dtype=dtype)
+        train(model, batches(), causal_lm_loss, cfg, progress=False)
+        assert all(p.dtype == torch.float32 for p in model.parameters())
+        moved = sum(int((p != before[n]).sum()) for n, p in model.named_parameters())
+        changed[dtype] = moved / sum(p.numel() for p in model.parameters())
+    assert changed[torch.float32] > 0.95 and changed[torch.bfloat16] > 0.95, changed
+    assert abs(changed[torch.bfloat16] - changed[torch.float32]) < 0.02, changed
+    with pytest.raises(ValueError, match=r"optimizer would step torch\.bfloat16 weights"):
+        low = TINY_MODELS["qwen2"]().to(torch.bfloat16)
+        train(low, batches(), causal_lm_loss, TrainConfig(steps=2, warmup_steps=0))
+
+
+def test_a_step_is_the_same_token_weighted_mean_however_it_is_split():
+    """Two micro-batches of different sizes accumulated into one step give the step of the one merged batch."""
+    import copy
+
+    def merged():
+        first, second = next(batches(0)), next(batches(1))
+        uneven = dict(second)
+        uneven["labels"] = second["labels"].clone()
+        uneven["labels"][:, :9] = -100  # fewer positions in the second micro-batch
+        while True:
+            yield {k: torch.cat([first[k], uneven[k]]) for k in first}
+            yield first
+            yield uneven
+
+    base = TINY_MODELS["qwen2"]().train()
+    stream = merged()
+    whole = next(stream)
+    parts = [next(stream), next(stream)]
+    one, two = copy.deepcopy(base), copy.deepcopy(base)
+    train(one, iter([whole]), causal_lm_loss, TrainConfig(steps=1, warmup_steps=0, grad_clip=1e9), progress=False)
+    cfg = TrainConfig(steps=1, warmup_steps=0, grad_accum=2, grad_clip=1e9)
+    result = train(two, iter(parts), causal_lm_loss, cfg, progress=False)
+    for (n, a), b in zip(one.named_parameters(), two.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=n)
+    assert result.history[0]["loss"] == pytest.approx(causal_lm_loss(base, whole)[0].item(), rel=1e-5)

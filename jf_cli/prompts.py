@@ -1,0 +1,63 @@
+"""`jf prompts prepare`: a prompt dataset -> the prompt store a profile names (jf_core/trajectory/prepare.py).
+
+    jf prompts prepare --profile qwen2.5-coder-7b --source OpenCodeInstruct.jsonl --text-field input \\
+        --max-prompt-tokens 2048 --calibration 200 --out data/opencodeinstruct
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def cmd_prepare(args: argparse.Namespace) -> int:
+    from transformers import AutoTokenizer
+
+    from jf_cli.orchestrate import parse_overrides
+    from jf_core.config import load_profile
+    from jf_core.trajectory.prepare import prepare_prompts
+
+    profile = load_profile(args.profile, **parse_overrides(args.set or []))
+    fields = {
+        "source": args.source,
+        "split": args.split,
+        "text_field": args.text_field,
+        "messages_field": args.messages_field,
+        "id_field": args.id_field,
+        "min_prompt_tokens": args.min_prompt_tokens,
+        "max_prompt_tokens": args.max_prompt_tokens,
+        "limit": args.limit,
+    }
+    source = profile.prompts.model_copy(update={k: v for k, v in fields.items() if v is not None})
+    tokenizer = AutoTokenizer.from_pretrained(
+        args.tokenizer or profile.model.resolve(), trust_remote_code=profile.model.trust_remote_code
+    )
+    report = prepare_prompts(source, tokenizer, args.out, calibration=args.calibration, seed=args.seed)
+    print(
+        f"{report.rows_read} rows read -> {report.train} training and {report.calibration} calibration prompts in "
+        f"{report.out}; skipped: {report.skipped or 'none'}"
+    )
+    print(f"profile: prompts.source={report.out} prompts.id_field=id evaluation.calibration_split=calib")
+    return 0
+
+
+def register(sub) -> None:
+    from jf_cli.main import _positive
+
+    prompts = sub.add_parser("prompts", help="prepare prompt datasets for trajectories")
+    psub = prompts.add_subparsers(dest="prompts", required=True)
+    p = psub.add_parser("prepare", help="filter by token length, drop duplicates, hold out a calibration split")
+    p.add_argument("--profile", default="tiny", help="its tokenizer and prompt format (chat template, system prompt)")
+    p.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="override a profile field")
+    p.add_argument("--source", required=True, help="JSONL(.gz), Parquet, a datasets directory or a hub dataset id")
+    p.add_argument("--split", help="hub or datasets split (default: the profile's)")
+    p.add_argument("--text-field", help="the prompt text's field")
+    p.add_argument("--messages-field", help="a chat-messages field instead")
+    p.add_argument("--id-field", help="a field with unique ids (default: the row number)")
+    p.add_argument("--min-prompt-tokens", type=_positive("--min-prompt-tokens"))
+    p.add_argument("--max-prompt-tokens", type=_positive("--max-prompt-tokens"))
+    p.add_argument("--limit", type=_positive("--limit"), help="rows to read")
+    p.add_argument("--calibration", type=_positive("--calibration"), default=200, help="prompts held out")
+    p.add_argument("--tokenizer", help="tokenizer directory or hub id (default: the profile's model)")
+    p.add_argument("--seed", type=int, default=0, help="the calibration split's hash seed")
+    p.add_argument("--out", required=True, help="the store's directory")
+    p.set_defaults(func=cmd_prepare)

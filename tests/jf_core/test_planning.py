@@ -1,0 +1,93 @@
+"""`jf plan`: exact where it can be (parameters, gradients, optimizer state, KV cache, checked here against real
+allocations of a small model), a verdict per stage, and a refusal before any work naming the knob."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM
+
+from jf_core.config import load_profile
+from jf_core.planning import GIB, ModelShape, PlanError, check, format_plan, plan
+
+
+def small_config() -> Qwen2Config:
+    return Qwen2Config(
+        vocab_size=1000,
+        hidden_size=64,
+        intermediate_size=160,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+    )
+
+
+def test_static_parts_equal_real_allocations_of_a_small_model():
+    config = small_config()
+    shape = ModelShape.of(config, "small")
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config)
+    params = sum(p.numel() for p in model.parameters())
+    assert shape.params == params
+    assert shape.layer_params == sum(p.numel() for p in model.model.layers[0].parameters())
+    assert shape.root_params == params - 3 * shape.layer_params
+    # One AdamW step allocates fp32 gradients (4 bytes/param) and two fp32 moments (8 bytes/param), as planned.
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ids = torch.randint(0, 1000, (2, 9))
+    model(input_ids=ids, labels=ids).loss.backward()
+    optimizer.step()
+    grads = sum(p.grad.numel() * p.grad.element_size() for p in model.parameters())
+    moments = sum(t.numel() * t.element_size() for s in optimizer.state.values() for k, t in s.items() if k != "step")
+    assert grads == 4 * params and moments == 8 * params
+    # KV cache: 2 (K, V) x layers x kv heads x head dim x bytes per token, as the trajectory plan counts it.
+    cache = DynamicCache()
+    with torch.no_grad():
+        model.to(torch.bfloat16)(input_ids=torch.randint(0, 1000, (3, 17)), past_key_values=cache, use_cache=True)
+    cached = sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
+    assert cached == 3 * 17 * 2 * shape.layers * shape.kv_heads * shape.head_dim * 2
+
+
+def test_the_real_profiles_fit_their_gpus():
+    seven = load_profile("qwen2.5-coder-7b")
+    shape, source, stages = plan(seven)
+    assert 7.0e9 < shape.params < 8.0e9 and ("snapshot" in source or "hub" in source)
+    assert [s.fits for s in stages[:2]] == [True, True], format_plan(seven, shape, source, stages)
+    assert stages[1].stage == "training (fsdp2 x 8)" and stages[1].total < 80 * GIB * 0.92
+    single = next(s for s in stages if s.stage.startswith("training (single"))
+    assert not single.fits  # 16 bytes per parameter alone is 120 GB: why the recipe shards
+    one = load_profile("qwen2.5-coder-1.5b")
+    _, _, stages = plan(one)
+    assert [s.fits for s in stages[:2]] == [True, True] and "CPU offload" in stages[1].stage
+    assert len(check(seven)) == 2 and len(check(one)) == 2  # the flow's check before any work passes
+
+
+def test_a_profile_that_cannot_fit_is_refused_before_any_work_naming_the_knob():
+    single = load_profile("qwen2.5-coder-7b", training={"strategy": "single"}, compute={"train_workers": 1})
+    with pytest.raises(PlanError, match=r"training \(single\) needs .* try training\.strategy=fsdp2"):
+        check(single)
+    big_batch = load_profile("qwen2.5-coder-7b", trajectory={"batch_size": 4096})
+    with pytest.raises(PlanError, match=r"trajectories needs .* try trajectory\.batch_size="):
+        check(big_batch)
+
+
+def test_jf_run_refuses_a_profile_that_cannot_fit_before_starting_anything(tmp_path, monkeypatch, capsys):
+    from jf_cli.main import main
+
+    monkeypatch.setenv("JF_HOME", str(tmp_path))
+    argv = ["run", "--profile", "qwen2.5-coder-7b", "--set", "training.strategy=single"]
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv, "--set", "compute.train_workers=1"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "training (single) needs" in err and "training.strategy=fsdp2" in err
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "mlflow").exists()
+
+
+def test_cpu_profiles_have_nothing_to_plan_but_jf_plan_still_shows_them(capsys):
+    from jf_cli.main import main
+
+    assert check(load_profile("tiny")) == []
+    assert main(["plan", "--profile", "tiny"]) == 0
+    out = capsys.readouterr().out
+    assert "embedded model's shape" in out and "## trajectories (this profile)" in out
