@@ -167,7 +167,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from jf_cli.main import set_threads
     from jf_core.config import TuneConfig
     from jf_core.decoding.config_io import save_decode_config
-    from jf_core.evaluation.tune import tune
+    from jf_core.evaluation.tune import store_crossover, tune
     from jf_core.models import stop_tokens
     from jf_core.trajectory.prompts import calibration_prompts
 
@@ -210,6 +210,25 @@ def cmd_tune(args: argparse.Namespace) -> int:
         f"best: n={best.block_size} K={best.num_blocks} pool={best.pool_size} r={best.spawn_ratio} "
         f"seeded={best.seed_drafts}: TPS {win.tps:.1f}, TPF {win.tpf:.2f}; saved {path}"
     )
+    if args.crossover_batch_sizes:
+        block = store_crossover(
+            model,
+            tok,
+            prompts,
+            best,
+            args.model,
+            args.crossover_batch_sizes,
+            repeats=args.repeats,
+            progress=lambda b, x, tpf: print(f"  batch {b}: Jacobi {x:.2f}x AR (TPF {tpf:.2f})", file=sys.stderr),
+        )
+        sizes, speedups = block["crossover"]["batch_sizes"], block["crossover"]["speedup_vs_ar"]
+        pairs = zip(sizes, speedups, strict=True)
+        print("crossover (Jacobi TPS / AR TPS): " + ", ".join(f"b{b} {x:.2f}x" for b, x in pairs))
+        above = block["ar_above_batch"]
+        print(
+            f"AR above batch {above}" if above is not None else "Jacobi paid at every batch size measured",
+            f"on {block['hardware']}; stored in {path}",
+        )
     return 0
 
 
@@ -252,7 +271,7 @@ def register(sub, bench_sub) -> None:
 
     p = sub.add_parser("tune", help="search (n, K, pool_size, r) for the best TPS here; save the model's decode config")
     _common(p)
-    p.add_argument("--model", required=True, help="model directory (decode_config.json is written into it)")
+    p.add_argument("--model", required=True, help="model directory (the config goes into its config.json)")
     p.add_argument("--num-prompts", type=_positive("--num-prompts"), default=12, help="calibration prompts")
     p.add_argument("--max-new-tokens", type=_positive("--max-new-tokens"), default=160)
     p.add_argument("--block-sizes", type=int, nargs="+", default=[16, 32, 64])
@@ -264,5 +283,12 @@ def register(sub, bench_sub) -> None:
         "--seed-drafts", type=int, nargs="+", choices=[0, 1], default=[0, 1], help="fresh drafts from recycled n-grams"
     )
     p.add_argument("--repeats", type=_positive("--repeats"), default=2, help="runs per candidate, fastest kept")
+    p.add_argument(
+        "--crossover-batch-sizes",
+        type=int,
+        nargs="*",
+        default=[1, 2, 4, 8, 16, 32],
+        help="batch sizes where AR and the winner take turns; the crossover goes into the model (none: skip)",
+    )
     add_threads_option(p)
     p.set_defaults(func=cmd_tune)

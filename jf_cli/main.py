@@ -26,7 +26,13 @@ def _model_and_tokenizer(model: str | None):
     from jf_core.models import load_model
     from jf_core.toy.bootstrap import ensure_embedded_model
 
-    return load_model(str(ensure_embedded_model()) if model is None else model)
+    if model is None:
+        return load_model(str(ensure_embedded_model()))
+    if model.startswith("models:/"):  # a registered model: its checkpoint, downloaded once per version
+        from tasks.tracking import resolve_model
+
+        model = resolve_model(model)
+    return load_model(model)
 
 
 def cmd_bootstrap(args: argparse.Namespace) -> int:
@@ -53,10 +59,10 @@ def cmd_decode(args: argparse.Namespace) -> int:
 
     if not args.prompt.strip():
         raise UsageError("--prompt is empty")
-    cfg = load_decode_config(
-        args.model, block_size=args.block_size, max_new_tokens=args.max_new_tokens, draft_init=args.draft_init
-    )
     model, tokenizer = _model_and_tokenizer(args.model)
+    cfg = load_decode_config(
+        model.name_or_path, block_size=args.block_size, max_new_tokens=args.max_new_tokens, draft_init=args.draft_init
+    )
     ids = tokenizer(args.prompt, add_special_tokens=False)["input_ids"]
     if not ids:
         raise UsageError("--prompt encodes to no tokens")
@@ -109,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_bootstrap)
 
     p = sub.add_parser("decode", help="Jacobi-decode one prompt and print the text and TPF")
-    p.add_argument("--model", help="local directory or hub id (default: the embedded model)")
+    p.add_argument("--model", help="local directory, hub id or models:/<name>@<alias> (default: the embedded model)")
     p.add_argument("--prompt", required=True)
     p.add_argument("--block-size", type=_positive("--block-size"), help="default: the model's decode config")
     p.add_argument("--max-new-tokens", type=_positive("--max-new-tokens"), default=256)
@@ -127,10 +133,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     orchestrate.register(sub)
     evaluate.register(sub, bench_sub)
-    from jf_cli import plan, prompts
+    from jf_cli import plan, prompts, serve
 
     plan.register(sub)
     prompts.register(sub)
+    serve.register(sub)
+    serve.register_bench(bench_sub)
     return parser
 
 

@@ -160,6 +160,9 @@ class TuneConfig(_Strict):
     ngrams: list[int] = [0]  # recycled candidate length; 0 = n - 1
     seed_drafts: list[bool] = [False, True]  # fresh drafts from recycled n-grams
     repeats: int = Field(2, ge=1)  # runs per candidate, fastest kept: single runs let machine noise pick the winner
+    # AR against the winner at these batch sizes: the crossover above which a server should run AR (stored in the
+    # model's jacobi_forcing block); empty to skip.
+    crossover_batch_sizes: list[int] = [1, 2, 4, 8, 16, 32]
 
     def space(self):
         from jf_core.evaluation.tune import TuneSpace

@@ -253,7 +253,7 @@ def _train_here(profile: Profile, model_in: str, paths: RoundPaths, *, progress:
 def stage_tune(profile: Profile, model_dir: Path) -> dict | None:
     """Autotune the model's decode config on calibration prompts and save it beside the weights (when enabled)."""
     from jf_core.decoding.config_io import save_decode_config
-    from jf_core.evaluation.tune import tune
+    from jf_core.evaluation.tune import store_crossover, tune
     from jf_core.models import load_model, stop_tokens
     from jf_core.trajectory.prompts import calibration_prompts
 
@@ -275,13 +275,25 @@ def stage_tune(profile: Profile, model_dir: Path) -> dict | None:
         repeats=cfg.repeats,
     )
     report = {"best": asdict(best), "calibration_prompts": len(prompts), "trials": [asdict(t) for t in trials]}
-    save_decode_config(model_dir, best, extra=report)
+    save_decode_config(model_dir, best)
+    report["serving"] = store_crossover(
+        model,
+        tok,
+        prompts,
+        best,
+        model_dir,
+        cfg.crossover_batch_sizes,
+        repeats=cfg.repeats,
+        progress=lambda b, x, tpf: log.info("crossover: batch %d: Jacobi %.2fx AR (TPF %.2f)", b, x, tpf),
+    )
+    write_json_atomic(done, report)  # last: its presence means the whole step is done
     return report
 
 
 def eval_path(profile: Profile, model_path: str) -> Path:
-    decode_cfg = Path(model_path) / "decode_config.json"
-    tuned = decode_cfg.read_text() if decode_cfg.is_file() else None
+    from jf_core.decoding.config_io import saved_decode_config
+
+    tuned = saved_decode_config(model_path)
     key = f"{model_identity(model_path)}-{_digest([profile.evaluation.model_dump(), tuned])}"
     return profile.runs_dir() / "evals" / f"{key}.json"
 

@@ -20,8 +20,7 @@ from mlflow.exceptions import MlflowException
 from jf_core.config import Profile, RegistryConfig
 from jf_core.evaluation.gate import GateDecision, decide
 from jf_core.paths import jf_home
-
-PYFUNC_ENTRY = Path(__file__).with_name("pyfunc.py")
+from jf_core.serving.artifact import read_block
 
 
 def tracking_uri(cfg: RegistryConfig) -> str:
@@ -170,17 +169,8 @@ def register(client: MlflowClient, run_id: str, profile: Profile, report: dict) 
         champion_tpf=champion_tpf,
         cfg=profile.registry.gate,
     )
-    with tempfile.TemporaryDirectory() as tmp:
-        decode = Path(tmp) / "decode_config.json"
-        tuned = Path(report["model"]) / "decode_config.json"
-        decode.write_text(tuned.read_text() if tuned.is_file() else json.dumps(report["decode_config"], indent=2))
-        with mlflow.start_run(run_id=run_id):
-            info = mlflow.pyfunc.log_model(
-                name="model",
-                python_model=_pyfunc_model(),
-                artifacts={"model_dir": report["model"], "decode_config": str(decode)},
-                pip_requirements=["torch", "transformers>=5,<6", "safetensors", "jacobi-forcing"],
-            )
+    with tempfile.TemporaryDirectory() as tmp, mlflow.start_run(run_id=run_id):
+        info = log_model(report["model"], Path(tmp), fallback_decode=report["decode_config"])
     tags = {
         "round": Path(report["round_dir"]).name,
         "n": str(report["block_size"]),
@@ -194,6 +184,10 @@ def register(client: MlflowClient, run_id: str, profile: Profile, report: dict) 
         "gate": "passed" if decision.passed else "failed",
         "gate_reasons": "; ".join(decision.reasons),
     }
+    serving = read_block(report["model"]) or {}
+    if "crossover" in serving:  # where a server should switch to AR, and on what it was measured
+        tags["ar_above_batch"] = str(serving.get("ar_above_batch"))
+        tags["hardware"] = str(serving.get("hardware"))
     version = mlflow.register_model(info.model_uri, name, tags=tags).version
     client.set_registered_model_alias(name, "challenger", version)
     if decision.passed:
@@ -203,18 +197,94 @@ def register(client: MlflowClient, run_id: str, profile: Profile, report: dict) 
     return str(version), decision
 
 
-def _pyfunc_model():
-    from tasks.pyfunc import JacobiForcingModel
+MODEL_CODE = Path(__file__).with_name("mlflow_model.py")  # models-from-code: stored with the model, not pickled
+REQUIREMENTS = ("torch", "transformers", "tokenizers", "safetensors", "mlflow")  # what jf_core's decoding imports
+EXAMPLE_PROMPT = "def fibonacci(n):"
 
-    return JacobiForcingModel()
+
+def requirements() -> list[str]:
+    """Pinned to what this environment runs (an index resolves them; a local build tag like +cpu is dropped)."""
+    from importlib.metadata import version
+
+    return [f"{name}=={version(name).split('+')[0]}" for name in REQUIREMENTS]
 
 
-def resolve_model(uri: str, profile: Profile) -> str:
-    """A round's starting model as a local directory: `models:/<name>@<alias>` or `models:/<name>/<version>` are
-    downloaded once per version; anything else (a directory, a hub id, "embedded") goes through the profile."""
+def checkpoint_copy(model_dir: str | Path, dest: Path, fallback_decode: dict | None) -> Path:
+    """The model directory as a plain HF checkpoint for the registry: weights, config (with its jacobi_forcing
+    block), generation config and tokenizer; training summaries and tuning reports stay with the run."""
+    from jf_core.decoding.config_io import saved_decode_config
+    from jf_core.models import NOT_THE_MODEL
+    from jf_core.serving.artifact import update_block
+
+    src = Path(model_dir)
+    dest.mkdir(parents=True)
+    for f in src.iterdir():
+        if f.is_file() and f.name not in NOT_THE_MODEL and not f.name.startswith("."):
+            shutil.copy2(f, dest / f.name)
+    decode = saved_decode_config(src) or fallback_decode
+    if decode is not None:
+        update_block(dest, decode=decode)
+    return dest
+
+
+def log_model(model_dir: str | Path, tmp: Path, *, fallback_decode: dict | None = None, name: str = "model"):
+    """Log a model directory to the active run as MLflow models-from-code: `tasks/mlflow_model.py` as the model's
+    code, `jf_core` as its code path, the checkpoint as its artifact, a signature with params and an example."""
+    from mlflow.models import infer_signature
+
+    checkpoint = checkpoint_copy(model_dir, tmp / "checkpoint", fallback_decode)
+    code = tmp / "code"
+    shutil.copytree(
+        Path(__file__).resolve().parents[1] / "jf_core",
+        code / "jf_core",
+        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
+    )
+    from jf_core.decoding.config_io import load_decode_config
+
+    # The default budget is the one the model was tuned and evaluated with; 0 keeps the tuned block size.
+    params = {"max_new_tokens": load_decode_config(checkpoint).max_new_tokens, "block_size": 0}
+    signature = infer_signature([EXAMPLE_PROMPT], ["completion"], params=params)
+    return mlflow.pyfunc.log_model(
+        name=name,
+        python_model=str(MODEL_CODE),
+        artifacts={"checkpoint": str(checkpoint)},
+        code_paths=[str(code / "jf_core")],
+        signature=signature,
+        input_example=([EXAMPLE_PROMPT], {"max_new_tokens": 8, "block_size": 0}),
+        pip_requirements=requirements(),
+    )
+
+
+def checkpoint_of(downloaded: Path) -> Path:
+    """The HF checkpoint inside a downloaded registry model (its MLmodel names where the artifact lies)."""
+    from mlflow.models import Model
+
+    flavor = Model.load(str(downloaded / "MLmodel")).flavors.get("python_function", {})
+    artifacts = flavor.get("artifacts") or {}
+    entry = artifacts.get("checkpoint")
+    if entry is None:
+        raise ValueError(
+            f"{downloaded}: the registered model has no `checkpoint` artifact (artifacts: {sorted(artifacts)}); "
+            "it was registered by an older version of this project: register it again"
+        )
+    path = downloaded / entry["path"]
+    if not (path / "config.json").is_file():
+        raise ValueError(f"{path}: the registered model's checkpoint has no config.json")
+    return path
+
+
+def resolve_model(uri: str, profile: Profile | None = None) -> str:
+    """A model as a local directory: `models:/<name>@<alias>` or `models:/<name>/<version>` are downloaded once per
+    version (into $JF_HOME/models/registry, renamed into place when complete) from the profile's registry (without
+    a profile: MLFLOW_TRACKING_URI, else the local store); anything else (a directory, a hub id, "embedded") goes
+    through the profile."""
     if not uri.startswith("models:/"):
+        if profile is None:
+            return uri
         return profile.model.model_copy(update={"path": uri}).resolve()
-    client, _ = connect(profile)
+    store = tracking_uri(profile.registry if profile is not None else RegistryConfig())
+    mlflow.set_tracking_uri(store)
+    client = MlflowClient(store, store)
     ref = uri.removeprefix("models:/")
     if "@" in ref:
         name, alias = ref.split("@", 1)
@@ -224,12 +294,15 @@ def resolve_model(uri: str, profile: Profile) -> str:
             raise ValueError(f"model {uri}: registered model {name!r} has no alias {alias!r}") from err
     else:
         name, _, version = ref.partition("/")
-        mv = client.get_model_version(name, version)
+        try:
+            mv = client.get_model_version(name, version)
+        except MlflowException as err:
+            raise ValueError(f"model {uri}: registered model {name!r} has no version {version!r}") from err
     dest = jf_home() / "models" / "registry" / f"{name}-v{mv.version}"
-    if not (dest / "model_dir" / "config.json").is_file():
+    if not dest.is_dir():
         dest.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix=f".{dest.name}.", dir=dest.parent) as tmp:
-            mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{name}/{mv.version}", dst_path=tmp)
-            shutil.rmtree(dest, ignore_errors=True)
-            os.replace(Path(tmp) / "artifacts", dest)  # the pyfunc's artifacts: model_dir/, decode_config.json
-    return str(dest / "model_dir")
+            local = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{name}/{mv.version}", dst_path=tmp))
+            checkpoint_of(local)  # refuse a model without a checkpoint before it is put in place
+            os.replace(local, dest)
+    return str(checkpoint_of(dest))

@@ -11,7 +11,16 @@ from collections.abc import Sequence
 import torch
 from transformers import DynamicCache
 
-from jf_core.decoding.common import DecodeOutput, EosIds, check_inputs, eos_set, finish, left_pad, model_device
+from jf_core.decoding.common import (
+    DecodeOutput,
+    EosIds,
+    TokenSink,
+    check_inputs,
+    eos_set,
+    finish,
+    left_pad,
+    model_device,
+)
 from jf_core.decoding.stats import DecodeStats, SequenceStats, Timer
 
 
@@ -23,6 +32,7 @@ def ar_decode(
     max_new_tokens: int,
     eos_token_id: EosIds,
     pad_token_id: int,
+    on_tokens: TokenSink | None = None,
 ) -> DecodeOutput:
     prompts = check_inputs(prompts, max_new_tokens)
     eos = eos_set(eos_token_id)
@@ -46,8 +56,11 @@ def ar_decode(
     while True:
         keep = []
         for row, (i, tok) in enumerate(zip(active, nxt.tolist(), strict=False)):
+            before = len(outputs[i])
             outputs[i], done = finish(outputs[i] + [tok], eos, max_new_tokens)
             stats[i].new_tokens = len(outputs[i])
+            if on_tokens is not None and len(outputs[i]) > before:
+                on_tokens(i, outputs[i][before:])
             if not done:
                 keep.append(row)
         if not keep:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -40,6 +40,11 @@ def left_pad(
         mask[i, width - len(p) :] = 1
     return ids.to(device), mask.to(device)
 
+
+# Streaming: called with (sequence index, its newly final tokens) as soon as a forward makes them known; the chunks
+# of one sequence concatenate to its output (EOS included when reached). Greedy verification never takes a
+# committed token back, so what was streamed is never revised.
+TokenSink = Callable[[int, list[int]], None]
 
 EosIds = int | Iterable[int] | None  # what decoders accept: one id, several (Qwen instruct has two), or none
 

@@ -1,6 +1,7 @@
-"""A model's decode config: `decode_config.json` beside its weights, written by the round's evaluation or by
-`jf tune`, read by `jf decode`, `jf eval` and the registry's pyfunc. Plain Jacobi or Jacobi Forcing decoding
-(multi-block and recycling), one entry point for both."""
+"""A model's decode config: the `decode` entry of the `jacobi_forcing` block in its `config.json`
+(jf_core/serving/artifact.py), written by the round's tune step or by `jf tune`, read by `jf decode`, `jf eval`,
+`jf serve` and the registry's model. Plain Jacobi or Jacobi Forcing decoding (multi-block and recycling), one entry
+point for both. Model directories from before the block (a `decode_config.json` beside the weights) still load."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from jf_core.decoding.common import DecodeOutput, EosIds
+from jf_core.decoding.common import DecodeOutput, EosIds, TokenSink
 from jf_core.decoding.jacobi import JacobiConfig, jacobi_decode
 from jf_core.decoding.multiblock import JFDecodeConfig, jf_decode
 
@@ -29,22 +30,38 @@ def config_from_dict(data: dict) -> JacobiConfig:
     return JFDecodeConfig(**data) if jf_only & set(data) else JacobiConfig(**data)
 
 
+def saved_decode_config(model_dir: str | Path | None) -> dict | None:
+    """The model's saved decode config as a dict, or None when it has none."""
+    from jf_core.serving.artifact import read_block
+
+    if not model_dir or not Path(model_dir).is_dir():
+        return None
+    block = read_block(model_dir)
+    if block and block.get("decode"):
+        return dict(block["decode"])
+    legacy = Path(model_dir) / DECODE_CONFIG
+    return json.loads(legacy.read_text()) if legacy.is_file() else None
+
+
 def load_decode_config(model_dir: str | Path | None, **overrides) -> JacobiConfig:
     """The model's saved config (plain Jacobi n=16 when it has none), with non-None `overrides` applied."""
-    path = Path(model_dir) / DECODE_CONFIG if model_dir else None
-    data = json.loads(path.read_text()) if path is not None and path.is_file() else {"block_size": 16}
+    data = saved_decode_config(model_dir) or {"block_size": 16}
     data.update({k: v for k, v in overrides.items() if v is not None})
     return config_from_dict(data)
 
 
 def save_decode_config(model_dir: str | Path, config: JacobiConfig, extra: dict | None = None) -> Path:
-    path = Path(model_dir) / DECODE_CONFIG
-    fd, tmp = tempfile.mkstemp(prefix=f".{DECODE_CONFIG}.", dir=path.parent)
-    with os.fdopen(fd, "w") as fh:
-        json.dump(asdict(config), fh, indent=2)
-    os.replace(tmp, path)
+    """Store the config in the model's `jacobi_forcing` block; `extra` (the tuning report) goes beside it."""
+    from jf_core.serving.artifact import update_block
+
+    path = update_block(model_dir, decode=asdict(config))
+    (Path(model_dir) / DECODE_CONFIG).unlink(missing_ok=True)  # one place for it
     if extra is not None:
-        (Path(model_dir) / "decode_tuning.json").write_text(json.dumps(extra, indent=2))
+        report = Path(model_dir) / "decode_tuning.json"
+        fd, tmp = tempfile.mkstemp(prefix=".decode_tuning.json.", dir=path.parent)
+        with os.fdopen(fd, "w") as fh:
+            json.dump(extra, fh, indent=2)
+        os.replace(tmp, report)
     return path
 
 
@@ -55,7 +72,9 @@ def decode(
     *,
     eos_token_id: EosIds,
     pad_token_id: int,
+    on_tokens: TokenSink | None = None,
 ) -> DecodeOutput:
+    stops = {"eos_token_id": eos_token_id, "pad_token_id": pad_token_id, "on_tokens": on_tokens}
     if isinstance(config, JFDecodeConfig):
-        return jf_decode(model, prompts, config, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
-    return jacobi_decode(model, prompts, config, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
+        return jf_decode(model, prompts, config, **stops)
+    return jacobi_decode(model, prompts, config, **stops)

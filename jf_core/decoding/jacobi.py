@@ -26,6 +26,7 @@ import torch
 from jf_core.decoding.common import (
     DecodeOutput,
     EosIds,
+    TokenSink,
     check_inputs,
     eos_set,
     finish,
@@ -82,8 +83,9 @@ class _Sequence:
     block_converged: bool = False
     last_state: list[int] = field(default_factory=list)
     stats: SequenceStats = field(default_factory=SequenceStats)
-    output: list[int] = field(default_factory=list)
+    output: list[int] = field(default_factory=list)  # final tokens so far (committed + the known-correct next)
     done: bool = False
+    streamed: int = 0  # how much of `output` went to on_tokens
 
 
 @dataclass
@@ -119,12 +121,14 @@ class JacobiDecoder:
         eos_token_id: EosIds,
         pad_token_id: int,
         recorder: BlockRecorder | None = None,
+        on_tokens: TokenSink | None = None,
     ) -> None:
         self.model = model
         self.config = config
         self.eos = eos_set(eos_token_id)
         self.pad_token_id = pad_token_id
         self.recorder = recorder
+        self.on_tokens = on_tokens
         self.draft_init = make_draft_init(config.draft_init, model.config.vocab_size)
 
     @torch.inference_mode()
@@ -140,6 +144,7 @@ class JacobiDecoder:
         kv, last_logits = KVState.prefill(self.model, ids, mask)
         for seq, first in zip(seqs, last_logits.argmax(-1).tolist(), strict=False):
             self._open_block(seq, first)
+        self._stream(seqs)
         active = self._drop_finished(kv, seqs)
         prefilled = timer.now()
 
@@ -147,6 +152,7 @@ class JacobiDecoder:
         while active:
             self.step(kv, active)
             batch_forwards += 1
+            self._stream(active)
             active = self._drop_finished(kv, active)
             kv.compact(cfg.compact_waste)
         end = timer.now()
@@ -261,6 +267,15 @@ class JacobiDecoder:
         seq.stats.new_tokens = len(seq.output)
         return seq.done
 
+    def _stream(self, seqs: list[_Sequence]) -> None:
+        """Hand each sequence's newly final tokens (its output grew by them) to `on_tokens`."""
+        if self.on_tokens is None:
+            return
+        for seq in seqs:
+            if len(seq.output) > seq.streamed:
+                self.on_tokens(seq.index, seq.output[seq.streamed :])
+                seq.streamed = len(seq.output)
+
     def _drop_finished(self, kv: KVState, seqs: list[_Sequence]) -> list[_Sequence]:
         keep = [i for i, s in enumerate(seqs) if not s.done]
         if len(keep) < len(seqs) and keep:
@@ -276,6 +291,9 @@ def jacobi_decode(
     eos_token_id: EosIds,
     pad_token_id: int,
     recorder: BlockRecorder | None = None,
+    on_tokens: TokenSink | None = None,
 ) -> DecodeOutput:
-    decoder = JacobiDecoder(model, config, eos_token_id=eos_token_id, pad_token_id=pad_token_id, recorder=recorder)
+    decoder = JacobiDecoder(
+        model, config, eos_token_id=eos_token_id, pad_token_id=pad_token_id, recorder=recorder, on_tokens=on_tokens
+    )
     return decoder.decode(prompts)

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from jf_core.decoding.common import DecodeOutput, EosIds, first_eos
+from jf_core.decoding.common import DecodeOutput, EosIds, TokenSink, first_eos
 from jf_core.decoding.jacobi import BlockRecorder, JacobiConfig, JacobiDecoder, Layout, _Sequence
 from jf_core.decoding.recycling import NgramPool
 
@@ -73,10 +73,11 @@ class JFDecoder(JacobiDecoder):
         eos_token_id: EosIds,
         pad_token_id: int,
         recorder: BlockRecorder | None = None,
+        on_tokens: TokenSink | None = None,
     ) -> None:
         if recorder is not None:
             raise ValueError("a BlockRecorder needs plain Jacobi decoding (JacobiConfig), not multi-block/recycling")
-        super().__init__(model, config, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
+        super().__init__(model, config, eos_token_id=eos_token_id, pad_token_id=pad_token_id, on_tokens=on_tokens)
         self.cfg = config
         self.spawn_at = math.ceil(config.spawn_ratio * config.block_size)
 
@@ -186,5 +187,7 @@ def jf_decode(
     *,
     eos_token_id: EosIds,
     pad_token_id: int,
+    on_tokens: TokenSink | None = None,
 ) -> DecodeOutput:
-    return JFDecoder(model, config, eos_token_id=eos_token_id, pad_token_id=pad_token_id).decode(prompts)
+    decoder = JFDecoder(model, config, eos_token_id=eos_token_id, pad_token_id=pad_token_id, on_tokens=on_tokens)
+    return decoder.decode(prompts)

@@ -15,10 +15,13 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from jf_core.decoding.ar import ar_decode
 from jf_core.decoding.common import EosIds
 from jf_core.decoding.config_io import decode
+from jf_core.decoding.jacobi import JacobiConfig
 from jf_core.decoding.multiblock import JFDecodeConfig
 from jf_core.evaluation.speed import run_interleaved
+from jf_core.serving.artifact import Crossover
 
 
 @dataclass(frozen=True)
@@ -86,3 +89,71 @@ def tune(
             progress(i + 1, len(configs), trials[-1])
     best = max(range(len(trials)), key=lambda i: trials[i].tps)
     return configs[best], trials
+
+
+def measure_crossover(
+    model: torch.nn.Module,
+    prompts: Sequence[Sequence[int]],
+    config: JacobiConfig,
+    *,
+    eos_token_id: EosIds,
+    pad_token_id: int,
+    batch_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32),
+    repeats: int = 1,
+    progress: Callable[[int, float, float], None] | None = None,
+) -> Crossover:
+    """AR and `config` taking turns at each batch size on the same prompts (cycled to fill the largest batch):
+    Jacobi's TPS over AR's and its TPF per batch size. A forward's cost grows with batch x width once the device is
+    busy, so the speedup falls with the batch size; where it drops below 1 a server should run AR."""
+    if not batch_sizes:
+        raise ValueError("no batch sizes to measure the crossover at")
+    stops = {"eos_token_id": eos_token_id, "pad_token_id": pad_token_id}
+    decoders = {
+        "ar": lambda ps: ar_decode(model, ps, max_new_tokens=config.max_new_tokens, **stops),
+        "jacobi": lambda ps: decode(model, ps, config, **stops),
+    }
+    sizes, speedups, tpfs = [], [], []
+    for size in sorted(set(batch_sizes)):
+        pool = [list(prompts[i % len(prompts)]) for i in range(max(size, len(prompts)))]
+        pool = pool[: size * max(1, len(pool) // size)]  # whole batches only: a ragged last batch is a smaller size
+        out = run_interleaved(decoders, pool, size, repeats=repeats, warmup_prompts=min(size, 2))
+        ar, jf = out["ar"].stats, out["jacobi"].stats
+        sizes.append(size)
+        speedups.append(round(jf.tps / ar.tps, 4) if ar.tps else 0.0)
+        tpfs.append(round(jf.tpf, 4))
+        if progress is not None:
+            progress(size, speedups[-1], tpfs[-1])
+    return Crossover(sizes, speedups, tpfs)
+
+
+def store_crossover(
+    model: torch.nn.Module,
+    tokenizer,
+    prompts: Sequence[Sequence[int]],
+    config: JacobiConfig,
+    model_dir,
+    batch_sizes: Sequence[int],
+    *,
+    repeats: int = 1,
+    progress: Callable[[int, float, float], None] | None = None,
+) -> dict | None:
+    """`measure_crossover`, stored in the model's jacobi_forcing block with the hardware and dtype it was measured
+    on; returns the block's serving fields (None when `batch_sizes` is empty)."""
+    from jf_core.models import stop_tokens
+    from jf_core.serving.artifact import crossover_block, update_block
+
+    if not batch_sizes:
+        return None
+    found = measure_crossover(
+        model,
+        prompts,
+        config,
+        **stop_tokens(model, tokenizer),
+        batch_sizes=batch_sizes,
+        repeats=repeats,
+        progress=progress,
+    )
+    weights = next(model.parameters())
+    block = crossover_block(found, weights.device, str(weights.dtype).removeprefix("torch."))
+    update_block(model_dir, **block)
+    return block

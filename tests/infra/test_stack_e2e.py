@@ -1,9 +1,10 @@
 """End to end on real servers: `jf stack up --ray` (free ports) -> `prefect deploy --all` -> `prefect deployment
 run jf-round/tiny --watch` on the embedded model, its trajectory actors on the stack's Ray (joined with the stack's
 token) -> the MLflow registry holds a version with its metrics and plots and `champion`; the same parameters with a
-gate made to fail reuse every stage and leave `champion` alone; the scheduled deployment has scheduled runs; the
-README's registry-consumer snippet works as written; every socket the stack's processes (and the flow runs they
-start) listened on was on 127.0.0.1; `down` stops everything."""
+gate made to fail reuse every stage and leave `champion` alone; the scheduled deployment has scheduled runs, and
+one started now trains from the champion resolved out of the registry; the README's registry-consumer snippet
+works as written; every socket the stack's processes (and the flow runs they start) listened on was on 127.0.0.1;
+`down` stops everything."""
 
 from __future__ import annotations
 
@@ -81,9 +82,9 @@ def _prefect(env, *args, timeout=1200) -> subprocess.CompletedProcess:
     return subprocess.run([prefect, *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
 
 
-def _run_deployment(env, params: dict) -> str:
+def _run_deployment(env, params: dict, deployment: str = "jf-round/tiny") -> str:
     out = _prefect(
-        env, "deployment", "run", "jf-round/tiny", "--params", json.dumps(params), "--watch", "--watch-timeout", "1200"
+        env, "deployment", "run", deployment, "--params", json.dumps(params), "--watch", "--watch-timeout", "1200"
     )
     assert out.returncode == 0 and "Completed" in out.stdout, out.stdout[-3000:] + out.stderr[-3000:]
     return re.search(r"UUID: ([0-9a-f-]{36})", out.stdout).group(1)
@@ -162,6 +163,12 @@ def test_stack_deploy_run_register_gate_schedule(stack_env):
     while not (runs := _api(stack_env, scheduled)) and time.monotonic() < deadline:
         time.sleep(3)
     assert runs and runs[0].parameters["model"] == "models:/jf-tiny@champion"
+
+    # What the schedule runs, started now: the round resolves the champion from the registry and trains on it.
+    lenient = {**SMALL, "registry": {"gate": {"max_accuracy_drop": 1.0}}}
+    _run_deployment(stack_env, {"overrides": lenient}, deployment="jf-round/retrain-tiny")
+    v3 = client.get_model_version_by_alias("jf-tiny", "challenger")
+    assert str(v3.version) == "3" and "jf-tiny-v1" in v3.tags["base_model"], v3.tags
 
     snippet = re.search(r"<!-- registry-consumer -->\s*```python\n(.*?)```", (REPO / "README.md").read_text(), re.S)
     out = subprocess.run(

@@ -59,8 +59,16 @@ def test_tune_saves_a_decode_config_from_calibration_prompts(profile, profile_ya
     shutil.copytree(profile.model.path, model)
     argv = ["tune", "--model", str(model), "--profile", profile_yaml, "--num-prompts", "2", "--repeats", "1"]
     space = ["--block-sizes", "4", "--num-blocks", "1", "2", "--pool-sizes", "0", "--spawn-ratios", "0.5"]
-    assert main([*argv, *space, "--ngrams", "0", "--seed-drafts", "0", "--max-new-tokens", "12"]) == 0
-    saved = json.loads((model / "decode_config.json").read_text())
+    crossover = ["--crossover-batch-sizes", "1", "2"]
+    assert main([*argv, *space, "--ngrams", "0", "--seed-drafts", "0", "--max-new-tokens", "12", *crossover]) == 0
+    block = json.loads((model / "config.json").read_text())["jacobi_forcing"]
+    saved = block["decode"]
     assert saved["block_size"] == 4 and saved["num_blocks"] in (1, 2)
+    assert not (model / "decode_config.json").exists()  # one place for the decode config: the model's config.json
+    # The crossover: AR and the winner taking turns at each batch size, stored with the hardware it ran on.
+    assert block["crossover"]["batch_sizes"] == [1, 2] and len(block["crossover"]["speedup_vs_ar"]) == 2
+    assert block["hardware"].startswith("CPU") and block["dtype"] == "float32"
+    assert block["break_even_tpf"] > 0
+    assert "crossover (Jacobi TPS / AR TPS): b1 " in capsys.readouterr().out
     report = json.loads((model / "decode_tuning.json").read_text())
     assert report["calibration_prompts"] == 2 and len(report["trials"]) == 2

@@ -18,3 +18,38 @@ def test_rounds_share_trajectories_exactly_when_trajectories_would_be_equal(prof
     (a.trajectories / "manifest.json").write_text("{}")
     assert (b.trajectories / "manifest.json").is_file()
     assert round_paths(p, p.model.path).trajectories.resolve() == a.trajectories.resolve()  # stable on re-entry
+
+
+def test_the_tune_stage_stores_the_decode_config_and_the_ar_crossover_in_the_model(profile, tmp_path):
+    import json
+    import shutil
+
+    from jf_core.config import TuneConfig
+    from jf_core.models import model_fingerprint
+    from tasks.stages import stage_tune
+
+    model = tmp_path / "model"
+    shutil.copytree(profile.model.path, model)
+    before = model_fingerprint(model)
+    tune = TuneConfig(
+        enabled=True,
+        prompts=2,
+        block_sizes=[4],
+        num_blocks=[1, 2],
+        pool_sizes=[0],
+        spawn_ratios=[0.5],
+        seed_drafts=[False],
+        repeats=1,
+        crossover_batch_sizes=[1, 2],
+    )
+    p = profile.model_copy(
+        update={"evaluation": profile.evaluation.model_copy(update={"tune": tune, "max_new_tokens": 12})}
+    )
+    report = stage_tune(p, model)
+    block = json.loads((model / "config.json").read_text())["jacobi_forcing"]
+    assert block["decode"] == report["best"] and block["decode"]["max_new_tokens"] == 12
+    assert block["crossover"]["batch_sizes"] == [1, 2] and block == {**block, **report["serving"]}
+    assert block["hardware"].startswith("CPU") and block["dtype"] == "float32"
+    assert model_fingerprint(model) == before  # tuning says how to decode the model; it is the same model
+    assert json.loads((model / "decode_tuning.json").read_text()) == report
+    assert stage_tune(p, model) == report  # done once

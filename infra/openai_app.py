@@ -1,0 +1,215 @@
+"""The OpenAI-compatible HTTP API over the serving core (`jf_core/serving`): `/v1/completions`,
+`/v1/chat/completions` (the tokenizer's chat template), `/v1/models`, `/health`; server-sent events when `stream`
+is set, chunks as tokens become final; `usage` with prompt and completion tokens and the request's TPF.
+
+Greedy only: a request asking for sampling (temperature > 0 with top_p < 1 or the like) is refused with a 400 that
+says so, rather than silently decoded greedily. Errors use OpenAI's shape:
+`{"error": {"message": ..., "type": "invalid_request_error", "param": ..., "code": ...}}`.
+
+`build_app(batcher, name)` returns a FastAPI app; `infra/serve_app.py` runs it as a Ray Serve deployment.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from jf_core.serving.batcher import Batcher
+from jf_core.serving.engine import Completion, RequestError
+from jf_core.serving.engine import Request as EngineRequest
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="allow")  # OpenAI clients send fields we do not use (user, seed, ...)
+
+    model: str
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    n: int = 1
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: dict | None = None
+
+
+class CompletionBody(_Body):
+    prompt: str | list[str]
+    echo: bool = False
+    logprobs: int | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: str
+    content: str
+
+
+class ChatBody(_Body):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = None
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+
+def _error(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    return JSONResponse(body, status_code=status)
+
+
+def build_app(batcher: Batcher, name: str, *, max_tokens_limit: int = 1024) -> FastAPI:
+    engine = batcher.engine
+    app = FastAPI(title="jacobi-forcing", docs_url=None, redoc_url=None)
+
+    @app.exception_handler(ApiError)
+    async def api_error(_: Request, err: ApiError) -> JSONResponse:
+        return _error(err.status, err.message, err.param, err.code)
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_body(_: Request, err: RequestValidationError) -> JSONResponse:
+        first = err.errors()[0] if err.errors() else {}
+        if first.get("type") == "json_invalid":
+            return _error(400, f"malformed JSON body: {first.get('ctx', {}).get('error', 'cannot parse it')}")
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
+        return _error(400, f"invalid request body: {where}: {first.get('msg', 'malformed')}", where)
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok", "model": name, "dispatched": engine.dispatched}
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "jacobi-forcing"}]}
+
+    def common(body: _Body, default_budget: int) -> tuple[int, tuple[str, ...]]:
+        if body.model != name:
+            raise ApiError(
+                404,
+                f"model {body.model!r} is not served here (this server serves {name!r})",
+                "model",
+                "model_not_found",
+            )
+        if body.n != 1:
+            raise ApiError(400, "n: only n=1 is supported (greedy decoding has one answer)", "n")
+        if body.temperature not in (None, 0, 0.0) and (body.top_p is None or body.top_p > 0):
+            raise ApiError(
+                400,
+                "temperature: sampling is not supported yet; this server decodes greedily "
+                "(send temperature 0 or leave it out)",
+                "temperature",
+            )
+        budget = default_budget if body.max_tokens is None else body.max_tokens
+        stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+        if len(stop) > 4:
+            raise ApiError(400, "stop: at most 4 stop strings", "stop")
+        return budget, stop
+
+    def request_for(prompt: list[int], budget: int, stop: tuple[str, ...]) -> EngineRequest:
+        request = EngineRequest(prompt, budget, stop)
+        try:
+            engine.check(request, max_tokens_limit)
+        except RequestError as err:
+            param = "max_tokens" if str(err).startswith("max_tokens") else "prompt"
+            raise ApiError(400, str(err), param) from None
+        return request
+
+    def usage(done: list[Completion]) -> dict:
+        prompt = sum(c.prompt_tokens for c in done)
+        completion = sum(len(c.tokens) for c in done)
+        forwards = sum(c.forwards for c in done)
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "tokens_per_forward": round(completion / forwards, 4) if forwards else 0.0,
+        }
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionBody):
+        budget, stop = common(body, 16)  # OpenAI's default for completions
+        if body.echo or body.logprobs:
+            raise ApiError(400, "echo and logprobs are not supported", "echo" if body.echo else "logprobs")
+        prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
+        if not prompts:
+            raise ApiError(400, "prompt: empty list", "prompt")
+        if body.stream and len(prompts) > 1:
+            raise ApiError(400, "prompt: stream one prompt per request", "prompt")
+        requests = [request_for(engine.encode(p), budget, stop) for p in prompts]
+        pending = [batcher.submit(r) for r in requests]
+        head = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": name}
+        if body.stream:
+            include_usage = bool((body.stream_options or {}).get("include_usage"))
+
+            def chunk(text: str, reason: str | None) -> dict:
+                choice = {"index": 0, "text": text, "finish_reason": reason, "logprobs": None}
+                return {**head, "object": "text_completion", "choices": [choice]}
+
+            return _sse(pending[0], chunk, head | {"object": "text_completion"}, include_usage, usage)
+        done = [await p.result() for p in pending]
+        choices = [
+            {"index": i, "text": c.text, "finish_reason": c.finish_reason, "logprobs": None} for i, c in enumerate(done)
+        ]
+        return {**head, "object": "text_completion", "choices": choices, "usage": usage(done)} | _jf(done)
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatBody):
+        budget, stop = common(body, max_tokens_limit)
+        if body.max_completion_tokens is not None:
+            budget = body.max_completion_tokens
+        try:
+            prompt = engine.chat_prompt([m.model_dump() for m in body.messages])
+        except RequestError as err:
+            raise ApiError(400, str(err), "messages") from None
+        pending = batcher.submit(request_for(prompt, budget, stop))
+        head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": name}
+        if body.stream:
+            include_usage = bool((body.stream_options or {}).get("include_usage"))
+            first = [True]
+
+            def chunk(text: str, reason: str | None) -> dict:
+                delta = {"content": text} if reason is None or text else {}
+                if first[0]:
+                    delta, first[0] = {"role": "assistant", **delta}, False
+                choice = {"index": 0, "delta": delta, "finish_reason": reason, "logprobs": None}
+                return {**head, "object": "chat.completion.chunk", "choices": [choice]}
+
+            return _sse(pending, chunk, head | {"object": "chat.completion.chunk"}, include_usage, usage)
+        done = await pending.result()
+        message = {"role": "assistant", "content": done.text}
+        choice = {"index": 0, "message": message, "finish_reason": done.finish_reason, "logprobs": None}
+        return {**head, "object": "chat.completion", "choices": [choice], "usage": usage([done])} | _jf([done])
+
+    return app
+
+
+def _jf(done: list[Completion]) -> dict:
+    """How the answer was decoded (beside OpenAI's fields; clients ignore it)."""
+    return {"jacobi_forcing": {"method": done[0].method, "forwards": sum(c.forwards for c in done)}}
+
+
+def _sse(pending, chunk, head: dict, include_usage: bool, usage) -> StreamingResponse:
+    async def events():
+        async for text in pending.stream():
+            yield _event(chunk(text, None))
+        done = pending.completion
+        yield _event(chunk("", done.finish_reason))
+        if include_usage:
+            yield _event({**head, "choices": [], "usage": usage([done])})
+        yield "data: [DONE]\n\n"
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
+def _event(data: dict) -> str:
+    return f"data: {json.dumps(data)}\n\n"

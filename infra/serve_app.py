@@ -1,0 +1,106 @@
+"""`jf serve` as a Ray Serve application: each replica loads the model once and serves the OpenAI-compatible API
+(`infra/openai_app.py`) over its own batcher; `--replicas N` scales it across a Ray cluster (KubeRay: a
+`RayService` runs the same application).
+
+Ray Serve's HTTP proxy binds 127.0.0.1 unless told otherwise (`--host`), and the Ray under it is the project's
+(`infra/ray_cluster.ray_session`: private, loopback only, token auth; or the cluster named by RAY_ADDRESS).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ray import serve
+
+
+@dataclass
+class ServeOptions:
+    model_path: str  # a local checkpoint directory (models:/ URIs are resolved before)
+    name: str  # the model id clients send
+    max_batch: int = 16
+    max_wait_ms: float = 10.0
+    method: str = "auto"  # auto: the artifact's dispatch; jacobi or ar: forced (for comparisons)
+    max_tokens_limit: int = 1024
+    dtype: str = "auto"
+    device: str = "auto"
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 1}, max_ongoing_requests=256)
+@serve.ingress()
+class JFServer:
+    """One replica: the model loaded once, its batcher, and the OpenAI API built over them at replica start."""
+
+    def __init__(self, options: dict) -> None:
+        from jf_core.serving.batcher import Batcher
+        from jf_core.serving.engine import Engine
+
+        _replica_grpc_on_loopback()
+        self.options = ServeOptions(**options)
+        opts = self.options
+        engine = Engine.load(opts.model_path, name=opts.name, dtype=opts.dtype, device=opts.device)
+        self.batcher = Batcher(engine, max_batch=opts.max_batch, max_wait_s=opts.max_wait_ms / 1000, method=opts.method)
+
+    def __serve_build_asgi_app__(self):
+        from infra.openai_app import build_app
+
+        return build_app(self.batcher, self.options.name, max_tokens_limit=self.options.max_tokens_limit)
+
+
+def _replica_grpc_on_loopback() -> None:
+    """Ray Serve 2.60 starts an inter-deployment gRPC server in every replica bound to `[::]` (every interface),
+    with no setting to change it: on a Ray that lives on loopback only it would be the one socket reachable from
+    the network. Bind it to 127.0.0.1 there (runs in the replica, before Serve starts that server). On a
+    multi-node cluster replicas must reach each other: the cluster's network policy guards it
+    (infra/kuberay/networkpolicy.yaml)."""
+    import ray
+    import ray.serve._private.replica as replica
+
+    if ray.util.get_node_ip_address() != "127.0.0.1" or getattr(replica.add_port_to_grpc_server, "loopback", False):
+        return
+    bind = replica.add_port_to_grpc_server
+
+    def on_loopback(server, address: str):
+        return bind(server, address.replace("[::]", "127.0.0.1", 1))
+
+    on_loopback.loopback = True
+    replica.add_port_to_grpc_server = on_loopback
+
+
+def application(options: ServeOptions, replicas: int = 1):
+    return JFServer.options(num_replicas=replicas).bind(asdict(options))
+
+
+def run(options: ServeOptions, *, host: str = "127.0.0.1", port: int = 8000, replicas: int = 1, ready=None) -> None:
+    """Start Serve on the project's Ray and block until SIGINT/SIGTERM; `ready(url)` is called once it answers."""
+    from infra.ray_cluster import ray_session
+
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    with ray_session():
+        serve.start(http_options={"host": host, "port": port})
+        try:
+            serve.run(application(options, replicas), name="jacobi-forcing", route_prefix="/", blocking=False)
+            if ready is not None:
+                ready(f"http://{host}:{port}")
+            stop.wait()
+        finally:
+            serve.shutdown()
+
+
+def build(args: dict):
+    """Serve's application builder (`import_path: infra.serve_app:build`, e.g. in a KubeRay RayService): `args`
+    holds ServeOptions' fields; `model_path` may be `models:/<name>@<alias>` (resolved through MLFLOW_TRACKING_URI
+    into $JF_HOME, which a cluster shares) and `replicas` the number of replicas."""
+    args = dict(args)
+    replicas = int(args.pop("replicas", 1))
+    path = str(args.pop("model_path"))
+    if path.startswith("models:/"):
+        from tasks.tracking import resolve_model
+
+        path = resolve_model(path)
+    args.setdefault("name", Path(path).name)
+    return application(ServeOptions(model_path=path, **args), replicas)

@@ -1,0 +1,175 @@
+"""One batch of completion requests in, the texts greedy AR would write out: the serving core under the registry's
+pyfunc and `jf serve`.
+
+Dispatch: a batch runs the model's Jacobi Forcing decode config while its size is at or below the artifact's
+`ar_above_batch` (measured by `jf tune` on the hardware named beside it) and AR above it; and whatever the batch size,
+AR once the running mean of accepted tokens per forward falls below the artifact's break-even TPF (a Jacobi step
+that accepts less than it costs loses to AR). Every path is lossless, so the dispatch changes speed, never text.
+
+Requests in one batch may differ in `max_new_tokens` and stop strings: the batch decodes to the largest budget and
+each completion is cut to its own. Greedy decoding makes a shorter budget's output a prefix of a longer one's, so
+the cut is exactly what a call with that budget would return.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from jf_core.decoding.common import eos_set
+from jf_core.serving.artifact import ServingSpec, serving_spec
+from jf_core.serving.stream import TextStream
+
+Method = Literal["auto", "jacobi", "ar"]
+
+
+@dataclass
+class Request:
+    prompt: list[int]
+    max_new_tokens: int
+    stop: tuple[str, ...] = ()
+
+
+@dataclass
+class Completion:
+    tokens: list[int]  # generated tokens, EOS included when reached (cut before a stop string)
+    text: str
+    finish_reason: Literal["stop", "length"]
+    prompt_tokens: int
+    forwards: int  # model calls this request took part in, prefill included
+    method: Literal["jacobi", "ar"]
+
+    @property
+    def tpf(self) -> float:
+        return len(self.tokens) / self.forwards if self.forwards else 0.0
+
+
+class RequestError(ValueError):
+    """A request this model cannot serve (empty or too long a prompt, a budget out of range): the caller's fault."""
+
+
+class Engine:
+    """A loaded model with its decode config and dispatch rule; `complete` serves one batch."""
+
+    def __init__(self, model, tokenizer, spec: ServingSpec, *, name: str = "model", tpf_window: int = 8) -> None:
+        from jf_core.models import stop_tokens
+
+        self.model, self.tokenizer, self.spec, self.name = model, tokenizer, spec, name
+        self.stops = stop_tokens(model, tokenizer)
+        self.context_length = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
+        self.tpf_window = tpf_window
+        self._recent_tpf: list[float] = []
+        self._batches = 0
+        self.dispatched = {"jacobi": 0, "ar": 0}
+
+    @classmethod
+    def load(cls, path: str | Path, *, name: str | None = None, **load_kwargs) -> Engine:
+        from jf_core.decoding.config_io import load_decode_config
+        from jf_core.models import load_model
+
+        model, tokenizer = load_model(str(path), **load_kwargs)
+        spec = serving_spec(path, load_decode_config(path))
+        return cls(model, tokenizer, spec, name=name or Path(str(path)).name)
+
+    # -- requests -------------------------------------------------------------------------------------------------
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def chat_prompt(self, messages: list[dict]) -> list[int]:
+        if getattr(self.tokenizer, "chat_template", None) is None:
+            raise RequestError(f"model {self.name!r} has no chat template: use /v1/completions")
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return self.encode(text)
+
+    def check(self, request: Request, max_tokens_limit: int) -> None:
+        if not request.prompt:
+            raise RequestError("prompt: empty (it must encode to at least one token)")
+        if not 1 <= request.max_new_tokens <= max_tokens_limit:
+            raise RequestError(f"max_tokens: {request.max_new_tokens} is outside [1, {max_tokens_limit}]")
+        if len(request.prompt) + request.max_new_tokens > self.context_length:
+            raise RequestError(
+                f"prompt: {len(request.prompt)} tokens + max_tokens {request.max_new_tokens} exceed the model's "
+                f"context of {self.context_length} tokens"
+            )
+
+    # -- dispatch -------------------------------------------------------------------------------------------------
+
+    def choose(self, batch_size: int) -> Literal["jacobi", "ar"]:
+        """Jacobi at or below the measured crossover while its running acceptance pays; AR otherwise. Every 8th
+        batch still probes Jacobi, so a stretch of hard prompts does not switch it off for good."""
+        if self.spec.ar_above_batch is not None and batch_size > self.spec.ar_above_batch:
+            return "ar"
+        floor = self.spec.break_even_tpf
+        if floor is not None and len(self._recent_tpf) >= 2 and self._batches % 8:
+            mean = sum(self._recent_tpf) / len(self._recent_tpf)
+            if mean < floor:
+                return "ar"
+        return "jacobi"
+
+    def _observe(self, tpf: float) -> None:
+        self._recent_tpf = [*self._recent_tpf, tpf][-self.tpf_window :]
+
+    # -- decoding -------------------------------------------------------------------------------------------------
+
+    def complete(
+        self,
+        requests: Sequence[Request],
+        *,
+        method: Method = "auto",
+        block_size: int | None = None,
+        on_text: Callable[[int, str], None] | None = None,
+    ) -> list[Completion]:
+        """Decode one batch; returns one Completion per request, in order. `on_text(i, chunk)` streams request i's
+        text as forwards make its tokens final (called from this thread); the chunks join to its `text`."""
+        from jf_core.decoding.ar import ar_decode
+        from jf_core.decoding.config_io import decode
+
+        budget = max(r.max_new_tokens for r in requests)
+        prompts = [r.prompt for r in requests]
+        eos = eos_set(self.stops["eos_token_id"])
+        streams = [TextStream(self.tokenizer, r.max_new_tokens, r.stop, eos) for r in requests]
+
+        def on_tokens(i: int, tokens: list[int]) -> None:
+            chunk = streams[i].feed(tokens)
+            if chunk and on_text is not None:
+                on_text(i, chunk)
+
+        chosen = self.choose(len(requests)) if method == "auto" else method
+        self._batches += 1
+        if chosen == "jacobi":
+            cfg = replace(self.spec.decode, max_new_tokens=budget)
+            if block_size is not None:
+                cfg = replace(cfg, block_size=block_size)
+            out = decode(self.model, prompts, cfg, on_tokens=on_tokens, **self.stops)
+            self._observe(out.stats.tpf)
+        else:
+            out = ar_decode(self.model, prompts, max_new_tokens=budget, on_tokens=on_tokens, **self.stops)
+        self.dispatched[chosen] += 1
+        done = []
+        for i, (request, stream, stats) in enumerate(zip(requests, streams, out.stats.sequences, strict=True)):
+            tail = stream.finish()
+            if tail and on_text is not None:
+                on_text(i, tail)
+            tokens = stream.tokens
+            if stream.text != self.tokenizer.decode(tokens, skip_special_tokens=True):  # cut at a stop string
+                tokens = _tokens_of_prefix(self.tokenizer, tokens, len(stream.text))
+            reason = stream.finish_reason or "length"
+            done.append(Completion(tokens, stream.text, reason, len(request.prompt), stats.forwards, chosen))
+        return done
+
+
+def _tokens_of_prefix(tokenizer, tokens: list[int], chars: int) -> list[int]:
+    """The shortest token prefix whose text covers `chars` characters (usage counts what was returned)."""
+    for i in range(len(tokens) + 1):
+        if len(tokenizer.decode(tokens[:i], skip_special_tokens=True)) >= chars:
+            return tokens[:i]
+    return tokens
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")

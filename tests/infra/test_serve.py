@@ -1,0 +1,163 @@
+"""`jf serve` end to end on the embedded model: Ray Serve in its own private Ray, the official `openai` client.
+Completions and chat, plain and streamed, concurrent requests with different budgets and stops batched together:
+each answer is what greedy AR writes. Bad requests get a 4xx with OpenAI's error shape and leave the server
+serving, a client that disconnects mid-stream too. Every socket the server's process tree listened on was on
+127.0.0.1, and SIGINT stops all of it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import openai
+import psutil
+import pytest
+
+from infra.stack import free_port
+from jf_core.decoding.ar import ar_decode
+from jf_core.models import load_model, stop_tokens
+from tests.infra.sockets import SocketWatch
+
+pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
+
+TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant: program: "
+PROMPTS = [
+    "program: a=85; step -8; return f",
+    "program: a=3; step +2; return b",
+    "program: x=9; step *2; step -1; return z",
+    "program: a=7; return a",
+]
+
+
+@pytest.fixture(scope="module")
+def server(embedded, tmp_path_factory):
+    """`jf serve` on a copy of the embedded model (with a chat template), on a free loopback port."""
+    model, _ = embedded
+    directory = tmp_path_factory.mktemp("served") / "model"
+    shutil.copytree(model.name_or_path, directory)
+    config = json.loads((directory / "tokenizer_config.json").read_text())
+    (directory / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": TEMPLATE}))
+    port = free_port()
+    jf = Path(sys.executable).parent / "jf"
+    proc = subprocess.Popen(
+        [str(jf), "serve", str(directory), "--name", "embedded", "--port", str(port), "--max-tokens-limit", "200"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    watch = SocketWatch(proc.pid, every=0.5).__enter__()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stdout.read()[-3000:]
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(1)
+    else:
+        pytest.fail("the server did not answer /health within 300 s")
+    hf, tok = load_model(str(directory))
+    yield {"url": url, "client": openai.OpenAI(base_url=f"{url}/v1", api_key="unused"), "model": hf, "tok": tok}
+    tree = psutil.Process(proc.pid).children(recursive=True)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=120) == 0
+    watch.__exit__(None, None, None)
+    assert watch.exposed() == [], f"listening beyond 127.0.0.1: {watch.exposed()}"
+    assert any(name == "raylet" for name, _, _ in watch.seen)  # the watch saw the Ray under the server
+    time.sleep(5)
+    assert not [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], "left running"
+
+
+def greedy(server, prompt: str, budget: int) -> str:
+    tok = server["tok"]
+    ids = tok(prompt, add_special_tokens=False)["input_ids"]
+    out = ar_decode(server["model"], [ids], max_new_tokens=budget, **stop_tokens(server["model"], tok))
+    return tok.decode(out.sequences[0], skip_special_tokens=True)
+
+
+def test_completions_plain_and_streamed_equal_greedy_ar(server):
+    client = server["client"]
+    out = client.completions.create(model="embedded", prompt=PROMPTS[0], max_tokens=64, temperature=0)
+    assert out.choices[0].text == greedy(server, PROMPTS[0], 64) and out.choices[0].finish_reason == "stop"
+    assert out.usage.completion_tokens > 0 and out.usage.prompt_tokens > 0
+    assert out.usage.model_extra["tokens_per_forward"] >= 1.0
+    stream = client.completions.create(
+        model="embedded", prompt=PROMPTS[1], max_tokens=40, stream=True, stream_options={"include_usage": True}
+    )
+    chunks, usage = [], None
+    for event in stream:
+        chunks += [c.text for c in event.choices]
+        usage = event.usage or usage
+    assert "".join(chunks) == greedy(server, PROMPTS[1], 40) and len([c for c in chunks if c]) > 1
+    assert usage.completion_tokens <= 40
+
+
+def test_concurrent_requests_with_different_budgets_and_stops_each_get_their_own_answer(server):
+    client = server["client"]
+    want_stop = greedy(server, PROMPTS[2], 60)
+    stop = want_stop[6:8]
+    jobs = [(p, budget, None) for p, budget in zip(PROMPTS, (64, 8, 30, 16), strict=True)] + [(PROMPTS[2], 60, stop)]
+
+    def ask(job):
+        prompt, budget, stop = job
+        return client.completions.create(model="embedded", prompt=prompt, max_tokens=budget, stop=stop).choices[0]
+
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        answers = list(pool.map(ask, jobs))
+    for (prompt, budget, stop_at), answer in zip(jobs, answers, strict=True):
+        text = greedy(server, prompt, budget)
+        assert answer.text == (text[: text.find(stop_at)] if stop_at else text)
+    assert answers[1].finish_reason == "length" and answers[-1].finish_reason == "stop"
+
+
+def test_chat_uses_the_chat_template_plain_and_streamed(server):
+    client, tok = server["client"], server["tok"]
+    messages = [{"role": "user", "content": "a=85; step -8; return f"}]
+    rendered = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    want = greedy(server, rendered, 48)
+    out = client.chat.completions.create(model="embedded", messages=messages, max_tokens=48)
+    assert out.choices[0].message.content == want and out.choices[0].message.role == "assistant"
+    stream = client.chat.completions.create(model="embedded", messages=messages, max_tokens=48, stream=True)
+    assert "".join(e.choices[0].delta.content or "" for e in stream if e.choices) == want
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "says"),
+    [
+        ({"model": "embedded", "prompt": "", "max_tokens": 4}, 400, "prompt: empty"),
+        ({"model": "embedded", "prompt": "a=1; " * 200, "max_tokens": 4}, 400, "exceed the model's context"),
+        ({"model": "embedded", "prompt": "a", "max_tokens": 0}, 400, "max_tokens: 0 is outside [1, 200]"),
+        ({"model": "embedded", "prompt": "a", "max_tokens": 201}, 400, "max_tokens: 201"),
+        ({"model": "gpt-4", "prompt": "a"}, 404, "model 'gpt-4' is not served here"),
+        ({"model": "embedded", "prompt": "a", "temperature": 0.8}, 400, "sampling is not supported"),
+        ({"model": "embedded"}, 400, "invalid request body"),
+        ("{not json", 400, "malformed JSON"),
+    ],
+)
+def test_bad_requests_get_a_clear_4xx_and_the_server_goes_on(server, body, status, says):
+    content = body if isinstance(body, str) else json.dumps(body)
+    response = httpx.post(
+        f"{server['url']}/v1/completions", content=content, headers={"Content-Type": "application/json"}
+    )
+    assert response.status_code == status, response.text
+    assert says in response.json()["error"]["message"] and response.json()["error"]["type"] == "invalid_request_error"
+    assert httpx.get(f"{server['url']}/health").status_code == 200
+
+
+def test_a_client_that_disconnects_mid_stream_leaves_the_server_serving(server):
+    body = {"model": "embedded", "prompt": PROMPTS[0], "max_tokens": 64, "stream": True}
+    with httpx.stream("POST", f"{server['url']}/v1/completions", json=body) as response:
+        for i, _ in enumerate(response.iter_lines()):
+            if i >= 2:
+                break  # hang up after the first chunk
+    out = server["client"].completions.create(model="embedded", prompt=PROMPTS[3], max_tokens=16)
+    assert out.choices[0].text == greedy(server, PROMPTS[3], 16)
+    assert server["client"].models.list().data[0].id == "embedded"

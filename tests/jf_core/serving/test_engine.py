@@ -1,0 +1,108 @@
+"""The serving core: requests with different budgets and stop strings share a batch and each gets exactly what greedy
+AR with its own budget writes; dispatch runs AR above the artifact's crossover and when running acceptance does not
+pay; bad requests are refused by name; the jacobi_forcing block does not change what the model is."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import replace
+
+import pytest
+
+from jf_core.decoding.ar import ar_decode
+from jf_core.decoding.multiblock import JFDecodeConfig
+from jf_core.models import model_fingerprint
+from jf_core.serving.artifact import Crossover, read_block, update_block
+from jf_core.serving.engine import Engine, Request, RequestError
+
+PROMPTS = ["program: a=85; step -8; return f", "program: a=3; step +2; return c", "program: b=7; return b"]
+
+
+@pytest.fixture()
+def engine(profile, tmp_path):
+    model_dir = tmp_path / "model"
+    shutil.copytree(profile.model.path, model_dir)
+    from jf_core.decoding.config_io import save_decode_config
+
+    save_decode_config(model_dir, JFDecodeConfig(block_size=4, num_blocks=2, pool_size=2, max_new_tokens=16))
+    return Engine.load(model_dir, dtype="float32")
+
+
+def greedy(engine: Engine, prompt: list[int], budget: int) -> list[int]:
+    out = ar_decode(engine.model, [prompt], max_new_tokens=budget, **engine.stops)
+    return out.sequences[0]
+
+
+@pytest.mark.parametrize("method", ["jacobi", "ar"])
+def test_requests_with_different_budgets_and_stops_share_a_batch(engine, method):
+    ids = [engine.encode(p) for p in PROMPTS]
+    budgets = [3, 16, 9]
+    full = engine.tokenizer.decode(greedy(engine, ids[1], 16), skip_special_tokens=True)
+    stop = full[4:6]  # a string greedy AR writes: the completion must end right before it
+    requests = [Request(ids[0], 3), Request(ids[1], 16, stop=(stop,)), Request(ids[2], 9)]
+    streamed: dict[int, list[str]] = {}
+    out = engine.complete(requests, method=method, on_text=lambda i, chunk: streamed.setdefault(i, []).append(chunk))
+    assert [c.method for c in out] == [method] * 3
+    assert ["".join(streamed.get(i, [])) for i in range(3)] == [c.text for c in out]  # streamed == returned
+    for c, prompt, budget in zip(out, ids, budgets, strict=True):
+        want = greedy(engine, prompt, budget)
+        text = engine.tokenizer.decode(want, skip_special_tokens=True)
+        if c is out[1]:
+            assert c.text == text[: text.find(stop)] and c.finish_reason == "stop"
+            assert engine.tokenizer.decode(c.tokens, skip_special_tokens=True).startswith(c.text)
+        else:
+            assert c.tokens == want and c.text == text
+            assert c.finish_reason == ("stop" if want[-1] in engine.stops["eos_token_id"] else "length")
+        assert c.prompt_tokens == len(prompt) and c.forwards >= 1
+
+
+def test_dispatch_runs_ar_above_the_crossover(engine):
+    engine.spec = replace(engine.spec, ar_above_batch=2, break_even_tpf=None)
+    ids = [Request(engine.encode(p), 8) for p in PROMPTS]
+    assert {c.method for c in engine.complete(ids[:2])} == {"jacobi"}
+    assert {c.method for c in engine.complete(ids)} == {"ar"}  # 3 > 2
+    assert engine.dispatched == {"jacobi": 1, "ar": 1}
+
+
+def test_dispatch_falls_back_to_ar_when_acceptance_does_not_pay(engine):
+    engine.spec = replace(engine.spec, ar_above_batch=None, break_even_tpf=1e9)  # no acceptance can pay
+    request = [Request(engine.encode(PROMPTS[0]), 8)]
+    methods = [engine.complete(request)[0].method for _ in range(10)]
+    assert methods[:2] == ["jacobi", "jacobi"]  # two batches measured before the running mean decides
+    assert methods[2:8] == ["ar"] * 6 and methods[8] == "jacobi"  # every 8th batch probes Jacobi again
+    engine.spec = replace(engine.spec, break_even_tpf=0.5)  # any acceptance pays
+    assert engine.complete(request)[0].method == "jacobi"
+
+
+def test_bad_requests_are_named(engine):
+    limit = 32
+    with pytest.raises(RequestError, match="prompt: empty"):
+        engine.check(Request([], 4), limit)
+    with pytest.raises(RequestError, match=r"max_tokens: 0 is outside \[1, 32\]"):
+        engine.check(Request([5], 0), limit)
+    with pytest.raises(RequestError, match=r"max_tokens: 33"):
+        engine.check(Request([5], 33), limit)
+    with pytest.raises(RequestError, match="exceed the model's context of 64 tokens"):
+        engine.check(Request([5] * 60, 8), limit)
+    with pytest.raises(RequestError, match="no chat template"):
+        engine.chat_prompt([{"role": "user", "content": "hi"}])
+
+
+def test_the_block_is_about_the_model_not_of_it(engine, tmp_path):
+    model_dir = tmp_path / "model"
+    before = model_fingerprint(model_dir)
+    update_block(model_dir, ar_above_batch=16, hardware="elsewhere")
+    assert model_fingerprint(model_dir) == before
+    assert read_block(model_dir)["decode"]["block_size"] == 4 and read_block(model_dir)["format"] == 1
+    config = json.loads((model_dir / "config.json").read_text())
+    config["hidden_size"] += 1
+    (model_dir / "config.json").write_text(json.dumps(config))
+    assert model_fingerprint(model_dir) != before
+
+
+def test_crossover_is_the_last_batch_size_where_jacobi_paid():
+    assert Crossover([1, 2, 4, 8], [2.5, 1.8, 1.1, 0.7], [3.0, 3.0, 3.0, 3.0]).ar_above_batch == 4
+    assert Crossover([1, 2], [2.5, 1.2], [3.0, 3.0]).ar_above_batch is None
+    assert Crossover([1, 2], [0.9, 0.5], [1.2, 1.2]).ar_above_batch == 0
+    assert Crossover([1], [2.0], [3.0]).break_even_tpf == pytest.approx(1.5)  # a forward costs 1.5 AR steps

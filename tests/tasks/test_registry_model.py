@@ -1,0 +1,142 @@
+"""The registered model: an HF checkpoint with its jacobi_forcing block, logged as MLflow models-from-code (no
+pickle) with jf_core as its code, a signature with params, pinned requirements; resolvable from `models:/` URIs;
+loadable in a fresh virtual environment holding only its declared requirements."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import mlflow
+import pytest
+
+from jf_core.decoding.ar import ar_decode
+from jf_core.decoding.multiblock import JFDecodeConfig
+from jf_core.models import load_model
+from tasks import tracking
+
+PROMPTS = ["program: a=85; step -8; return f", "program: a=3; step +2; step -1; return c"]
+
+
+@pytest.fixture()
+def registered(tmp_path, monkeypatch, profile):
+    """The test profile's model with a tuned decode config and a crossover, registered as version 1, `champion`."""
+    from dataclasses import asdict
+
+    from jf_core.decoding.config_io import save_decode_config
+    from jf_core.serving.artifact import update_block
+
+    monkeypatch.setenv("JF_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("MLFLOW_REGISTRY_URI", raising=False)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    model_dir = tmp_path / "model"
+    shutil.copytree(profile.model.path, model_dir)
+    (model_dir / "done.json").write_text("{}")  # a training summary: about the model, not part of the artifact
+    tuned = JFDecodeConfig(block_size=8, num_blocks=2, pool_size=2, max_new_tokens=24)
+    save_decode_config(model_dir, tuned, extra={"trials": []})
+    update_block(model_dir, ar_above_batch=4, break_even_tpf=1.5, hardware="test CPU", dtype="float32")
+    p = profile.model_copy(update={"registry": profile.registry.model_copy(update={"tracking_uri": uri})})
+    client, experiment = tracking.connect(p)
+    run_id = tracking.start_run(client, experiment, "round")
+    with tempfile.TemporaryDirectory() as tmp, mlflow.start_run(run_id=run_id):
+        info = tracking.log_model(model_dir, Path(tmp), fallback_decode=None)
+    version = mlflow.register_model(info.model_uri, "jf-test").version
+    client.set_registered_model_alias("jf-test", "champion", version)
+    return {"profile": p, "model_dir": model_dir, "tuned": asdict(tuned), "uri": uri, "tmp": tmp_path}
+
+
+def greedy_texts(model_dir, prompts, max_new_tokens: int) -> list[str]:
+    model, tok = load_model(str(model_dir))
+    ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    out = ar_decode(model, ids, max_new_tokens=max_new_tokens, eos_token_id=tok.eos_token_id, pad_token_id=0)
+    return [tok.decode(s, skip_special_tokens=True) for s in out.sequences]
+
+
+def test_the_registered_model_is_code_and_an_hf_checkpoint_with_its_decode_block(registered):
+    from mlflow.models import Model
+
+    local = Path(mlflow.artifacts.download_artifacts("models:/jf-test@champion", dst_path=str(registered["tmp"] / "d")))
+    meta = Model.load(str(local / "MLmodel"))
+    flavor = meta.flavors["python_function"]
+    assert "python_model" not in flavor and not list(local.rglob("*.pkl"))  # models-from-code: nothing pickled
+    assert flavor["model_code_path"].endswith("mlflow_model.py")
+    assert (local / "code" / "jf_core" / "serving" / "engine.py").is_file()
+    assert not list((local / "code").rglob("__pycache__"))
+    assert not any((local / "code").glob("tasks")) and not any((local / "code").glob("flows"))
+    params = {p.name: p.default for p in meta.signature.params.params}
+    assert params == {"max_new_tokens": 24, "block_size": 0}  # the tuned config's budget
+    requirements = (local / "requirements.txt").read_text().split()
+    assert {r.split("==")[0] for r in requirements} >= {"torch", "transformers", "mlflow"}
+    assert all("==" in r and "+" not in r for r in requirements if not r.startswith("-")), requirements
+    assert not any("jacobi" in r for r in requirements)
+
+    checkpoint = tracking.checkpoint_of(local)
+    assert sorted(p.name for p in checkpoint.iterdir() if p.name.endswith(".json") and "token" not in p.name) == [
+        "config.json",
+        "generation_config.json",
+    ]
+    block = json.loads((checkpoint / "config.json").read_text())["jacobi_forcing"]
+    assert block["decode"] == registered["tuned"] and block["ar_above_batch"] == 4 and block["hardware"] == "test CPU"
+    # Any HF runtime loads it for plain AR: transformers keeps the block as an unknown config key.
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(checkpoint)
+    assert hf.config.jacobi_forcing["decode"]["block_size"] == 8
+
+
+def test_predict_returns_greedy_ar_texts_and_honours_its_params(registered):
+    model = mlflow.pyfunc.load_model("models:/jf-test@champion")
+    assert model.predict(PROMPTS) == greedy_texts(registered["model_dir"], PROMPTS, 24)
+    short = model.predict(PROMPTS, params={"max_new_tokens": 5, "block_size": 4})
+    assert short == greedy_texts(registered["model_dir"], PROMPTS, 5)
+
+
+def test_models_uris_resolve_to_the_checkpoint_and_bad_ones_are_named(registered):
+    path = Path(tracking.resolve_model("models:/jf-test@champion", registered["profile"]))
+    assert (path / "config.json").is_file() and "jacobi_forcing" in json.loads((path / "config.json").read_text())
+    assert tracking.resolve_model("models:/jf-test/1", registered["profile"]) == str(path)  # downloaded once
+    load_model(str(path))
+    with pytest.raises(ValueError, match="has no alias 'nope'"):
+        tracking.resolve_model("models:/jf-test@nope", registered["profile"])
+    with pytest.raises(ValueError, match="has no version '7'"):
+        tracking.resolve_model("models:/jf-test/7", registered["profile"])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_a_fresh_venv_with_only_the_declared_requirements_loads_and_predicts(registered):
+    """No editable install of this project: the model's requirements.txt into a new venv, then load by URI."""
+    local = Path(mlflow.artifacts.download_artifacts("models:/jf-test/1", dst_path=str(registered["tmp"] / "d")))
+    venv = registered["tmp"] / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    py = venv / "bin" / "python"
+    install = subprocess.run(
+        [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", "-r", str(local / "requirements.txt")],
+        capture_output=True,
+        text=True,
+        timeout=1100,
+    )
+    assert install.returncode == 0, install.stderr[-3000:]
+    script = (
+        "import json, sys, mlflow\n"
+        "try:\n    import jf_core\nexcept ImportError:\n    pass\nelse:\n    sys.exit('jf_core is installed here')\n"
+        "m = mlflow.pyfunc.load_model('models:/jf-test@champion')\n"
+        "print(json.dumps(m.predict(json.loads(sys.argv[1]), params={'max_new_tokens': 24})))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    out = subprocess.run(
+        [str(py), "-c", script, json.dumps(PROMPTS)],
+        env={**env, "MLFLOW_TRACKING_URI": registered["uri"]},
+        cwd=registered["tmp"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == greedy_texts(registered["model_dir"], PROMPTS, 24)
