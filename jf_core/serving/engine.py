@@ -60,6 +60,7 @@ class Engine:
 
         self.model, self.tokenizer, self.spec, self.name = model, tokenizer, spec, name
         self.stops = stop_tokens(model, tokenizer)
+        self.eos = eos_set(self.stops["eos_token_id"])
         self.context_length = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
         self.tpf_window = tpf_window
         self._recent_tpf: list[float] = []
@@ -131,8 +132,7 @@ class Engine:
 
         budget = max(r.max_new_tokens for r in requests)
         prompts = [r.prompt for r in requests]
-        eos = eos_set(self.stops["eos_token_id"])
-        streams = [TextStream(self.tokenizer, r.max_new_tokens, r.stop, eos) for r in requests]
+        streams = [TextStream(self.tokenizer, r.max_new_tokens, r.stop, self.eos) for r in requests]
 
         def on_tokens(i: int, tokens: list[int]) -> None:
             chunk = streams[i].feed(tokens)

@@ -22,7 +22,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from jf_core.trajectory.prompts import PromptSourceConfig, _render, read_rows
+from jf_core.trajectory.prompts import PromptSourceConfig, read_rows, usable_rows
 
 
 @dataclass
@@ -40,22 +40,8 @@ def prepare_prompts(
     kept: list[tuple[str, str, dict]] = []  # (hash key, id, row to write)
     seen: set[str] = set()
     skipped: Counter = Counter()
-    rows_read = 0
-    for row_id, row in read_rows(source.model_copy(update={"limit": None})):
-        if source.limit is not None and rows_read >= source.limit:
-            break
-        rows_read += 1
-        text, reason = _render(source, row, tokenizer)
-        if text is None:
-            skipped[reason] += 1
-            continue
-        n = len(tokenizer(text, add_special_tokens=False)["input_ids"])
-        if n < source.min_prompt_tokens:
-            skipped["too_short"] += 1
-            continue
-        if source.max_prompt_tokens is not None and n > source.max_prompt_tokens:
-            skipped["too_long"] += 1
-            continue
+    rows = read_rows(source.model_copy(update={"limit": None}))
+    for row_id, row, text, _ in usable_rows(source, rows, tokenizer, skipped):
         if text in seen:
             skipped["duplicate"] += 1
             continue
@@ -65,6 +51,7 @@ def prepare_prompts(
         record = {"id": str(row[source.id_field]) if source.id_field and source.id_field in row else row_id}
         record[field] = row[field]
         kept.append((key, record["id"], record))
+    rows_read = len(kept) + sum(skipped.values())  # every row read was kept or skipped for one reason
     if len(kept) <= calibration:
         raise ValueError(
             f"{source.source}: {len(kept)} usable prompts, not enough to hold out {calibration} for calibration "

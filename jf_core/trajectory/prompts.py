@@ -186,19 +186,20 @@ def calibration_prompts(source: PromptSourceConfig, tokenizer, n: int, split: st
     return [p.token_ids for p in load_prompts(source.model_copy(update={"split": split, "limit": n}), tokenizer).items]
 
 
-def load_prompts(
-    cfg: PromptSourceConfig, tokenizer, *, context_length: int | None = None, max_new_tokens: int = 0
-) -> PromptSet:
-    """Tokenize the source's prompts, skipping (and counting) the unusable, sorted by length so that batches and
-    shards hold prompts of similar lengths. A prompt whose tokens plus `max_new_tokens` exceed `context_length` is
-    skipped as too long."""
-    items: list[PromptItem] = []
-    skipped: Counter = Counter()
-    seen = 0
-    for row_id, row in read_rows(cfg):
-        if cfg.limit is not None and seen >= cfg.limit:
-            break
-        seen += 1
+def usable_rows(
+    cfg: PromptSourceConfig,
+    rows,
+    tokenizer,
+    skipped: Counter,
+    context_length: int | None = None,
+    max_new_tokens: int = 0,
+):
+    """(row id, row, rendered text, token ids) for the first `cfg.limit` rows that render and whose length is within
+    [min_prompt_tokens, max_prompt_tokens] (and, with `context_length`, leaves room for `max_new_tokens`); every
+    other row read is counted in `skipped` by reason."""
+    for read, (row_id, row) in enumerate(rows):
+        if cfg.limit is not None and read >= cfg.limit:
+            return
         text, reason = _render(cfg, row, tokenizer)
         if text is None:
             skipped[reason] += 1
@@ -211,6 +212,19 @@ def load_prompts(
         if too_long or (context_length is not None and len(ids) + max_new_tokens > context_length):
             skipped["too_long"] += 1
             continue
+        yield row_id, row, text, ids
+
+
+def load_prompts(
+    cfg: PromptSourceConfig, tokenizer, *, context_length: int | None = None, max_new_tokens: int = 0
+) -> PromptSet:
+    """Tokenize the source's prompts, skipping (and counting) the unusable, sorted by length so that batches and
+    shards hold prompts of similar lengths. A prompt whose tokens plus `max_new_tokens` exceed `context_length` is
+    skipped as too long."""
+    items: list[PromptItem] = []
+    skipped: Counter = Counter()
+    usable = usable_rows(cfg, read_rows(cfg), tokenizer, skipped, context_length, max_new_tokens)
+    for row_id, row, _, ids in usable:
         prompt_id = str(row[cfg.id_field]) if cfg.id_field and cfg.id_field in row else row_id
         items.append(PromptItem(prompt_id=prompt_id, token_ids=ids))
     ids_seen = [i.prompt_id for i in items]
