@@ -29,7 +29,7 @@ def main() -> None:
     from jf_cli.orchestrate import _prefect_env
 
     _prefect_env()  # before Prefect is imported: the flow runs on the project's own Prefect home
-    from flows.round import jf_round
+    from jacobi_forcing.flows.round import jf_round
 
     rows = {}
     for name, overrides in VARIANTS.items():

@@ -6,8 +6,8 @@ from __future__ import annotations
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
-from flows.round import jf_round, load
-from tasks import tracking
+from jacobi_forcing.flows.round import jf_round, load
+from jacobi_forcing.tasks import tracking
 
 
 def round_overrides(overrides: dict | None, prof, i: int) -> dict:

@@ -14,9 +14,9 @@ import json
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
+from jacobi_forcing.tasks import reporting, round_tasks, stages, tracking
 from jf_core import planning
 from jf_core.config import Profile, load_profile
-from tasks import reporting, round_tasks, stages, tracking
 
 
 def load(profile: str, overrides: dict | None) -> Profile:

@@ -86,7 +86,12 @@ def build_app(batcher: Batcher, name: str, *, max_tokens_limit: int = 1024) -> F
 
     @app.get("/health")
     async def health() -> dict:
-        return {"status": "ok", "model": name, "dispatched": engine.dispatched}
+        return {
+            "status": "ok",
+            "model": name,
+            "dispatched": engine.dispatched,
+            "tokens_per_s": engine.dispatch.summary(),  # what the dispatch measured, per method and batch bucket
+        }
 
     @app.get("/v1/models")
     async def models() -> dict:

@@ -44,7 +44,7 @@ class JFServer:
         self.batcher = Batcher(engine, max_batch=opts.max_batch, max_wait_s=opts.max_wait_ms / 1000, method=opts.method)
 
     def __serve_build_asgi_app__(self):
-        from infra.openai_app import build_app
+        from jacobi_forcing.infra.openai_app import build_app
 
         return build_app(self.batcher, self.options.name, max_tokens_limit=self.options.max_tokens_limit)
 
@@ -75,7 +75,7 @@ def application(options: ServeOptions, replicas: int = 1):
 
 def run(options: ServeOptions, *, host: str = "127.0.0.1", port: int = 8000, replicas: int = 1, ready=None) -> None:
     """Start Serve on the project's Ray and block until SIGINT/SIGTERM; `ready(url)` is called once it answers."""
-    from infra.ray_cluster import ray_session
+    from jacobi_forcing.infra.ray_cluster import ray_session
 
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -92,14 +92,14 @@ def run(options: ServeOptions, *, host: str = "127.0.0.1", port: int = 8000, rep
 
 
 def build(args: dict):
-    """Serve's application builder (`import_path: infra.serve_app:build`, e.g. in a KubeRay RayService): `args`
-    holds ServeOptions' fields; `model_path` may be `models:/<name>@<alias>` (resolved through MLFLOW_TRACKING_URI
-    into $JF_HOME, which a cluster shares) and `replicas` the number of replicas."""
+    """Serve's application builder (`import_path: jacobi_forcing.infra.serve_app:build`, e.g. in a KubeRay
+    RayService): `args` holds ServeOptions' fields; `model_path` may be `models:/<name>@<alias>` (resolved through
+    MLFLOW_TRACKING_URI into $JF_HOME, which a cluster shares) and `replicas` the number of replicas."""
     args = dict(args)
     replicas = int(args.pop("replicas", 1))
     path = str(args.pop("model_path"))
     if path.startswith("models:/"):
-        from tasks.tracking import resolve_model
+        from jacobi_forcing.tasks.tracking import resolve_model
 
         path = resolve_model(path)
     args.setdefault("name", Path(path).name)

@@ -115,9 +115,9 @@ def bench_serve(
     """Host the model as /auto, /jacobi and /ar in one Serve (private loopback Ray) and load each in turn."""
     from ray import serve
 
-    from infra.ray_cluster import ray_session
-    from infra.serve_app import JFServer
-    from infra.stack import free_port
+    from jacobi_forcing.infra.ray_cluster import ray_session
+    from jacobi_forcing.infra.serve_app import JFServer
+    from jacobi_forcing.infra.stack import free_port
 
     port = port or free_port()
     out: list[LoadResult] = []

@@ -26,7 +26,7 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from infra import ray_cluster
+from jacobi_forcing.infra import ray_cluster
 from jf_core.paths import jf_home
 
 POOL = "jf-pool"

@@ -29,7 +29,7 @@ def _model_and_tokenizer(model: str | None):
     if model is None:
         return load_model(str(ensure_embedded_model()))
     if model.startswith("models:/"):  # a registered model: its checkpoint, downloaded once per version
-        from tasks.tracking import resolve_model
+        from jacobi_forcing.tasks.tracking import resolve_model
 
         model = resolve_model(model)
     return load_model(model)

@@ -44,12 +44,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     from jf_core.planning import check
 
     check(load_profile(args.profile, **overrides))  # bad parameters or a plan that cannot fit: before any server
-    from flows.round import jf_round
-    from tasks.reporting import markdown_table, metrics_rows
-    from tasks.tracking import tracking_uri
+    from jacobi_forcing.flows.round import jf_round
+    from jacobi_forcing.tasks.reporting import markdown_table, metrics_rows
+    from jacobi_forcing.tasks.tracking import tracking_uri
 
     if args.progressive:
-        from flows.progressive import jf_progressive
+        from jacobi_forcing.flows.progressive import jf_progressive
 
         summaries = jf_progressive(args.profile, overrides=overrides or None, model=args.model)
         for i, s in enumerate(summaries[:-1]):
@@ -91,7 +91,7 @@ def _decode_label(cfg: dict) -> str:
 
 
 def cmd_stack(args: argparse.Namespace) -> int:
-    from infra import stack
+    from jacobi_forcing.infra import stack
 
     if args.action == "up":
         cfg = stack.StackConfig(prefect_port=args.prefect_port, mlflow_port=args.mlflow_port, ray=args.ray)

@@ -18,11 +18,11 @@ def served_name(model: str) -> str:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from infra.serve_app import ServeOptions, run
+    from jacobi_forcing.infra.serve_app import ServeOptions, run
 
     path = args.model
     if path.startswith("models:/"):
-        from tasks.tracking import resolve_model
+        from jacobi_forcing.tasks.tracking import resolve_model
 
         path = resolve_model(path)
     options = ServeOptions(
@@ -48,8 +48,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_bench_serve(args: argparse.Namespace) -> int:
     import json
 
-    from infra.serve_app import ServeOptions
-    from infra.serve_bench import bench_serve, check, format_table
+    from jacobi_forcing.infra.serve_app import ServeOptions
+    from jacobi_forcing.infra.serve_bench import bench_serve, check, format_table
     from jf_cli.evaluate import _profile
     from jf_core.evaluation.benchmarks import load_benchmark
     from jf_core.models import load_model
@@ -58,7 +58,7 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
     profile = _profile(args, {})
     path = args.model
     if path.startswith("models:/"):
-        from tasks.tracking import resolve_model
+        from jacobi_forcing.tasks.tracking import resolve_model
 
         path = resolve_model(path)
     cfg = profile.evaluation

@@ -8,8 +8,8 @@ from collections import Counter
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    from jacobi_forcing.tasks.trajectories import generate_trajectories
     from jf_core.config import load_profile
-    from tasks.trajectories import generate_trajectories
 
     profile = load_profile(
         args.profile,
@@ -135,11 +135,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     import torch
 
+    from jacobi_forcing.tasks.trajectories import generate_trajectories
     from jf_core.config import load_profile
     from jf_core.models import load_model
     from jf_core.trajectory.collect import CollectConfig, collect
     from jf_core.trajectory.prompts import load_prompts
-    from tasks.trajectories import generate_trajectories
 
     profile = load_profile(args.profile, prompts={"limit": args.num_prompts})
     model_path = profile.model.resolve()

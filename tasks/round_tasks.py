@@ -16,8 +16,8 @@ from pathlib import Path
 from prefect import get_run_logger, task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
+from jacobi_forcing.tasks import stages, tracking
 from jf_core.config import Profile
-from tasks import stages, tracking
 
 
 class ProgressArtifact:

@@ -25,8 +25,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from jacobi_forcing.tasks.trajectories import model_identity
 from jf_core.config import Profile
-from tasks.trajectories import model_identity
 
 log = logging.getLogger("jf.stages")
 DONE = "done.json"
@@ -114,7 +114,7 @@ def stage_trajectories(
     on_shard: Callable[[int, int], None] | None = None,
 ) -> dict:
     """Jacobi trajectories of `model_in` over the profile's prompts (Ray actor pool; resumes by shard)."""
-    from tasks.trajectories import generate_trajectories
+    from jacobi_forcing.tasks.trajectories import generate_trajectories
 
     if (done := finished(paths.trajectories)) is not None:
         log.info("reusing finished trajectories at %s (%s rows)", paths.trajectories, done["rows"])
@@ -178,7 +178,7 @@ def stage_train(
         log.info("reusing trained model at %s (%s steps)", paths.model, done["steps"])
         return done
     if profile.training.strategy != "single":
-        from tasks.train_distributed import train_distributed
+        from jacobi_forcing.tasks.train_distributed import train_distributed
 
         summary = train_distributed(profile, paths, model_in, on_log=on_log)
     else:
@@ -251,7 +251,8 @@ def _train_here(profile: Profile, model_in: str, paths: RoundPaths, *, progress:
 
 
 def stage_tune(profile: Profile, model_dir: Path) -> dict | None:
-    """Autotune the model's decode config on calibration prompts and save it beside the weights (when enabled)."""
+    """Autotune the model's decode config on calibration prompts, measure AR's crossover batch size, and write both
+    into the `jacobi_forcing` block of the model's config.json (when enabled)."""
     from jf_core.decoding.config_io import save_decode_config
     from jf_core.evaluation.tune import store_crossover, tune
     from jf_core.models import load_model, stop_tokens

@@ -17,6 +17,7 @@ import mlflow
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
+import jf_core
 from jf_core.config import Profile, RegistryConfig
 from jf_core.evaluation.gate import GateDecision, decide
 from jf_core.paths import jf_home
@@ -235,7 +236,7 @@ def log_model(model_dir: str | Path, tmp: Path, *, fallback_decode: dict | None 
     checkpoint = checkpoint_copy(model_dir, tmp / "checkpoint", fallback_decode)
     code = tmp / "code"
     shutil.copytree(
-        Path(__file__).resolve().parents[1] / "jf_core",
+        Path(jf_core.__file__).resolve().parent,  # the installed library, wherever it lives (checkout or wheel)
         code / "jf_core",
         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
     )

@@ -26,7 +26,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from infra.ray_cluster import loopback_torch_config, ray_session
+from jacobi_forcing.infra.ray_cluster import loopback_torch_config, ray_session
 from jf_core.config import Profile
 
 CHAOS_ENV = "JF_CHAOS_KILL_WORKER"  # test hook: "rank:step:marker" - that worker dies after that step, once

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from infra.ray_cluster import ray_session
+from jacobi_forcing.infra.ray_cluster import ray_session
 from jf_core.config import Profile
 from jf_core.trajectory.collect import CollectConfig
 from jf_core.trajectory.prompts import PromptItem, load_prompts

@@ -1,10 +1,11 @@
 """One batch of completion requests in, the texts greedy AR would write out: the serving core under the registry's
 pyfunc and `jf serve`.
 
-Dispatch: a batch runs the model's Jacobi Forcing decode config while its size is at or below the artifact's
-`ar_above_batch` (measured by `jf tune` on the hardware named beside it) and AR above it; and whatever the batch size,
-AR once the running mean of accepted tokens per forward falls below the artifact's break-even TPF (a Jacobi step
-that accepts less than it costs loses to AR). Every path is lossless, so the dispatch changes speed, never text.
+Dispatch (`dispatch.py`): a batch runs the model's Jacobi Forcing decode config while its size is at or below the
+artifact's `ar_above_batch` (measured by `jf tune` on the hardware named beside it) and AR above it; AR once the
+running mean of accepted tokens per forward falls below the artifact's break-even TPF; and either prior gives way
+to the tokens per second this server has measured for each method at that batch size. Every path is lossless, so
+the dispatch changes speed, never text.
 
 Requests in one batch may differ in `max_new_tokens` and stop strings: the batch decodes to the largest budget and
 each completion is cut to its own. Greedy decoding makes a shorter budget's output a prefix of a longer one's, so
@@ -13,6 +14,7 @@ the cut is exactly what a call with that budget would return.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -22,6 +24,7 @@ import torch
 
 from jf_core.decoding.common import eos_set
 from jf_core.serving.artifact import ServingSpec, serving_spec
+from jf_core.serving.dispatch import Decoder, Dispatch
 from jf_core.serving.stream import TextStream
 
 Method = Literal["auto", "jacobi", "ar"]
@@ -55,16 +58,15 @@ class RequestError(ValueError):
 class Engine:
     """A loaded model with its decode config and dispatch rule; `complete` serves one batch."""
 
-    def __init__(self, model, tokenizer, spec: ServingSpec, *, name: str = "model", tpf_window: int = 8) -> None:
+    def __init__(self, model, tokenizer, spec: ServingSpec, *, name: str = "model", clock=time.perf_counter) -> None:
         from jf_core.models import stop_tokens
 
         self.model, self.tokenizer, self.spec, self.name = model, tokenizer, spec, name
         self.stops = stop_tokens(model, tokenizer)
         self.eos = eos_set(self.stops["eos_token_id"])
         self.context_length = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
-        self.tpf_window = tpf_window
-        self._recent_tpf: list[float] = []
-        self._batches = 0
+        self.dispatch = Dispatch()
+        self.clock = clock  # times each batch's decoding for the dispatch's tokens/s
         self.dispatched = {"jacobi": 0, "ar": 0}
 
     @classmethod
@@ -100,20 +102,8 @@ class Engine:
 
     # -- dispatch -------------------------------------------------------------------------------------------------
 
-    def choose(self, batch_size: int) -> Literal["jacobi", "ar"]:
-        """Jacobi at or below the measured crossover while its running acceptance pays; AR otherwise. Every 8th
-        batch still probes Jacobi, so a stretch of hard prompts does not switch it off for good."""
-        if self.spec.ar_above_batch is not None and batch_size > self.spec.ar_above_batch:
-            return "ar"
-        floor = self.spec.break_even_tpf
-        if floor is not None and len(self._recent_tpf) >= 2 and self._batches % 8:
-            mean = sum(self._recent_tpf) / len(self._recent_tpf)
-            if mean < floor:
-                return "ar"
-        return "jacobi"
-
-    def _observe(self, tpf: float) -> None:
-        self._recent_tpf = [*self._recent_tpf, tpf][-self.tpf_window :]
+    def choose(self, batch_size: int) -> Decoder:
+        return self.dispatch.choose(batch_size, self.spec.ar_above_batch, self.spec.break_even_tpf)
 
     # -- decoding -------------------------------------------------------------------------------------------------
 
@@ -140,15 +130,18 @@ class Engine:
                 on_text(i, chunk)
 
         chosen = self.choose(len(requests)) if method == "auto" else method
-        self._batches += 1
+        start = self.clock()
         if chosen == "jacobi":
             cfg = replace(self.spec.decode, max_new_tokens=budget)
             if block_size is not None:
                 cfg = replace(cfg, block_size=block_size)
             out = decode(self.model, prompts, cfg, on_tokens=on_tokens, **self.stops)
-            self._observe(out.stats.tpf)
         else:
             out = ar_decode(self.model, prompts, max_new_tokens=budget, on_tokens=on_tokens, **self.stops)
+        seconds = self.clock() - start
+        generated = sum(len(stream.tokens) for stream in streams)
+        tpf = out.stats.tpf if chosen == "jacobi" else None
+        self.dispatch.observe(chosen, len(requests), generated, seconds, tpf)
         self.dispatched[chosen] += 1
         done = []
         for i, (request, stream, stats) in enumerate(zip(requests, streams, out.stats.sequences, strict=True)):

@@ -32,7 +32,7 @@ def _task_states(flow_run_id) -> dict[str, str]:
 
 
 def test_round_registers_reuses_and_gates(prefect_server, jf_env):
-    from flows.round import jf_round
+    from jacobi_forcing.flows.round import jf_round
 
     with SocketWatch(os.getpid(), every=0.5) as watch:
         first = jf_round(jf_env["profile"], return_state=True)
@@ -90,7 +90,7 @@ def test_a_round_trains_with_fsdp2_on_two_ray_train_workers(prefect_server, jf_e
     import json
     from pathlib import Path
 
-    from flows.round import jf_round
+    from jacobi_forcing.flows.round import jf_round
 
     overrides = {"training": {"strategy": "fsdp2"}, "compute": {"train_workers": 2}}
     summary = jf_round(jf_env["profile"], overrides=overrides)

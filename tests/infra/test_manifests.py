@@ -25,7 +25,7 @@ def test_the_rayservice_application_builder_takes_its_args():
     app = yaml.safe_load(spec["serveConfigV2"])["applications"][0]
     module, _, attr = app["import_path"].partition(":")
     build = getattr(importlib.import_module(module), attr)
-    from infra.serve_app import ServeOptions
+    from jacobi_forcing.infra.serve_app import ServeOptions
 
     fields = set(inspect.signature(ServeOptions).parameters) | {"replicas"}
     assert set(app["args"]) <= fields and callable(build)

@@ -15,8 +15,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from infra import ray_cluster
-from infra.ray_cluster import RayAuthError, check_join_auth, is_loopback, ray_session
+from jacobi_forcing.infra import ray_cluster
+from jacobi_forcing.infra.ray_cluster import RayAuthError, check_join_auth, is_loopback, ray_session
 from tests.infra.sockets import SocketWatch
 
 pytestmark = pytest.mark.timeout(600)
@@ -32,8 +32,8 @@ def _clean_env(home: Path) -> dict[str, str]:
 ROUND_SCRIPT = """
 import json, sys
 from jf_core.config import JFTrainConfig, Profile
-from tasks.stages import RoundPaths, stage_pack, stage_trajectories
-from tasks.train_distributed import train_distributed
+from jacobi_forcing.tasks.stages import RoundPaths, stage_pack, stage_trajectories
+from jacobi_forcing.tasks.train_distributed import train_distributed
 
 profile = Profile.model_validate(json.loads(open(sys.argv[1]).read()))
 paths = RoundPaths(__import__("pathlib").Path(sys.argv[2]))
@@ -158,7 +158,7 @@ def test_loopback_addresses():
 def test_stack_ray_head_loopback_token_and_stopped_alone(tmp_path, monkeypatch):
     """`jf stack up --ray`'s head: loopback only, joined with the stack's token, refused without it, and `down`
     stops this Ray only."""
-    from infra import stack
+    from jacobi_forcing.infra import stack
 
     monkeypatch.setenv("JF_HOME", str(tmp_path / "home"))
     cfg = stack.StackConfig(ray=True, ray_port=stack.free_port())

@@ -20,7 +20,7 @@ import openai
 import psutil
 import pytest
 
-from infra.stack import free_port
+from jacobi_forcing.infra.stack import free_port
 from jf_core.decoding.ar import ar_decode
 from jf_core.models import load_model, stop_tokens
 from tests.infra.sockets import SocketWatch

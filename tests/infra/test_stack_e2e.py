@@ -3,8 +3,9 @@ run jf-round/tiny --watch` on the embedded model, its trajectory actors on the s
 token) -> the MLflow registry holds a version with its metrics and plots and `champion`; the same parameters with a
 gate made to fail reuse every stage and leave `champion` alone; the scheduled deployment has scheduled runs, and
 one started now trains from the champion resolved out of the registry; the README's registry-consumer snippet
-works as written; every socket the stack's processes (and the flow runs they start) listened on was on 127.0.0.1;
-`down` stops everything."""
+works as written; `jf serve models:/jf-tiny@champion` on the stack's Ray answers the official `openai` client
+(plain and streamed) with the champion's greedy AR text and stops with everything it started; every socket the
+stack's processes (and the flow runs they start) listened on was on 127.0.0.1; `down` stops everything."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import asyncio
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -34,7 +36,7 @@ SMALL = {
 
 @pytest.fixture(scope="module")
 def stack_env(tmp_path_factory):
-    from infra import stack
+    from jacobi_forcing.infra import stack
     from jf_core.toy.bootstrap import ensure_embedded_model
 
     model = ensure_embedded_model()  # the session's cached model (bootstrapped once when missing)
@@ -176,3 +178,67 @@ def test_stack_deploy_run_register_gate_schedule(stack_env):
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "answer" in out.stdout  # the embedded task's answers end in "answer <number>"
+
+    _serve_the_champion(stack_env)
+
+
+def _serve_the_champion(env) -> None:
+    """`jf serve models:/jf-tiny@champion` as a user runs it beside the stack (it joins the stack's Ray with its
+    token); the reference is greedy AR on the champion as MLflow itself downloads it, not through our resolver."""
+    import httpx
+    import openai
+    import psutil
+
+    from jacobi_forcing.infra.stack import free_port
+    from jf_core.decoding.ar import ar_decode
+    from jf_core.models import load_model, stop_tokens
+
+    # In a child with the stack's env: MLflow resolves models:/ through the registry URI, which follows
+    # MLFLOW_TRACKING_URI there (setting it here would leak into later tests).
+    fetch = "import mlflow; print(mlflow.artifacts.download_artifacts('models:/jf-tiny@champion'))"
+    out = subprocess.run([sys.executable, "-c", fetch], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    local = Path(out.stdout.strip().splitlines()[-1])
+    model, tok = load_model(str(local / "artifacts" / "checkpoint"), dtype="float32", device="cpu")
+
+    def greedy(prompt: str, budget: int) -> str:
+        ids = tok(prompt, add_special_tokens=False)["input_ids"]
+        out = ar_decode(model, [ids], max_new_tokens=budget, **stop_tokens(model, tok))
+        return tok.decode(out.sequences[0], skip_special_tokens=True)
+
+    port = free_port()
+    jf = Path(sys.executable).parent / "jf"
+    proc = subprocess.Popen(
+        [str(jf), "serve", "models:/jf-tiny@champion", "--port", str(port)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 300
+        while True:
+            assert proc.poll() is None, proc.stdout.read()[-3000:]
+            assert time.monotonic() < deadline, "jf serve did not answer /health within 300 s"
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(1)
+        tree = psutil.Process(proc.pid).children(recursive=True)
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
+        assert [m.id for m in client.models.list().data] == ["jf-tiny"]
+        prompt = "program: a=85; step -8; return f"
+        out = client.completions.create(model="jf-tiny", prompt=prompt, max_tokens=48, temperature=0)
+        assert out.choices[0].text == greedy(prompt, 48) and out.usage.completion_tokens > 0
+        prompt = "program: x=9; step *2; step -1; return z"
+        stream = client.completions.create(model="jf-tiny", prompt=prompt, max_tokens=48, stream=True)
+        chunks = [c.text for event in stream for c in event.choices]
+        assert "".join(chunks) == greedy(prompt, 48) and len([c for c in chunks if c]) > 1
+    finally:
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=120)
+    assert code == 0, proc.stdout.read()[-3000:]
+    time.sleep(3)
+    assert not [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], "jf serve left processes"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from infra.ray_cluster import ray_session
+from jacobi_forcing.infra.ray_cluster import ray_session
 
 
 @pytest.fixture(scope="module")

@@ -15,10 +15,10 @@ from pathlib import Path
 import mlflow
 import pytest
 
+from jacobi_forcing.tasks import tracking
 from jf_core.decoding.ar import ar_decode
 from jf_core.decoding.multiblock import JFDecodeConfig
 from jf_core.models import load_model
-from tasks import tracking
 
 PROMPTS = ["program: a=85; step -8; return f", "program: a=3; step +2; step -1; return c"]
 

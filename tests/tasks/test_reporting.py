@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tasks.reporting import artifact_key, metrics_rows, summary_markdown
+from jacobi_forcing.tasks.reporting import artifact_key, metrics_rows, summary_markdown
 
 REPORT = {
     "profile": "tiny",

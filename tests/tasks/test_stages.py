@@ -3,8 +3,8 @@ gives a store of its own."""
 
 from __future__ import annotations
 
+from jacobi_forcing.tasks.stages import round_paths
 from jf_core.config import JFTrainConfig
-from tasks.stages import round_paths
 
 
 def test_rounds_share_trajectories_exactly_when_trajectories_would_be_equal(profile, tmp_path):
@@ -24,9 +24,9 @@ def test_the_tune_stage_stores_the_decode_config_and_the_ar_crossover_in_the_mod
     import json
     import shutil
 
+    from jacobi_forcing.tasks.stages import stage_tune
     from jf_core.config import TuneConfig
     from jf_core.models import model_fingerprint
-    from tasks.stages import stage_tune
 
     model = tmp_path / "model"
     shutil.copytree(profile.model.path, model)

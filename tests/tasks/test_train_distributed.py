@@ -10,9 +10,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from jacobi_forcing.tasks.stages import RoundPaths, stage_pack, stage_trajectories
+from jacobi_forcing.tasks.train_distributed import CHAOS_ENV, train_distributed
 from jf_core.config import JFTrainConfig
-from tasks.stages import RoundPaths, stage_pack, stage_trajectories
-from tasks.train_distributed import CHAOS_ENV, train_distributed
 
 pytestmark = [pytest.mark.timeout(1200), pytest.mark.slow]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from jacobi_forcing.tasks.trajectories import CHAOS_ENV, generate_trajectories
 from jf_core.trajectory.store import TrajectoryStore
-from tasks.trajectories import CHAOS_ENV, generate_trajectories
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -4,6 +4,7 @@ pay; bad requests are refused by name; the jacobi_forcing block does not change 
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 from dataclasses import replace
@@ -67,12 +68,26 @@ def test_dispatch_runs_ar_above_the_crossover(engine):
 
 def test_dispatch_falls_back_to_ar_when_acceptance_does_not_pay(engine):
     engine.spec = replace(engine.spec, ar_above_batch=None, break_even_tpf=1e9)  # no acceptance can pay
+    engine.clock = itertools.count().__next__  # every batch takes "1 s": equal rates, so the prior decides
     request = [Request(engine.encode(PROMPTS[0]), 8)]
     methods = [engine.complete(request)[0].method for _ in range(10)]
-    assert methods[:2] == ["jacobi", "jacobi"]  # two batches measured before the running mean decides
-    assert methods[2:8] == ["ar"] * 6 and methods[8] == "jacobi"  # every 8th batch probes Jacobi again
+    assert methods[0] == "jacobi" and methods[2] == "jacobi"  # two Jacobi batches before the running mean decides
+    assert methods[1] == "ar" and methods[9] == "jacobi"  # a bucket's 2nd batch and every 8th after probe the other
+    assert methods[3:9] == ["ar"] * 6
     engine.spec = replace(engine.spec, break_even_tpf=0.5)  # any acceptance pays
     assert engine.complete(request)[0].method == "jacobi"
+
+
+def test_measured_tokens_per_second_override_the_crossover_and_stay_lossless(engine):
+    engine.spec = replace(engine.spec, ar_above_batch=1, break_even_tpf=None)  # the prior: AR for 3 requests
+    requests = [Request(engine.encode(p), 8) for p in PROMPTS]
+    first = engine.complete(requests)
+    assert {c.method for c in first} == {"ar"} and engine.dispatch.rates[("ar", 4)] > 0  # measured as it served
+    engine.dispatch.rates[("jacobi", 4)] = engine.dispatch.rates[("ar", 4)] * 3  # this server saw Jacobi pay
+    engine.dispatch.batches[4] = 2  # past the probe
+    again = engine.complete(requests)
+    assert {c.method for c in again} == {"jacobi"}
+    assert [c.tokens for c in again] == [c.tokens for c in first]
 
 
 def test_bad_requests_are_named(engine):

@@ -1,0 +1,79 @@
+"""Which decoder serves a batch: the artifact's prior, corrected by what each method delivers in this server.
+
+The prior is what `jf tune` measured by decoding alone on the hardware named in the artifact: Jacobi Forcing at or
+below `ar_above_batch`, AR above it, and AR while the running mean of accepted tokens per forward (TPF) is below the
+break-even TPF. A server is not the tuning loop: per token it detokenizes, sends an SSE chunk and wakes the event
+loop on the same cores (AR pays that once per token, Jacobi once per forward), and it may run on other hardware or
+another load. Measured on a 2-core CPU, a model whose decode-only crossover sent batches above 8 to AR served 64
+clients at 0.91x forced AR's throughput where forced Jacobi served 1.70x. So the server keeps, per batch-size bucket
+(1, 2, 3-4, 5-8, ...), an exponentially weighted mean of the tokens per second each method delivered, and overrides
+the prior when the other method is faster by more than a margin (the margin keeps noise from flapping it). The
+second batch of a bucket and every `probe_every`-th after run the method not chosen, so both stay measured and a
+change (harder prompts, a busier machine) is seen. Every method is lossless: the dispatch changes speed, never text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Decoder = Literal["jacobi", "ar"]
+
+
+def bucket(batch_size: int) -> int:
+    """The power of two at or above `batch_size`: batches of similar size share a measurement."""
+    return 1 << max(batch_size - 1, 0).bit_length()
+
+
+def _other(method: Decoder) -> Decoder:
+    return "ar" if method == "jacobi" else "jacobi"
+
+
+@dataclass
+class Dispatch:
+    tpf_window: int = 8  # Jacobi batches in the running mean TPF
+    probe_every: int = 8  # in each bucket, batch 1 and every probe_every-th after run the method not chosen
+    margin: float = 0.10  # a measured rate overrides the prior only when this much faster
+    weight: float = 0.3  # of a new observation in the running tokens/s
+    rates: dict[tuple[Decoder, int], float] = field(default_factory=dict)  # (method, bucket) -> tokens/s
+    batches: dict[int, int] = field(default_factory=dict)  # bucket -> batches dispatched
+    recent_tpf: list[float] = field(default_factory=list)
+
+    def prior(self, batch_size: int, ar_above_batch: int | None, break_even_tpf: float | None) -> Decoder:
+        if ar_above_batch is not None and batch_size > ar_above_batch:
+            return "ar"
+        window = self.recent_tpf
+        if break_even_tpf is not None and len(window) >= 2 and sum(window) / len(window) < break_even_tpf:
+            return "ar"
+        return "jacobi"
+
+    def preferred(self, batch_size: int, ar_above_batch: int | None, break_even_tpf: float | None) -> Decoder:
+        """The prior, unless this server measured the other method faster at this batch size by the margin."""
+        chosen, k = self.prior(batch_size, ar_above_batch, break_even_tpf), bucket(batch_size)
+        mine, theirs = self.rates.get((chosen, k)), self.rates.get((_other(chosen), k))
+        if mine is not None and theirs is not None and theirs > mine * (1 + self.margin):
+            return _other(chosen)
+        return chosen
+
+    def choose(self, batch_size: int, ar_above_batch: int | None, break_even_tpf: float | None) -> Decoder:
+        k = bucket(batch_size)
+        n = self.batches.get(k, 0)
+        self.batches[k] = n + 1
+        chosen = self.preferred(batch_size, ar_above_batch, break_even_tpf)
+        return _other(chosen) if n % self.probe_every == 1 else chosen
+
+    def observe(self, method: Decoder, batch_size: int, tokens: int, seconds: float, tpf: float | None = None) -> None:
+        """A finished batch: `tokens` generated in `seconds` of decoding; `tpf` its mean accepted tokens per
+        forward (Jacobi)."""
+        if seconds > 0 and tokens > 0:
+            key = (method, bucket(batch_size))
+            rate = tokens / seconds
+            old = self.rates.get(key)
+            self.rates[key] = rate if old is None else (1 - self.weight) * old + self.weight * rate
+        if method == "jacobi" and tpf is not None:
+            self.recent_tpf = [*self.recent_tpf, tpf][-self.tpf_window :]
+
+    def summary(self) -> dict[str, float]:
+        """The running tokens/s, as `<method>@<bucket>` (the server's /health shows it)."""
+        ordered = sorted(self.rates.items(), key=lambda kv: (kv[0][1], kv[0][0]))
+        return {f"{method}@{k}": round(rate, 1) for (method, k), rate in ordered}
