@@ -2,8 +2,10 @@
 `/v1/chat/completions` (the tokenizer's chat template), `/v1/models`, `/health`; server-sent events when `stream`
 is set, chunks as tokens become final; `usage` with prompt and completion tokens and the request's TPF.
 
-Greedy only: a request asking for sampling (temperature > 0 with top_p < 1 or the like) is refused with a 400 that
-says so, rather than silently decoded greedily. Errors use OpenAI's shape:
+Decoding is greedy unless a request sets `temperature` > 0 (OpenAI's default is 1; this server's is greedy, the
+text the model's AR decoding writes). With a temperature it samples exactly (`jf_core/decoding/sampling.py`):
+`top_p`, `top_k` (as vLLM accepts it) and `seed` apply, and a request with a seed gets the AR sample for that seed
+whatever batch or decoder serves it. Errors use OpenAI's shape:
 `{"error": {"message": ..., "type": "invalid_request_error", "param": ..., "code": ...}}`.
 
 `build_app(batcher, name)` returns a FastAPI app; `infra/serve_app.py` runs it as a Ray Serve deployment.
@@ -20,6 +22,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from jf_core.decoding.sampling import Sampling
 from jf_core.serving.batcher import Batcher
 from jf_core.serving.engine import Completion, RequestError
 from jf_core.serving.engine import Request as EngineRequest
@@ -32,6 +35,8 @@ class _Body(BaseModel):
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
+    top_k: int | None = None  # not OpenAI's; vLLM's, which clients pass as extra_body
+    seed: int | None = None
     n: int = 1
     stop: str | list[str] | None = None
     stream: bool = False
@@ -97,7 +102,8 @@ def build_app(batcher: Batcher, name: str, *, max_tokens_limit: int = 1024) -> F
     async def models() -> dict:
         return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "jacobi-forcing"}]}
 
-    def common(body: _Body, default_budget: int) -> tuple[int, tuple[str, ...]]:
+    def common(body: _Body, default_budget: int) -> dict:
+        """What a request asks beyond its prompt: budget, stop strings, sampling and seed (EngineRequest's fields)."""
         if body.model != name:
             raise ApiError(
                 404,
@@ -106,22 +112,25 @@ def build_app(batcher: Batcher, name: str, *, max_tokens_limit: int = 1024) -> F
                 "model_not_found",
             )
         if body.n != 1:
-            raise ApiError(400, "n: only n=1 is supported (greedy decoding has one answer)", "n")
-        if body.temperature not in (None, 0, 0.0) and (body.top_p is None or body.top_p > 0):
-            raise ApiError(
-                400,
-                "temperature: sampling is not supported yet; this server decodes greedily "
-                "(send temperature 0 or leave it out)",
-                "temperature",
-            )
+            raise ApiError(400, "n: only n=1 is supported", "n")
         budget = default_budget if body.max_tokens is None else body.max_tokens
         stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
         if len(stop) > 4:
             raise ApiError(400, "stop: at most 4 stop strings", "stop")
-        return budget, stop
+        return {"max_new_tokens": budget, "stop": stop, "sampling": sampling_of(body), "seed": body.seed}
 
-    def request_for(prompt: list[int], budget: int, stop: tuple[str, ...]) -> EngineRequest:
-        request = EngineRequest(prompt, budget, stop)
+    def sampling_of(body: _Body) -> Sampling | None:
+        if body.temperature is not None and body.temperature < 0:
+            raise ApiError(400, f"temperature: {body.temperature} is below 0", "temperature")
+        if not body.temperature:
+            return None  # greedy
+        try:
+            return Sampling(body.temperature, top_k=body.top_k or 0, top_p=1.0 if body.top_p is None else body.top_p)
+        except ValueError as err:
+            raise ApiError(400, str(err), str(err).split(" ", 1)[0]) from None
+
+    def request_for(prompt: list[int], asked: dict) -> EngineRequest:
+        request = EngineRequest(prompt, **asked)
         try:
             engine.check(request, max_tokens_limit)
         except RequestError as err:
@@ -142,7 +151,7 @@ def build_app(batcher: Batcher, name: str, *, max_tokens_limit: int = 1024) -> F
 
     @app.post("/v1/completions")
     async def completions(body: CompletionBody):
-        budget, stop = common(body, 16)  # OpenAI's default for completions
+        asked = common(body, 16)  # OpenAI's default budget for completions
         if body.echo or body.logprobs:
             raise ApiError(400, "echo and logprobs are not supported", "echo" if body.echo else "logprobs")
         prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
@@ -150,7 +159,11 @@ def build_app(batcher: Batcher, name: str, *, max_tokens_limit: int = 1024) -> F
             raise ApiError(400, "prompt: empty list", "prompt")
         if body.stream and len(prompts) > 1:
             raise ApiError(400, "prompt: stream one prompt per request", "prompt")
-        requests = [request_for(engine.encode(p), budget, stop) for p in prompts]
+        seed = asked["seed"]  # prompt i of a list gets seed + i: distinct samples, each reproducible
+        requests = [
+            request_for(engine.encode(p), asked | ({"seed": seed + i} if seed is not None else {}))
+            for i, p in enumerate(prompts)
+        ]
         pending = [batcher.submit(r) for r in requests]
         head = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": name}
         if body.stream:
@@ -169,14 +182,14 @@ def build_app(batcher: Batcher, name: str, *, max_tokens_limit: int = 1024) -> F
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatBody):
-        budget, stop = common(body, max_tokens_limit)
+        asked = common(body, max_tokens_limit)
         if body.max_completion_tokens is not None:
-            budget = body.max_completion_tokens
+            asked["max_new_tokens"] = body.max_completion_tokens
         try:
             prompt = engine.chat_prompt([m.model_dump() for m in body.messages])
         except RequestError as err:
             raise ApiError(400, str(err), "messages") from None
-        pending = batcher.submit(request_for(prompt, budget, stop))
+        pending = batcher.submit(request_for(prompt, asked))
         head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": name}
         if body.stream:
             include_usage = bool((body.stream_options or {}).get("include_usage"))

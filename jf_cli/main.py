@@ -66,7 +66,15 @@ def cmd_decode(args: argparse.Namespace) -> int:
     ids = tokenizer(args.prompt, add_special_tokens=False)["input_ids"]
     if not ids:
         raise UsageError("--prompt encodes to no tokens")
-    out = decode(model, [ids], cfg, **stop_tokens(model, tokenizer))
+    sampling = None
+    if args.temperature:
+        from jf_core.decoding.sampling import Sampling
+
+        try:
+            sampling = Sampling(args.temperature, top_k=args.top_k, top_p=args.top_p)
+        except ValueError as err:
+            raise UsageError(f"--{err}") from None
+    out = decode(model, [ids], cfg, sampling=sampling, seeds=[args.seed], **stop_tokens(model, tokenizer))
     print(tokenizer.decode(out.sequences[0], skip_special_tokens=True))
     s = out.stats
     print(
@@ -120,6 +128,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--block-size", type=_positive("--block-size"), help="default: the model's decode config")
     p.add_argument("--max-new-tokens", type=_positive("--max-new-tokens"), default=256)
     p.add_argument("--draft-init", choices=["prompt_sample", "repeat_last", "random_vocab"])
+    p.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy; > 0: exact sampling")
+    p.add_argument("--top-k", type=int, default=0, help="with --temperature: keep the k most likely tokens (0: all)")
+    p.add_argument("--top-p", type=float, default=1.0, help="with --temperature: nucleus sampling")
+    p.add_argument("--seed", type=int, default=0, help="with --temperature: the sample's noise (same seed, same text)")
     p.set_defaults(func=cmd_decode)
 
     bench_p = sub.add_parser("bench", help="benchmarks")

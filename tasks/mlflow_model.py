@@ -7,8 +7,9 @@ code path), so a consumer needs only the URI and the model's requirements:
     model = mlflow.pyfunc.load_model("models:/jf-tiny@champion")
     model.predict(["program: a=85; step -8; return f"], params={"max_new_tokens": 64})
 
-`params`: `max_new_tokens` and `block_size` (0 keeps the tuned n). Greedy Jacobi Forcing decoding is lossless: the
-texts are what the model's greedy AR decoding writes.
+`params`: `max_new_tokens`, `block_size` (0 keeps the tuned n), and for sampling `temperature` (0: greedy),
+`top_p`, `top_k` (0: none) and `seed` (prompt i gets seed + i; below 0: random). Decoding is lossless: greedy texts
+are what the model's greedy AR decoding writes, sampled ones what its AR sampler draws with the same seed.
 """
 
 from __future__ import annotations
@@ -27,13 +28,23 @@ class JacobiForcingModel(PythonModel):
     # input example; the logged signature (tasks/tracking.py) states them.
     def predict(self, context, model_input, params=None):
         """Prompts (a list of strings, or a one-column DataFrame as `mlflow models serve` passes) -> completions."""
+        from jf_core.decoding.sampling import Sampling
         from jf_core.serving.engine import Request
 
         params = params or {}
         budget = int(params.get("max_new_tokens") or self.engine.spec.decode.max_new_tokens)
         block = int(params.get("block_size") or 0) or None
+        temperature = float(params.get("temperature") or 0.0)
+        sampling = None
+        if temperature > 0:
+            top_p = params.get("top_p")
+            sampling = Sampling(temperature, int(params.get("top_k") or 0), 1.0 if top_p is None else float(top_p))
+        seed = int(params.get("seed", -1))
         texts = model_input.iloc[:, 0].tolist() if hasattr(model_input, "iloc") else list(model_input)
-        requests = [Request(self.engine.encode(str(text)), budget) for text in texts]
+        requests = [
+            Request(self.engine.encode(str(text)), budget, sampling=sampling, seed=seed + i if seed >= 0 else None)
+            for i, text in enumerate(texts)
+        ]
         for request in requests:
             self.engine.check(request, max_tokens_limit=max(budget, 1))
         return [c.text for c in self.engine.complete(requests, block_size=block)]

@@ -243,7 +243,14 @@ def log_model(model_dir: str | Path, tmp: Path, *, fallback_decode: dict | None 
     from jf_core.decoding.config_io import load_decode_config
 
     # The default budget is the one the model was tuned and evaluated with; 0 keeps the tuned block size.
-    params = {"max_new_tokens": load_decode_config(checkpoint).max_new_tokens, "block_size": 0}
+    params = {
+        "max_new_tokens": load_decode_config(checkpoint).max_new_tokens,
+        "block_size": 0,
+        "temperature": 0.0,  # greedy
+        "top_p": 1.0,
+        "top_k": 0,
+        "seed": -1,  # random
+    }
     signature = infer_signature([EXAMPLE_PROMPT], ["completion"], params=params)
     return mlflow.pyfunc.log_model(
         name=name,

@@ -1,4 +1,5 @@
-"""Greedy autoregressive decoding with a KV cache: the baseline every speedup is measured against.
+"""Autoregressive decoding with a KV cache, greedy or sampling (sampling.py): the baseline every speedup is
+measured against, and the sampler whose draws the Jacobi decoders reproduce token for token given the same seeds.
 
 Deliberately lean (2D padding mask, one token per forward, finished rows dropped), and timed with the same `Timer`
 and `DecodeStats` as the Jacobi decoders, so a ratio between them compares algorithms, not bookkeeping.
@@ -21,6 +22,7 @@ from jf_core.decoding.common import (
     left_pad,
     model_device,
 )
+from jf_core.decoding.sampling import Sampler, Sampling
 from jf_core.decoding.stats import DecodeStats, SequenceStats, Timer
 
 
@@ -33,8 +35,11 @@ def ar_decode(
     eos_token_id: EosIds,
     pad_token_id: int,
     on_tokens: TokenSink | None = None,
+    sampling: Sampling | None = None,
+    seeds: Sequence[int] | None = None,
 ) -> DecodeOutput:
     prompts = check_inputs(prompts, max_new_tokens)
+    sampler = Sampler(sampling, seeds, len(prompts))
     eos = eos_set(eos_token_id)
     device = model_device(model)
     timer = Timer(device)
@@ -48,8 +53,8 @@ def ar_decode(
     logits = model(
         input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True
     ).logits
-    nxt = logits[:, -1].argmax(-1)
     active = list(range(len(prompts)))
+    nxt = sampler.pick(logits[:, -1:], active, torch.zeros_like(ids[:, :1]))[:, 0]  # output position 0
     prefilled = timer.now()
 
     forwards = 0
@@ -75,7 +80,8 @@ def ar_decode(
         logits = model(
             input_ids=nxt[:, None], attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True
         ).logits
-        nxt = logits[:, -1].argmax(-1)
+        # Every active row has the same output length: this forward predicts output position forwards + 1.
+        nxt = sampler.pick(logits[:, -1:], active, torch.full_like(positions, forwards + 1))[:, 0]
         forwards += 1
         for i in active:
             stats[i].forwards += 1

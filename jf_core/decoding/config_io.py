@@ -17,6 +17,7 @@ import torch
 from jf_core.decoding.common import DecodeOutput, EosIds, TokenSink
 from jf_core.decoding.jacobi import JacobiConfig, jacobi_decode
 from jf_core.decoding.multiblock import JFDecodeConfig, jf_decode
+from jf_core.decoding.sampling import Sampling
 
 DECODE_CONFIG = "decode_config.json"
 
@@ -73,8 +74,17 @@ def decode(
     eos_token_id: EosIds,
     pad_token_id: int,
     on_tokens: TokenSink | None = None,
+    sampling: Sampling | None = None,
+    seeds: Sequence[int] | None = None,
 ) -> DecodeOutput:
-    stops = {"eos_token_id": eos_token_id, "pad_token_id": pad_token_id, "on_tokens": on_tokens}
+    """Greedy when `sampling` is None; otherwise exact sampling with one seed per prompt (sampling.py)."""
+    stops = {
+        "eos_token_id": eos_token_id,
+        "pad_token_id": pad_token_id,
+        "on_tokens": on_tokens,
+        "sampling": sampling,
+        "seeds": seeds,
+    }
     if isinstance(config, JFDecodeConfig):
         return jf_decode(model, prompts, config, **stops)
     return jacobi_decode(model, prompts, config, **stops)

@@ -1,4 +1,4 @@
-"""Greedy Jacobi decoding with exact KV-cache reuse, batched, lossless.
+"""Jacobi decoding with exact KV-cache reuse, batched, lossless: greedy, or sampling (sampling.py).
 
 A block of n tokens starts as [the known-correct next token] + an initial draft of n - 1 tokens. Each forward runs
 a sequence's unverified window on top of its committed KV, takes the argmax at every position and accepts the
@@ -12,6 +12,10 @@ Sequences in a batch accept different counts per forward; `KVState` keeps their 
 masks. Extensions (rejection recycling, multi-block) change what goes into a window and how the verdict is read,
 through `JacobiDecoder.layout` (extra branches verified in the same forward) and `JacobiDecoder.settle`; the
 forward and verification below are the only copy of the Jacobi step.
+
+Sampling changes one thing: the token after each slot is the `Sampler`'s pick (the Gumbel-max sample with the
+request's noise at that output position) instead of the argmax. Given the noise it is a function of the prefix, so
+"greedy" below reads as "the pick" and every argument above holds for the AR sampler with the same seeds.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from jf_core.decoding.common import (
 )
 from jf_core.decoding.draft import DraftInitName, make_draft_init, sequence_rng
 from jf_core.decoding.kv import KVState
+from jf_core.decoding.sampling import Sampler, Sampling
 from jf_core.decoding.stats import DecodeStats, SequenceStats, Timer
 from jf_core.decoding.verify import accepted_length
 
@@ -122,8 +127,10 @@ class JacobiDecoder:
         pad_token_id: int,
         recorder: BlockRecorder | None = None,
         on_tokens: TokenSink | None = None,
+        sampling: Sampling | None = None,
     ) -> None:
         self.model = model
+        self.sampling = sampling
         self.config = config
         self.eos = eos_set(eos_token_id)
         self.pad_token_id = pad_token_id
@@ -132,9 +139,12 @@ class JacobiDecoder:
         self.draft_init = make_draft_init(config.draft_init, model.config.vocab_size)
 
     @torch.inference_mode()
-    def decode(self, prompts: Sequence[Sequence[int]]) -> DecodeOutput:
+    def decode(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int] | None = None) -> DecodeOutput:
+        """`seeds`: one per prompt when sampling (default 0, 1, 2, ...): a request's noise, so its text does not
+        depend on the batch it shares."""
         cfg = self.config
         prompts = check_inputs(prompts, cfg.max_new_tokens)
+        self.sampler = Sampler(self.sampling, seeds, len(prompts))
         device = model_device(self.model)
         timer = Timer(device)
         seqs = [self.new_sequence(i, p) for i, p in enumerate(prompts)]
@@ -142,7 +152,8 @@ class JacobiDecoder:
         start = timer.now()
         ids, mask = left_pad(prompts, self.pad_token_id, device)
         kv, last_logits = KVState.prefill(self.model, ids, mask)
-        for seq, first in zip(seqs, last_logits.argmax(-1).tolist(), strict=False):
+        first_tokens = self.sampler.pick(last_logits[:, None], range(len(seqs)), torch.zeros_like(ids[:, :1]))
+        for seq, first in zip(seqs, first_tokens[:, 0].tolist(), strict=False):
             self._open_block(seq, first)
         self._stream(seqs)
         active = self._drop_finished(kv, seqs)
@@ -179,10 +190,12 @@ class JacobiDecoder:
         rows = [lay.tokens + [self.pad_token_id] * (width - len(lay.tokens)) for lay in layouts]
         tokens = torch.tensor(rows, dtype=torch.long, device=device)
         if all(len(lay.branches) == 1 for lay in layouts):
+            depth = None
             logits = kv.forward(tokens)
         else:
-            logits = kv.forward(tokens, *tree_positions_and_mask(layouts, width, device))
-        greedy = logits.argmax(-1).tolist()
+            depth, mask = tree_positions_and_mask(layouts, width, device)
+            logits = kv.forward(tokens, depth, mask)
+        greedy = self._pick(logits, active, depth).tolist()
         live = torch.zeros((len(active), width), dtype=torch.bool)
         for row, (seq, lay) in enumerate(zip(active, layouts, strict=True)):
             best, accepted = 0, 0
@@ -196,6 +209,16 @@ class JacobiDecoder:
             live[row, lay.branches[best][:accepted]] = True
             self.settle(seq, lay, greedy[row], best, accepted)
         kv.keep(live.to(device))
+
+    def _pick(self, logits: torch.Tensor, active: list[_Sequence], depth: torch.Tensor | None) -> torch.Tensor:
+        """The token after every slot. Sampling needs each slot's output position: the row's committed length
+        (window[0]'s position) + the slot's depth in its chain + 1."""
+        if self.sampler.greedy:
+            return logits.argmax(-1)
+        if depth is None:
+            depth = torch.arange(logits.shape[1], device=logits.device).expand(len(active), -1)
+        base = torch.tensor([len(s.committed) for s in active], device=logits.device)
+        return self.sampler.pick(logits, [s.index for s in active], base[:, None] + depth + 1)
 
     def layout(self, seq: _Sequence) -> Layout:
         """What a sequence puts into the next forward: its window as one chain (extensions add branches)."""
@@ -292,8 +315,16 @@ def jacobi_decode(
     pad_token_id: int,
     recorder: BlockRecorder | None = None,
     on_tokens: TokenSink | None = None,
+    sampling: Sampling | None = None,
+    seeds: Sequence[int] | None = None,
 ) -> DecodeOutput:
     decoder = JacobiDecoder(
-        model, config, eos_token_id=eos_token_id, pad_token_id=pad_token_id, recorder=recorder, on_tokens=on_tokens
+        model,
+        config,
+        eos_token_id=eos_token_id,
+        pad_token_id=pad_token_id,
+        recorder=recorder,
+        on_tokens=on_tokens,
+        sampling=sampling,
     )
-    return decoder.decode(prompts)
+    return decoder.decode(prompts, seeds)

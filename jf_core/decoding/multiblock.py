@@ -35,6 +35,7 @@ import torch
 from jf_core.decoding.common import DecodeOutput, EosIds, TokenSink, first_eos
 from jf_core.decoding.jacobi import BlockRecorder, JacobiConfig, JacobiDecoder, Layout, _Sequence
 from jf_core.decoding.recycling import NgramPool
+from jf_core.decoding.sampling import Sampling
 
 
 @dataclass(frozen=True)
@@ -74,10 +75,13 @@ class JFDecoder(JacobiDecoder):
         pad_token_id: int,
         recorder: BlockRecorder | None = None,
         on_tokens: TokenSink | None = None,
+        sampling: Sampling | None = None,
     ) -> None:
         if recorder is not None:
             raise ValueError("a BlockRecorder needs plain Jacobi decoding (JacobiConfig), not multi-block/recycling")
-        super().__init__(model, config, eos_token_id=eos_token_id, pad_token_id=pad_token_id, on_tokens=on_tokens)
+        super().__init__(
+            model, config, eos_token_id=eos_token_id, pad_token_id=pad_token_id, on_tokens=on_tokens, sampling=sampling
+        )
         self.cfg = config
         self.spawn_at = math.ceil(config.spawn_ratio * config.block_size)
 
@@ -188,6 +192,10 @@ def jf_decode(
     eos_token_id: EosIds,
     pad_token_id: int,
     on_tokens: TokenSink | None = None,
+    sampling: Sampling | None = None,
+    seeds: Sequence[int] | None = None,
 ) -> DecodeOutput:
-    decoder = JFDecoder(model, config, eos_token_id=eos_token_id, pad_token_id=pad_token_id, on_tokens=on_tokens)
-    return decoder.decode(prompts)
+    decoder = JFDecoder(
+        model, config, eos_token_id=eos_token_id, pad_token_id=pad_token_id, on_tokens=on_tokens, sampling=sampling
+    )
+    return decoder.decode(prompts, seeds)

@@ -1,5 +1,7 @@
 """Requests that arrive together decode as one batch: a bounded wait for company, a maximum batch, one batch at a
-time on the model (in a worker thread, so the event loop keeps accepting requests and streaming chunks).
+time on the model (in a worker thread, so the event loop keeps accepting requests and streaming chunks). A batch
+shares one sampling setting (greedy, or one temperature/top-k/top-p): a request with another waits, first in line,
+for the next batch.
 
 A request's events arrive on its own queue: ("text", chunk) as its tokens become final, then ("done", Completion)
 or ("error", exception). A consumer that goes away (a client disconnected mid-stream) simply stops reading: the
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -46,6 +49,7 @@ class Batcher:
         self.engine, self.max_batch, self.max_wait_s, self.method = engine, max_batch, max_wait_s, method
         self._queue: asyncio.Queue[Pending] | None = None
         self._worker: asyncio.Task | None = None
+        self._held: deque[Pending] = deque()  # arrived, but with another sampling setting than the batch formed
         self.batch_sizes: list[int] = []
 
     def submit(self, request: Request) -> Pending:
@@ -67,16 +71,20 @@ class Batcher:
         assert self._queue is not None
         loop = asyncio.get_running_loop()
         while True:
-            batch = [await self._queue.get()]
+            first = self._held.popleft() if self._held else await self._queue.get()
+            key = first.request.sampling
+            batch, held = [first], deque()
+            for pending in self._held:
+                (batch if pending.request.sampling == key and len(batch) < self.max_batch else held).append(pending)
+            self._held = held
             deadline = loop.time() + self.max_wait_s
             while len(batch) < self.max_batch:
                 left = deadline - loop.time()
                 try:
-                    batch.append(
-                        self._queue.get_nowait() if left <= 0 else await asyncio.wait_for(self._queue.get(), left)
-                    )
+                    pending = self._queue.get_nowait() if left <= 0 else await asyncio.wait_for(self._queue.get(), left)
                 except (TimeoutError, asyncio.QueueEmpty):
                     break
+                (batch if pending.request.sampling == key else self._held).append(pending)
             self.batch_sizes.append(len(batch))
             await asyncio.to_thread(self._decode, batch, loop)
 

@@ -7,13 +7,16 @@ running mean of accepted tokens per forward falls below the artifact's break-eve
 to the tokens per second this server has measured for each method at that batch size. Every path is lossless, so
 the dispatch changes speed, never text.
 
-Requests in one batch may differ in `max_new_tokens` and stop strings: the batch decodes to the largest budget and
-each completion is cut to its own. Greedy decoding makes a shorter budget's output a prefix of a longer one's, so
-the cut is exactly what a call with that budget would return.
+Requests in one batch may differ in `max_new_tokens`, stop strings and seeds: the batch decodes to the largest budget
+and each completion is cut to its own. Greedy decoding (and sampling, whose noise is fixed per seed and position)
+makes a shorter budget's output a prefix of a longer one's, so the cut is exactly what a call with that budget would
+return. A batch shares one sampling setting (the batcher groups requests by it); each request has its own seed, so
+its text is the AR sample for that seed whatever batch or decoder served it.
 """
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -23,8 +26,9 @@ from typing import Literal
 import torch
 
 from jf_core.decoding.common import eos_set
+from jf_core.decoding.sampling import Sampling
 from jf_core.serving.artifact import ServingSpec, serving_spec
-from jf_core.serving.dispatch import Decoder, Dispatch
+from jf_core.serving.dispatch import Decoder, Dispatch, prior_speedup
 from jf_core.serving.stream import TextStream
 
 Method = Literal["auto", "jacobi", "ar"]
@@ -35,6 +39,12 @@ class Request:
     prompt: list[int]
     max_new_tokens: int
     stop: tuple[str, ...] = ()
+    sampling: Sampling | None = None  # None: greedy
+    seed: int | None = None  # sampling noise; None: a random one
+
+    def __post_init__(self) -> None:
+        if self.sampling is not None and self.seed is None:
+            self.seed = secrets.randbits(31)
 
 
 @dataclass
@@ -103,7 +113,9 @@ class Engine:
     # -- dispatch -------------------------------------------------------------------------------------------------
 
     def choose(self, batch_size: int) -> Decoder:
-        return self.dispatch.choose(batch_size, self.spec.ar_above_batch, self.spec.break_even_tpf)
+        spec = self.spec
+        prior = prior_speedup(spec.crossover, batch_size)
+        return self.dispatch.choose(batch_size, spec.ar_above_batch, spec.break_even_tpf, prior)
 
     # -- decoding -------------------------------------------------------------------------------------------------
 
@@ -122,6 +134,10 @@ class Engine:
 
         budget = max(r.max_new_tokens for r in requests)
         prompts = [r.prompt for r in requests]
+        sampling = requests[0].sampling
+        if any(r.sampling != sampling for r in requests):
+            raise ValueError("a batch shares one sampling setting (the batcher groups requests by it)")
+        noise = {"sampling": sampling, "seeds": [r.seed or 0 for r in requests]}
         streams = [TextStream(self.tokenizer, r.max_new_tokens, r.stop, self.eos) for r in requests]
 
         def on_tokens(i: int, tokens: list[int]) -> None:
@@ -135,9 +151,9 @@ class Engine:
             cfg = replace(self.spec.decode, max_new_tokens=budget)
             if block_size is not None:
                 cfg = replace(cfg, block_size=block_size)
-            out = decode(self.model, prompts, cfg, on_tokens=on_tokens, **self.stops)
+            out = decode(self.model, prompts, cfg, on_tokens=on_tokens, **noise, **self.stops)
         else:
-            out = ar_decode(self.model, prompts, max_new_tokens=budget, on_tokens=on_tokens, **self.stops)
+            out = ar_decode(self.model, prompts, max_new_tokens=budget, on_tokens=on_tokens, **noise, **self.stops)
         seconds = self.clock() - start
         generated = sum(len(stream.tokens) for stream in streams)
         tpf = out.stats.tpf if chosen == "jacobi" else None

@@ -118,6 +118,24 @@ def test_concurrent_requests_with_different_budgets_and_stops_each_get_their_own
     assert answers[1].finish_reason == "length" and answers[-1].finish_reason == "stop"
 
 
+def test_sampling_with_a_seed_is_the_ar_sample_of_that_seed_plain_and_streamed(server):
+    from jf_core.decoding.sampling import Sampling
+
+    client, tok, model = server["client"], server["tok"], server["model"]
+    ids = tok(PROMPTS[0], add_special_tokens=False)["input_ids"]
+
+    def sample(seed: int) -> str:
+        sampling = Sampling(temperature=3.0, top_k=5, top_p=0.98)
+        out = ar_decode(model, [ids], max_new_tokens=40, sampling=sampling, seeds=[seed], **stop_tokens(model, tok))
+        return tok.decode(out.sequences[0], skip_special_tokens=True)
+
+    asked = {"model": "embedded", "prompt": PROMPTS[0], "max_tokens": 40, "temperature": 3.0, "top_p": 0.98}
+    texts = [client.completions.create(**asked, seed=s, extra_body={"top_k": 5}).choices[0].text for s in range(4)]
+    assert texts == [sample(s) for s in range(4)] and len(set(texts) | {greedy(server, PROMPTS[0], 40)}) > 1
+    stream = client.completions.create(**asked, seed=2, extra_body={"top_k": 5}, stream=True)
+    assert "".join(c.text for event in stream for c in event.choices) == texts[2]
+
+
 def test_chat_uses_the_chat_template_plain_and_streamed(server):
     client, tok = server["client"], server["tok"]
     messages = [{"role": "user", "content": "a=85; step -8; return f"}]
@@ -137,7 +155,9 @@ def test_chat_uses_the_chat_template_plain_and_streamed(server):
         ({"model": "embedded", "prompt": "a", "max_tokens": 0}, 400, "max_tokens: 0 is outside [1, 200]"),
         ({"model": "embedded", "prompt": "a", "max_tokens": 201}, 400, "max_tokens: 201"),
         ({"model": "gpt-4", "prompt": "a"}, 404, "model 'gpt-4' is not served here"),
-        ({"model": "embedded", "prompt": "a", "temperature": 0.8}, 400, "sampling is not supported"),
+        ({"model": "embedded", "prompt": "a", "temperature": -1}, 400, "temperature: -1.0 is below 0"),
+        ({"model": "embedded", "prompt": "a", "temperature": 1, "top_p": 1.5}, 400, "top_p must be in (0, 1]"),
+        ({"model": "embedded", "prompt": "a", "n": 2}, 400, "n: only n=1"),
         ({"model": "embedded"}, 400, "invalid request body"),
         ("{not json", 400, "malformed JSON"),
     ],

@@ -50,11 +50,22 @@ def test_decode_prints_text_and_tpf(tiny_dir, capsys):
         (["--block-size", "0"], "--block-size must be >= 1"),
         (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
         (["--block-size", "x"], "--block-size must be an integer"),
+        (["--temperature", "-1"], "--temperature must be > 0"),
+        (["--temperature", "1", "--top-p", "2"], "--top_p must be in (0, 1]"),
     ],
 )
 def test_bad_numbers(tiny_dir, capsys, argv, message):
     code, out = run(capsys, "decode", "--model", tiny_dir, "--prompt", "a", *argv)
     assert code == 2 and message in out.err
+
+
+def test_decode_samples_reproducibly_by_seed(tiny_dir, capsys):
+    texts = []
+    for seed in ("3", "3", "4"):
+        argv = ["decode", "--model", tiny_dir, "--prompt", "program: a=5; step +3; return f", "--max-new-tokens", "24"]
+        assert main([*argv, "--temperature", "5", "--seed", seed]) == 0
+        texts.append(capsys.readouterr().out)
+    assert texts[0] == texts[1] != texts[2]
 
 
 def test_empty_prompt(tiny_dir, capsys):

@@ -18,6 +18,7 @@ import pytest
 from jacobi_forcing.tasks import tracking
 from jf_core.decoding.ar import ar_decode
 from jf_core.decoding.multiblock import JFDecodeConfig
+from jf_core.decoding.sampling import Sampling
 from jf_core.models import load_model
 
 PROMPTS = ["program: a=85; step -8; return f", "program: a=3; step +2; step -1; return c"]
@@ -58,6 +59,14 @@ def greedy_texts(model_dir, prompts, max_new_tokens: int) -> list[str]:
     return [tok.decode(s, skip_special_tokens=True) for s in out.sequences]
 
 
+def sampled_texts(model_dir, prompts, max_new_tokens: int, sampling, seeds) -> list[str]:
+    model, tok = load_model(str(model_dir))
+    ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    stops = {"eos_token_id": tok.eos_token_id, "pad_token_id": 0}
+    out = ar_decode(model, ids, max_new_tokens=max_new_tokens, sampling=sampling, seeds=seeds, **stops)
+    return [tok.decode(s, skip_special_tokens=True) for s in out.sequences]
+
+
 def test_the_registered_model_is_code_and_an_hf_checkpoint_with_its_decode_block(registered):
     from mlflow.models import Model
 
@@ -70,7 +79,14 @@ def test_the_registered_model_is_code_and_an_hf_checkpoint_with_its_decode_block
     assert not list((local / "code").rglob("__pycache__"))
     assert not any((local / "code").glob("tasks")) and not any((local / "code").glob("flows"))
     params = {p.name: p.default for p in meta.signature.params.params}
-    assert params == {"max_new_tokens": 24, "block_size": 0}  # the tuned config's budget
+    assert params == {  # the tuned config's budget; greedy unless a temperature is given
+        "max_new_tokens": 24,
+        "block_size": 0,
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "top_k": 0,
+        "seed": -1,
+    }
     requirements = (local / "requirements.txt").read_text().split()
     assert {r.split("==")[0] for r in requirements} >= {"torch", "transformers", "mlflow"}
     assert all("==" in r and "+" not in r for r in requirements if not r.startswith("-")), requirements
@@ -95,6 +111,8 @@ def test_predict_returns_greedy_ar_texts_and_honours_its_params(registered):
     assert model.predict(PROMPTS) == greedy_texts(registered["model_dir"], PROMPTS, 24)
     short = model.predict(PROMPTS, params={"max_new_tokens": 5, "block_size": 4})
     assert short == greedy_texts(registered["model_dir"], PROMPTS, 5)
+    sampled = model.predict(PROMPTS, params={"temperature": 2.0, "top_k": 8, "seed": 10})
+    assert sampled == sampled_texts(registered["model_dir"], PROMPTS, 24, Sampling(2.0, top_k=8), seeds=[10, 11])
 
 
 def test_models_uris_resolve_to_the_checkpoint_and_bad_ones_are_named(registered):

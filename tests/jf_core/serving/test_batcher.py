@@ -8,6 +8,7 @@ import shutil
 
 import pytest
 
+from jf_core.decoding.sampling import Sampling
 from jf_core.serving.batcher import Batcher
 from jf_core.serving.engine import Engine, Request
 
@@ -35,6 +36,23 @@ def test_requests_arriving_together_share_batches_up_to_the_maximum(engine):
 
     sizes, texts, streamed = asyncio.run(go())
     assert sizes == [4, 1] and texts == alone == streamed
+
+
+def test_a_batch_shares_one_sampling_setting_and_the_others_wait_first_in_line(engine):
+    hot, warm = Sampling(temperature=2.0), Sampling(temperature=1.0, top_p=0.9)
+    kinds = [None, hot, None, warm, hot, None]
+    requests = [Request(engine.encode(PROMPTS[i % 3]), 6, sampling=k, seed=i) for i, k in enumerate(kinds)]
+    alone = [engine.complete([r])[0].text for r in requests]
+
+    async def go():
+        batcher = Batcher(engine, max_batch=8, max_wait_s=0.05)
+        pending = [batcher.submit(r) for r in requests]
+        texts = [(await p.result()).text for p in pending]
+        await batcher.close()
+        return batcher.batch_sizes, texts
+
+    sizes, texts = asyncio.run(go())
+    assert sizes == [3, 2, 1] and texts == alone  # greedy x3, then the first held kind (hot x2), then warm
 
 
 def test_a_failing_batch_tells_each_request_and_the_batcher_goes_on(engine, monkeypatch):

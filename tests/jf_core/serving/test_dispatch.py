@@ -5,48 +5,70 @@ from __future__ import annotations
 
 import pytest
 
-from jf_core.serving.dispatch import Dispatch, bucket
+from jf_core.serving.dispatch import Dispatch, bucket, prior_speedup
 
 
 def test_batch_sizes_share_power_of_two_buckets():
     assert [bucket(n) for n in (1, 2, 3, 4, 5, 8, 9, 16, 17, 64)] == [1, 2, 4, 4, 8, 8, 16, 16, 32, 64]
 
 
-def run(dispatch: Dispatch, batch_size: int, rates: dict[str, float], batches: int, **prior) -> list[str]:
-    """`batches` batches of `batch_size`, each method delivering its tokens/s from `rates`."""
-    methods = []
+def run(dispatch: Dispatch, batch_size: int, rates: dict, batches: int, **prior) -> list[str]:
+    """`batches` batches of `batch_size`, each method delivering its tokens/s from `rates` (a number, or a list
+    cycled through: noisy batches)."""
+    methods, seen = [], {"jacobi": 0, "ar": 0}
     for _ in range(batches):
         method = dispatch.choose(batch_size, **prior)
-        dispatch.observe(method, batch_size, tokens=int(rates[method]), seconds=1.0)
+        rate = rates[method][seen[method] % len(rates[method])] if isinstance(rates[method], list) else rates[method]
+        seen[method] += 1
+        dispatch.observe(method, batch_size, tokens=int(rate), seconds=1.0)
         methods.append(method)
     return methods
 
 
 def test_a_too_conservative_crossover_gives_way_to_measured_jacobi():
     prior = {"ar_above_batch": 8, "break_even_tpf": None}
-    methods = run(Dispatch(), 16, {"jacobi": 300, "ar": 100}, 20, **prior)
+    methods = run(Dispatch(), 16, {"jacobi": 300, "ar": 100}, 40, **prior)
     assert methods[:3] == ["ar", "jacobi", "jacobi"]  # the prior, its probe, then what the server measured
-    assert methods.count("ar") == 3 and methods[9] == "ar" and methods[17] == "ar"  # the probes keep AR measured
+    assert [i for i, m in enumerate(methods) if m == "ar"] == [0, 16]  # a 3x gap: probed every 32nd batch
 
 
 def test_measured_ar_wins_over_a_too_optimistic_crossover_and_other_buckets_keep_the_prior():
     d = Dispatch()
     prior = {"ar_above_batch": None, "break_even_tpf": None}
-    methods = run(d, 32, {"jacobi": 100, "ar": 250}, 10, **prior)
-    assert methods[:3] == ["jacobi", "ar", "ar"] and methods[9] == "jacobi"
+    methods = run(d, 32, {"jacobi": 100, "ar": 250}, 40, **prior)
+    assert methods[:3] == ["jacobi", "ar", "ar"] and [i for i, m in enumerate(methods) if m == "jacobi"] == [0, 16]
     assert d.choose(1, **prior) == "jacobi"  # batch 1 is another bucket: nothing measured there yet
 
 
+def test_a_confident_crossover_probes_rarely_from_the_start():
+    methods = run(
+        Dispatch(), 1, {"jacobi": 300, "ar": 100}, 50, ar_above_batch=16, break_even_tpf=None, prior_speedup=3.0
+    )
+    assert [i for i, m in enumerate(methods) if m == "ar"] == [16, 48]
+    crossover = {"batch_sizes": [1, 2, 4, 8], "speedup_vs_ar": [3.0, 2.5, 1.2, 0.8]}
+    assert [prior_speedup(crossover, b) for b in (1, 3, 8, 64)] == [3.0, 2.5, 0.8, 0.8]
+    assert prior_speedup({}, 4) is None
+
+
+def test_close_rates_are_probed_every_8th_batch():
+    methods = run(Dispatch(), 4, {"jacobi": 130, "ar": 100}, 20, ar_above_batch=None, break_even_tpf=None)
+    assert [i for i, m in enumerate(methods) if m == "ar"] == [1, 9, 17]
+
+
 def test_a_margin_keeps_noise_from_overriding_the_prior():
-    methods = run(Dispatch(margin=0.1), 16, {"jacobi": 105, "ar": 100}, 9, ar_above_batch=8, break_even_tpf=None)
+    methods = run(Dispatch(), 16, {"jacobi": 120, "ar": 100}, 9, ar_above_batch=8, break_even_tpf=None)
     assert methods.count("jacobi") == 1  # only the probe
+    # Jacobi at batch 1 on prompts it accepts 3x more or less of, AR steady: a run of hard prompts is not a switch.
+    noisy = {"jacobi": [450, 150, 120, 130, 500, 140, 420, 125, 135], "ar": 110}
+    methods = run(Dispatch(), 1, noisy, 64, ar_above_batch=16, break_even_tpf=None, prior_speedup=2.7)
+    assert [i for i, m in enumerate(methods) if m == "ar"] == [16, 48]  # the probes only
 
 
 def test_a_change_in_speed_is_followed():
     d = Dispatch()
     prior = {"ar_above_batch": None, "break_even_tpf": None}
     run(d, 4, {"jacobi": 300, "ar": 100}, 9, **prior)
-    later = run(d, 4, {"jacobi": 50, "ar": 100}, 12, **prior)  # e.g. prompts the model accepts little of
+    later = run(d, 4, {"jacobi": 50, "ar": 100}, 20, **prior)  # e.g. prompts the model accepts little of
     assert later[-3:] == ["ar"] * 3
 
 

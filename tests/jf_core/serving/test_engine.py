@@ -13,6 +13,7 @@ import pytest
 
 from jf_core.decoding.ar import ar_decode
 from jf_core.decoding.multiblock import JFDecodeConfig
+from jf_core.decoding.sampling import Sampling
 from jf_core.models import model_fingerprint
 from jf_core.serving.artifact import Crossover, read_block, update_block
 from jf_core.serving.engine import Engine, Request, RequestError
@@ -88,6 +89,33 @@ def test_measured_tokens_per_second_override_the_crossover_and_stay_lossless(eng
     again = engine.complete(requests)
     assert {c.method for c in again} == {"jacobi"}
     assert [c.tokens for c in again] == [c.tokens for c in first]
+
+
+@pytest.mark.parametrize("method", ["jacobi", "ar"])
+def test_sampled_requests_get_the_ar_sample_of_their_own_seed(engine, method):
+    sampling = Sampling(temperature=3.0, top_k=5)
+    ids = [engine.encode(p) for p in PROMPTS]
+    requests = [
+        Request(prompt, budget, sampling=sampling, seed=seed)
+        for prompt, budget, seed in zip(ids, (16, 5, 9), (7, 8, 9), strict=True)
+    ]
+    out = engine.complete(requests, method=method)
+    for c, request in zip(out, requests, strict=True):
+        want = ar_decode(
+            engine.model,
+            [request.prompt],
+            max_new_tokens=request.max_new_tokens,
+            sampling=sampling,
+            seeds=[request.seed],
+            **engine.stops,
+        )
+        assert c.tokens == want.sequences[0]
+    greedy_out = [greedy(engine, prompt, 16) for prompt in ids[:1]]
+    reseeded = engine.complete([Request(ids[0], 16, sampling=sampling, seed=s) for s in range(8)], method=method)
+    assert any(c.tokens != greedy_out[0] for c in reseeded)  # it samples
+    assert Request(ids[0], 4, sampling=sampling).seed is not None  # no seed: a random one, kept with the request
+    with pytest.raises(ValueError, match="one sampling setting"):
+        engine.complete([requests[0], Request(ids[1], 4)])
 
 
 def test_bad_requests_are_named(engine):
