@@ -29,6 +29,7 @@ class LoadResult:
     p99_latency_s: float
     p50_ttft_s: float
     texts: list[str]
+    batches: dict | None = None  # the server's batches by decoder over this level (its /health), e.g. auto's choices
 
     @property
     def tokens_per_second(self) -> float:
@@ -135,6 +136,7 @@ def bench_serve(
                 )
             for level in clients:
                 batch = [prompts[i % len(prompts)] for i in range(max(requests_per_level, level))]
+                before = {mode: _dispatched(port, mode) for mode in MODES}
                 best: dict[str, LoadResult] = {}
                 for rep in range(repeats + 1):  # the first round warms every path and is not counted
                     for mode in MODES:
@@ -143,9 +145,11 @@ def bench_serve(
                         if rep and (mode not in best or result.seconds < best[mode].seconds):
                             best[mode] = result
                 for mode in MODES:
+                    after = _dispatched(port, mode)
+                    best[mode].batches = {k: after[k] - before[mode].get(k, 0) for k in after}
                     progress(
                         f"{level:>3} clients  {mode:<6} {best[mode].tokens_per_second:8.1f} tok/s  "
-                        f"{best[mode].completed}/{best[mode].requests} complete"
+                        f"{best[mode].completed}/{best[mode].requests} complete  batches {best[mode].batches}"
                     )
                 out.extend(best[m] for m in MODES)
         finally:
@@ -153,20 +157,31 @@ def bench_serve(
     return out
 
 
+def _dispatched(port: int, mode: str) -> dict:
+    import httpx
+
+    return httpx.get(f"http://127.0.0.1:{port}/{mode}/health", timeout=30).json()["dispatched"]
+
+
 def format_table(results: list[LoadResult]) -> str:
     by = {(r.clients, r.mode): r for r in results}
     lines = [
-        "| clients | method | tokens/s | vs forced AR | p50 latency s | p99 latency s | p50 TTFT s | complete |",
-        "|---|---|---|---|---|---|---|---|",
+        "| clients | method | tokens/s | vs forced AR | p50 latency s | p99 latency s | p50 TTFT s | complete | "
+        "batches Jacobi/AR |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         ar = by[(r.clients, "ar")].tokens_per_second
         ratio = r.tokens_per_second / ar if ar else 0.0
         lines.append(
             f"| {r.clients} | {r.mode} | {r.tokens_per_second:.1f} | {ratio:.2f}x | {r.p50_latency_s:.3f} | "
-            f"{r.p99_latency_s:.3f} | {r.p50_ttft_s:.3f} | {r.completed}/{r.requests} |"
+            f"{r.p99_latency_s:.3f} | {r.p50_ttft_s:.3f} | {r.completed}/{r.requests} | {_split(r.batches)} |"
         )
     return "\n".join(lines)
+
+
+def _split(batches: dict | None) -> str:
+    return f"{batches.get('jacobi', 0)}/{batches.get('ar', 0)}" if batches else "-"
 
 
 def check(results: list[LoadResult]) -> list[str]:

@@ -97,6 +97,7 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
     from jf_core.trajectory.prompts import PromptFormat, calibration_prompts
 
     set_threads(args)
+    sampling = _sampling(args)  # before anything loads: a bad flag is named at once
     n = args.num_prompts
     profile = _profile(
         args,
@@ -122,6 +123,8 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
     }
     same: dict[str, str] = {}
     if args.jf_model:
+        from jf_core.serving.artifact import read_block
+
         jf_model, jf_tok = load_model(args.jf_model, **profile.model.decode_kwargs())
         saved = load_decode_config(args.jf_model)
         rows, same = jf_methods(
@@ -130,37 +133,65 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
             max_new_tokens=cfg.max_new_tokens,
             block_size=args.jf_block_size or saved.block_size,
             tuned=saved if isinstance(saved, JFDecodeConfig) else None,
+            sampling=sampling,
+            ar_above_batch=(read_block(args.jf_model) or {}).get("ar_above_batch"),
         )
         extra.update(rows)
     saved = load_decode_config(path) if Path(path).is_dir() else None
-    result = evaluate_model(
-        model,
-        tok,
-        cfg,
-        fmt=PromptFormat.of(profile.prompts),
-        stop=stop,
-        calibration=calibration_prompts(profile.prompts, tok, cfg.tune.prompts, cfg.calibration_split),
-        tuned=saved if isinstance(saved, JFDecodeConfig) else None,
-        extra_methods=extra,
-        same_output_as=same,
-        progress=_say,
-    )
-    meta = {
-        "profile": profile.name,
-        "model": path,
-        "jf_model": args.jf_model,
-        "benchmark": cfg.benchmark,
-        "num_prompts": n,
-        "batch_size": args.batch_size,
-        "repeats": args.repeats,
-        "max_new_tokens": cfg.max_new_tokens,
-        "device": str(model.device),
-        "dtype": str(model.dtype),
-        "torch_threads": torch.get_num_threads(),
-        "attn_implementation": model.config._attn_implementation,
-    }
-    _report(result, args, meta)
+    sizes = args.batch_sizes or [args.batch_size]
+    for batch_size in sizes:
+        if len(sizes) > 1:
+            print(f"\n## batch size {batch_size}\n")
+        at = cfg.model_copy(update={"batch_size": batch_size, "speed_batch_size": batch_size})
+        result = evaluate_model(
+            model,
+            tok,
+            at,
+            fmt=PromptFormat.of(profile.prompts),
+            stop=stop,
+            calibration=calibration_prompts(profile.prompts, tok, cfg.tune.prompts, cfg.calibration_split),
+            tuned=saved if isinstance(saved, JFDecodeConfig) else None,
+            extra_methods=extra,
+            same_output_as=same,
+            progress=_say,
+        )
+        meta = {
+            "profile": profile.name,
+            "model": path,
+            "jf_model": args.jf_model,
+            "benchmark": cfg.benchmark,
+            "num_prompts": n,
+            "batch_size": batch_size,
+            "repeats": args.repeats,
+            "max_new_tokens": cfg.max_new_tokens,
+            "device": str(model.device),
+            "dtype": str(model.dtype),
+            "torch_threads": torch.get_num_threads(),
+            "attn_implementation": model.config._attn_implementation,
+            "jf_sampling": asdict(sampling) if sampling else None,  # the jf_* rows' (the others are greedy)
+        }
+        where = argparse.Namespace(**vars(args))  # one table per batch size, each in its own folder
+        if len(sizes) > 1:
+            where.out = str(Path(args.out) / f"batch{batch_size}") if args.out else None
+            where.json = str(Path(args.json).with_suffix(f".batch{batch_size}.json")) if args.json else None
+        _report(result, where, meta)
     return 0
+
+
+def _sampling(args: argparse.Namespace):
+    """`--temperature` > 0: the JF model's rows sample (exactly; the base model's rows stay greedy)."""
+    from jf_cli.main import UsageError
+
+    if not getattr(args, "temperature", 0):
+        return None
+    if not args.jf_model:
+        raise UsageError("--temperature applies to the --jf-model rows: give --jf-model")
+    from jf_core.decoding.sampling import Sampling
+
+    try:
+        return Sampling(args.temperature, top_k=args.top_k, top_p=args.top_p)
+    except ValueError as err:
+        raise UsageError(f"--{err}") from None
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
@@ -259,11 +290,22 @@ def register(sub, bench_sub) -> None:
     p.add_argument("--model", help="local directory or hub id (default: the profile's model)")
     p.add_argument("--num-prompts", type=_positive("--num-prompts"), default=50)
     p.add_argument("--batch-size", type=_positive("--batch-size"), default=1)
+    p.add_argument(
+        "--batch-sizes",
+        type=_positive("--batch-sizes"),
+        nargs="+",
+        help="one table per batch size (e.g. 1 4 16 48), each with every method taking turns; --out gets batchB/",
+    )
     p.add_argument("--max-new-tokens", type=_positive("--max-new-tokens"), default=160)
     p.add_argument("--block-sizes", type=_positive("--block-sizes"), nargs="+", default=[8, 16, 32, 64])
     p.add_argument("--json", help="also write the results as JSON here")
     p.add_argument("--jf-model", help="a Jacobi Forcing model: adds its vanilla, recycling, multi-block and tuned rows")
     p.add_argument("--jf-block-size", type=_positive("--jf-block-size"), help="default: its decode config's n")
+    p.add_argument(
+        "--temperature", type=float, default=0.0, help="> 0: the --jf-model rows sample (TPF under sampling)"
+    )
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--out", help="directory for bench.json, bench.md and the plots")
     p.add_argument("--repeats", type=_positive("--repeats"), default=3, help="runs per method, fastest kept")
     add_threads_option(p)

@@ -76,8 +76,11 @@ def decode(
     on_tokens: TokenSink | None = None,
     sampling: Sampling | None = None,
     seeds: Sequence[int] | None = None,
+    ar_above_batch: int | None = None,
 ) -> DecodeOutput:
-    """Greedy when `sampling` is None; otherwise exact sampling with one seed per prompt (sampling.py)."""
+    """Greedy when `sampling` is None; otherwise exact sampling with one seed per prompt (sampling.py). A batch
+    larger than `ar_above_batch` (the crossover `jf tune` stores in the model's `jacobi_forcing` block) runs AR:
+    there AR was measured faster, and the text is the same."""
     stops = {
         "eos_token_id": eos_token_id,
         "pad_token_id": pad_token_id,
@@ -85,6 +88,10 @@ def decode(
         "sampling": sampling,
         "seeds": seeds,
     }
+    if ar_above_batch is not None and len(prompts) > ar_above_batch:
+        from jf_core.decoding.ar import ar_decode
+
+        return ar_decode(model, prompts, max_new_tokens=config.max_new_tokens, **stops)
     if isinstance(config, JFDecodeConfig):
         return jf_decode(model, prompts, config, **stops)
     return jacobi_decode(model, prompts, config, **stops)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -22,6 +23,7 @@ import torch
 from jf_core.decoding.ar import ar_decode
 from jf_core.decoding.common import DecodeOutput, EosIds, eos_set, finish, left_pad
 from jf_core.decoding.jacobi import JacobiConfig, jacobi_decode
+from jf_core.decoding.sampling import Sampling
 from jf_core.decoding.stats import DecodeStats, SequenceStats, Timer
 
 Decoder = Callable[[list[list[int]]], DecodeOutput]
@@ -171,9 +173,16 @@ def jf_methods(
     max_new_tokens: int,
     block_size: int,
     tuned: JacobiConfig | None = None,
+    sampling: Sampling | None = None,
+    ar_above_batch: int | None = None,
 ) -> tuple[dict[str, Decoder], dict[str, str]]:
     """The Jacobi Forcing model's methods (vanilla Jacobi, + recycling, + multi-block, + both, the autotuned
-    config) and its own greedy AR, which they must reproduce token for token; returns (methods, same_output_as)."""
+    config) and its own AR, which they must reproduce token for token; returns (methods, same_output_as).
+
+    With `sampling` every one of them samples, each prompt with a seed of its own tokens (the same in every method
+    and batch), so "identical" checks that sampled decoding is lossless and TPF is measured under sampling. The
+    autotuned row is the model's default decode path: with `ar_above_batch` (its stored crossover) it runs AR on
+    batches above it."""
     from jf_core.decoding.config_io import decode
     from jf_core.decoding.multiblock import JFDecodeConfig
 
@@ -190,16 +199,23 @@ def jf_methods(
         from dataclasses import replace
 
         configs["jf_autotuned"] = replace(tuned, max_new_tokens=max_new_tokens)
+    stops = {"eos_token_id": eos_token_id, "pad_token_id": pad_token_id, "sampling": sampling}
     methods: dict[str, Decoder] = {
         "jf_ar": lambda ps: ar_decode(
-            jf_model, ps, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id, pad_token_id=pad_token_id
+            jf_model, ps, max_new_tokens=max_new_tokens, seeds=prompt_seeds(ps) if sampling else None, **stops
         )
     }
     for name, cfg in configs.items():
-        methods[name] = lambda ps, cfg=cfg: decode(
-            jf_model, ps, cfg, eos_token_id=eos_token_id, pad_token_id=pad_token_id
+        above = ar_above_batch if name == "jf_autotuned" else None
+        methods[name] = lambda ps, cfg=cfg, above=above: decode(
+            jf_model, ps, cfg, seeds=prompt_seeds(ps) if sampling else None, ar_above_batch=above, **stops
         )
     return methods, {name: "jf_ar" for name in methods}
+
+
+def prompt_seeds(prompts: Sequence[Sequence[int]]) -> list[int]:
+    """A sampling seed per prompt from its tokens: the same whichever method or batch decodes it."""
+    return [zlib.crc32(",".join(map(str, p)).encode()) for p in prompts]
 
 
 def _batches(prompts: Sequence[Sequence[int]], batch_size: int) -> list[list[list[int]]]:

@@ -52,6 +52,39 @@ def test_bench_decode_adds_hf_rows_on_the_profiles_prompts(profile_yaml, tmp_pat
     assert (out / "bench.md").is_file() and "hf_prompt_lookup" in capsys.readouterr().out
 
 
+def test_bench_decode_per_batch_size_with_a_sampling_jf_model(profile, profile_yaml, tmp_path, capsys):
+    """`--batch-sizes`: one table and folder per size; the JF rows sample (`--temperature`) and stay identical to
+    their own AR sampler; the autotuned row runs AR above the model's stored crossover."""
+    import shutil
+
+    from jf_core.decoding.config_io import save_decode_config
+    from jf_core.decoding.multiblock import JFDecodeConfig
+    from jf_core.serving.artifact import update_block
+
+    jf = tmp_path / "jf"
+    shutil.copytree(profile.model.path, jf)
+    save_decode_config(jf, JFDecodeConfig(block_size=4, num_blocks=2, pool_size=2, max_new_tokens=12))
+    update_block(jf, ar_above_batch=1)
+    out = tmp_path / "bench"
+    argv = ["bench", "decode", "--profile", profile_yaml, "--num-prompts", "4", "--repeats", "1", "--block-sizes", "4"]
+    argv += ["--jf-model", str(jf), "--temperature", "2", "--top-k", "20", "--batch-sizes", "1", "2", "--out", str(out)]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "## batch size 1" in printed and "## batch size 2" in printed
+    one, two = (json.loads((out / f"batch{b}" / "bench.json").read_text()) for b in (1, 2))
+    assert one["meta"]["batch_size"] == 1 and two["meta"]["jf_sampling"]["temperature"] == 2.0
+    for data in (one, two):
+        jf_rows = {k: v for k, v in data["methods"].items() if k.startswith("jf_")}
+        assert "jf_autotuned" in jf_rows and all(m["identical_fraction"] == 1.0 for m in jf_rows.values())
+    assert two["methods"]["jf_autotuned"]["tpf"] == two["methods"]["jf_ar"]["tpf"]  # batch 2 > the crossover: AR
+
+
+def test_bench_decode_temperature_needs_a_jf_model(profile_yaml, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "decode", "--profile", profile_yaml, "--temperature", "1"])
+    assert exc.value.code == 2 and "--temperature applies to the --jf-model rows" in capsys.readouterr().err
+
+
 def test_tune_saves_a_decode_config_from_calibration_prompts(profile, profile_yaml, tmp_path, capsys):
     import shutil
 

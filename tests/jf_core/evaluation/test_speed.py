@@ -103,3 +103,40 @@ def test_interleaved_runs_take_turns_and_keep_each_batchs_fastest_run():
     assert timed[:4] == [("a", 10), ("b", 10), ("a", 12), ("b", 12)]  # turns, batch by batch
     assert out["a"].sequences == [[10], [11], [12], [13]] == out["b"].sequences
     assert out["a"].stats.decode_seconds == 2 * 1.0 and out["b"].stats.decode_seconds == 2 * 2.0
+
+
+def test_jf_methods_sample_losslessly_with_a_seed_per_prompt():
+    from jf_core.decoding.multiblock import JFDecodeConfig
+    from jf_core.decoding.sampling import Sampling
+    from jf_core.evaluation.speed import jf_methods
+
+    jf = TINY_MODELS["llama"]()
+    prompts = [[5, 6, 7, 8, 9], [10, 11, 12], [13, 14, 15, 16]]
+    tuned = JFDecodeConfig(block_size=8, num_blocks=2, pool_size=2, max_new_tokens=20)
+    common = {"eos_token_id": 2, "pad_token_id": PAD, "max_new_tokens": 20, "block_size": 8}
+    sampled, same = jf_methods(jf, **common, tuned=tuned, sampling=Sampling(1.0, top_k=20))
+    greedy, _ = jf_methods(jf, **common)
+    # Batches of 2 and 1: a prompt's seed comes with it, so every method and batching draws the same sample.
+    results = bench(
+        sampled, prompts, batch_size=2, warmup_prompts=1, same_output_as=same, reference=None, baseline_ar="jf_ar"
+    )
+    assert all(r.identical_fraction == 1.0 for r in results), [(r.method, r.identical_fraction) for r in results]
+    assert sampled["jf_ar"](prompts).sequences != greedy["jf_ar"](prompts).sequences
+
+
+def test_the_autotuned_row_runs_ar_above_the_stored_crossover(embedded):
+    from jf_core.decoding.multiblock import JFDecodeConfig
+    from jf_core.evaluation.speed import jf_methods
+    from jf_core.toy.task import make_split
+
+    model, tok = embedded
+    prompts = [tok(e.prompt, add_special_tokens=False)["input_ids"] for e in make_split("test", 2)]
+    tuned = JFDecodeConfig(block_size=16, num_blocks=2, pool_size=2, max_new_tokens=64)
+    stops = {"eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id}
+    methods, _ = jf_methods(model, **stops, max_new_tokens=64, block_size=16, tuned=tuned, ar_above_batch=1)
+    ar = methods["jf_ar"](prompts)
+    above = methods["jf_autotuned"](prompts)  # batch 2 > 1: AR, forward for forward
+    assert above.sequences == ar.sequences and above.stats.forwards == ar.stats.forwards
+    alone = methods["jf_autotuned"](prompts[:1])  # batch 1: the tuned Jacobi Forcing config
+    assert alone.sequences == ar.sequences[:1]
+    assert alone.stats.forwards < methods["jf_ar"](prompts[:1]).stats.forwards
