@@ -122,10 +122,8 @@ def build_app(batcher: Batcher, name: str, *, max_tokens_limit: int = 1024) -> F
     def sampling_of(body: _Body) -> Sampling | None:
         if body.temperature is not None and body.temperature < 0:
             raise ApiError(400, f"temperature: {body.temperature} is below 0", "temperature")
-        if not body.temperature:
-            return None  # greedy
         try:
-            return Sampling(body.temperature, top_k=body.top_k or 0, top_p=1.0 if body.top_p is None else body.top_p)
+            return Sampling.of(body.temperature, body.top_k, body.top_p)  # None (greedy) at temperature 0
         except ValueError as err:
             raise ApiError(400, str(err), str(err).split(" ", 1)[0]) from None
 

@@ -189,7 +189,7 @@ def _sampling(args: argparse.Namespace):
     from jf_core.decoding.sampling import Sampling
 
     try:
-        return Sampling(args.temperature, top_k=args.top_k, top_p=args.top_p)
+        return Sampling.of(args.temperature, args.top_k, args.top_p)
     except ValueError as err:
         raise UsageError(f"--{err}") from None
 

@@ -66,14 +66,12 @@ def cmd_decode(args: argparse.Namespace) -> int:
     ids = tokenizer(args.prompt, add_special_tokens=False)["input_ids"]
     if not ids:
         raise UsageError("--prompt encodes to no tokens")
-    sampling = None
-    if args.temperature:
-        from jf_core.decoding.sampling import Sampling
+    from jf_core.decoding.sampling import Sampling
 
-        try:
-            sampling = Sampling(args.temperature, top_k=args.top_k, top_p=args.top_p)
-        except ValueError as err:
-            raise UsageError(f"--{err}") from None
+    try:
+        sampling = Sampling.of(args.temperature, args.top_k, args.top_p)
+    except ValueError as err:
+        raise UsageError(f"--{err}") from None
     out = decode(model, [ids], cfg, sampling=sampling, seeds=[args.seed], **stop_tokens(model, tokenizer))
     print(tokenizer.decode(out.sequences[0], skip_special_tokens=True))
     s = out.stats

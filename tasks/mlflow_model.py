@@ -34,11 +34,7 @@ class JacobiForcingModel(PythonModel):
         params = params or {}
         budget = int(params.get("max_new_tokens") or self.engine.spec.decode.max_new_tokens)
         block = int(params.get("block_size") or 0) or None
-        temperature = float(params.get("temperature") or 0.0)
-        sampling = None
-        if temperature > 0:
-            top_p = params.get("top_p")
-            sampling = Sampling(temperature, int(params.get("top_k") or 0), 1.0 if top_p is None else float(top_p))
+        sampling = Sampling.of(float(params.get("temperature") or 0.0), params.get("top_k"), params.get("top_p"))
         seed = int(params.get("seed", -1))
         texts = model_input.iloc[:, 0].tolist() if hasattr(model_input, "iloc") else list(model_input)
         requests = [

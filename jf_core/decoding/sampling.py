@@ -39,6 +39,16 @@ class Sampling:
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
 
+    @classmethod
+    def of(cls, temperature: float | None, top_k: int | None = None, top_p: float | None = None) -> Sampling | None:
+        """What callers pass (CLI flags, request bodies, model params): temperature 0 or absent means greedy (None);
+        absent filters mean none."""
+        if temperature is not None and temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature} (0 means greedy)")
+        if not temperature:
+            return None
+        return cls(float(temperature), top_k=int(top_k or 0), top_p=1.0 if top_p is None else float(top_p))
+
 
 def _mix(x: torch.Tensor) -> torch.Tensor:
     """lowbias32 on int64 tensors holding 32-bit values. A product may wrap past int64; its low 32 bits, all that
@@ -50,12 +60,20 @@ def _mix(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def gumbel_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
+def vocab_keys(vocab_size: int, device: torch.device | str) -> torch.Tensor:
+    """The per-token half of the noise key, [V]: fixed for a vocabulary, so samplers compute it once."""
+    return _mix(torch.arange(vocab_size, device=device, dtype=torch.long) + 0x9E3779B9)
+
+
+def gumbel_noise(
+    seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int, vocab: torch.Tensor | None = None
+) -> torch.Tensor:
     """Gumbel(0, 1) noise, [B, W, V] float32, for `seeds` [B] and output `positions` [B, W]: a pure function of
-    (seed, position, token id)."""
+    (seed, position, token id). `vocab`: `vocab_keys(vocab_size, device)` when the caller keeps it."""
     device = positions.device
     key = _mix(_mix(seeds.to(device=device, dtype=torch.long)[:, None] & _MASK32) ^ positions.long())  # [B, W]
-    vocab = _mix(torch.arange(vocab_size, device=device, dtype=torch.long) + 0x9E3779B9)  # [V]
+    if vocab is None:
+        vocab = vocab_keys(vocab_size, device)
     bits = _mix(key[..., None] ^ vocab)  # [B, W, V], 32 random bits each
     uniform = ((bits >> 8).float() + 0.5) / float(1 << 24)  # (0, 1), 24 bits: float32's mantissa
     return -torch.log(-torch.log(uniform))
@@ -85,6 +103,7 @@ class Sampler:
             raise ValueError(f"seeds: {len(seeds)} given for {batch} prompts")
         self.sampling = sampling
         self.seeds = torch.tensor(list(seeds) if seeds is not None else range(batch), dtype=torch.long)
+        self._vocab_keys: dict[tuple[int, torch.device], torch.Tensor] = {}
 
     @property
     def greedy(self) -> bool:
@@ -96,5 +115,9 @@ class Sampler:
         if self.sampling is None:
             return logits.argmax(-1)
         seeds = self.seeds[list(rows)]
-        noise = gumbel_noise(seeds, positions, logits.shape[-1])
+        size = logits.shape[-1]
+        vocab = self._vocab_keys.get((size, logits.device))
+        if vocab is None:
+            vocab = self._vocab_keys[(size, logits.device)] = vocab_keys(size, logits.device)
+        noise = gumbel_noise(seeds, positions, size, vocab)
         return (filtered(logits, self.sampling) + noise).argmax(-1)

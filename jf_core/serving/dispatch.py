@@ -80,8 +80,8 @@ class Dispatch:
         n = self.batches.get(k, 0)
         self.batches[k] = n + 1
         chosen = self.preferred(batch_size, ar_above_batch, break_even_tpf)
-        mine, theirs = self.rates.get((chosen, k)), self.rates.get((_other(chosen), k))
-        gap = max(mine, theirs) / min(mine, theirs) if mine and theirs else prior_speedup
+        jacobi, ar = self.rates.get(("jacobi", k)), self.rates.get(("ar", k))
+        gap = max(jacobi, ar) / min(jacobi, ar) if jacobi and ar else prior_speedup
         if gap is not None and gap > 0 and max(gap, 1 / gap) > 1.5:
             # A wide gap (measured here, else by the crossover) takes many batches to close: probing it often only
             # costs (7% at 1 client on the embedded model). The first probe waits too.

@@ -9,20 +9,17 @@ from __future__ import annotations
 import json
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import httpx
 import openai
 import psutil
 import pytest
 
-from jacobi_forcing.infra.stack import free_port
 from jf_core.decoding.ar import ar_decode
 from jf_core.models import load_model, stop_tokens
+from tests.infra.serving import spawn_jf_serve, wait_healthy
 from tests.infra.sockets import SocketWatch
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
@@ -44,26 +41,9 @@ def server(embedded, tmp_path_factory):
     shutil.copytree(model.name_or_path, directory)
     config = json.loads((directory / "tokenizer_config.json").read_text())
     (directory / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": TEMPLATE}))
-    port = free_port()
-    jf = Path(sys.executable).parent / "jf"
-    proc = subprocess.Popen(
-        [str(jf), "serve", str(directory), "--name", "embedded", "--port", str(port), "--max-tokens-limit", "200"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    watch = SocketWatch(proc.pid, every=0.5).__enter__()
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.stdout.read()[-3000:]
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(1)
-    else:
-        pytest.fail("the server did not answer /health within 300 s")
+    proc, url = spawn_jf_serve([str(directory), "--name", "embedded", "--max-tokens-limit", "200"])
+    watch = SocketWatch(proc.pid, every=0.5).__enter__()  # from the start: startup may open sockets too
+    wait_healthy(proc, url)
     hf, tok = load_model(str(directory))
     yield {"url": url, "client": openai.OpenAI(base_url=f"{url}/v1", api_key="unused"), "model": hf, "tok": tok}
     tree = psutil.Process(proc.pid).children(recursive=True)

@@ -185,13 +185,12 @@ def test_stack_deploy_run_register_gate_schedule(stack_env):
 def _serve_the_champion(env) -> None:
     """`jf serve models:/jf-tiny@champion` as a user runs it beside the stack (it joins the stack's Ray with its
     token); the reference is greedy AR on the champion as MLflow itself downloads it, not through our resolver."""
-    import httpx
     import openai
     import psutil
 
-    from jacobi_forcing.infra.stack import free_port
     from jf_core.decoding.ar import ar_decode
     from jf_core.models import load_model, stop_tokens
+    from tests.infra.serving import spawn_jf_serve, wait_healthy
 
     # In a child with the stack's env: MLflow resolves models:/ through the registry URI, which follows
     # MLFLOW_TRACKING_URI there (setting it here would leak into later tests).
@@ -206,26 +205,9 @@ def _serve_the_champion(env) -> None:
         out = ar_decode(model, [ids], max_new_tokens=budget, **stop_tokens(model, tok))
         return tok.decode(out.sequences[0], skip_special_tokens=True)
 
-    port = free_port()
-    jf = Path(sys.executable).parent / "jf"
-    proc = subprocess.Popen(
-        [str(jf), "serve", "models:/jf-tiny@champion", "--port", str(port)],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    proc, url = spawn_jf_serve(["models:/jf-tiny@champion"], env=env)
     try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 300
-        while True:
-            assert proc.poll() is None, proc.stdout.read()[-3000:]
-            assert time.monotonic() < deadline, "jf serve did not answer /health within 300 s"
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(1)
+        wait_healthy(proc, url)
         tree = psutil.Process(proc.pid).children(recursive=True)
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
         assert [m.id for m in client.models.list().data] == ["jf-tiny"]

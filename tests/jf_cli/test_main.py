@@ -50,7 +50,7 @@ def test_decode_prints_text_and_tpf(tiny_dir, capsys):
         (["--block-size", "0"], "--block-size must be >= 1"),
         (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
         (["--block-size", "x"], "--block-size must be an integer"),
-        (["--temperature", "-1"], "--temperature must be > 0"),
+        (["--temperature", "-1"], "--temperature must be >= 0, got -1.0"),
         (["--temperature", "1", "--top-p", "2"], "--top_p must be in (0, 1]"),
     ],
 )

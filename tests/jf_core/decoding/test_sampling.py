@@ -50,6 +50,23 @@ def test_bad_sampling_parameters_are_named():
         Sampling(top_k=-1)
     with pytest.raises(ValueError, match="seeds: 1 given for 2 prompts"):
         Sampler(Sampling(), [1], 2)
+    with pytest.raises(ValueError, match="temperature must be >= 0, got -1"):
+        Sampling.of(-1)
+
+
+def test_callers_settings_read_as_greedy_or_sampling():
+    assert Sampling.of(0) is None and Sampling.of(None, top_k=5) is None  # 0 or absent: greedy
+    assert Sampling.of(0.7) == Sampling(0.7, top_k=0, top_p=1.0)  # absent filters: none
+    assert Sampling.of(2, top_k=5, top_p=0.9) == Sampling(2.0, top_k=5, top_p=0.9)
+
+
+def test_the_sampler_keeps_the_vocabulary_keys():
+    sampler = Sampler(Sampling(), [7], 1)
+    logits, positions = torch.randn(1, 3, 50), torch.tensor([[4, 5, 6]])
+    first = sampler.pick(logits, [0], positions)
+    assert len(sampler._vocab_keys) == 1
+    assert torch.equal(first, sampler.pick(logits, [0], positions)) and len(sampler._vocab_keys) == 1
+    assert torch.equal(first, (logits + gumbel_noise(torch.tensor([7]), positions, 50)).argmax(-1))
 
 
 @pytest.mark.parametrize("sampling", SAMPLINGS, ids=["t2", "t3-k5-p0.98"])
