@@ -184,6 +184,7 @@ class JacobiDecoder:
     def step(self, kv: KVState, active: list[_Sequence]) -> None:
         """One forward for every active sequence: run its layout, verify every branch, commit the best one's
         accepted prefix, rebuild the window."""
+        self.plan(kv, active)
         layouts = [self.layout(s) for s in active]
         width = max(len(lay.tokens) for lay in layouts)
         device = kv.valid.device
@@ -196,7 +197,8 @@ class JacobiDecoder:
             depth, mask = tree_positions_and_mask(layouts, width, device)
             logits = kv.forward(tokens, depth, mask)
         greedy = self._pick(logits, active, depth).tolist()
-        live = torch.zeros((len(active), width), dtype=torch.bool)
+        live = [[False] * width for _ in active]
+        kept = 0  # 1 + the last slot any row keeps
         for row, (seq, lay) in enumerate(zip(active, layouts, strict=True)):
             best, accepted = 0, 0
             for b, branch in enumerate(lay.branches):
@@ -206,9 +208,11 @@ class JacobiDecoder:
                     n_ok = accepted_length([lay.tokens[i] for i in branch], [greedy[row][i] for i in branch])
                 if n_ok > accepted:  # ties keep the earlier branch: the main window first
                     best, accepted = b, n_ok
-            live[row, lay.branches[best][:accepted]] = True
+            for i in lay.branches[best][:accepted]:
+                live[row][i] = True
+            kept = max(kept, lay.branches[best][accepted - 1] + 1)
             self.settle(seq, lay, greedy[row], best, accepted)
-        kv.keep(live.to(device))
+        kv.keep(torch.tensor(live, device=device), kept)
 
     def _pick(self, logits: torch.Tensor, active: list[_Sequence], depth: torch.Tensor | None) -> torch.Tensor:
         """The token after every slot. Sampling needs each slot's output position: the row's committed length
@@ -219,6 +223,9 @@ class JacobiDecoder:
             depth = torch.arange(logits.shape[1], device=logits.device).expand(len(active), -1)
         base = torch.tensor([len(s.committed) for s in active], device=logits.device)
         return self.sampler.pick(logits, [s.index for s in active], base[:, None] + depth + 1)
+
+    def plan(self, kv: KVState, active: list[_Sequence]) -> None:
+        """Before a forward's layouts are built: decisions that look at the whole batch (extensions)."""
 
     def layout(self, seq: _Sequence) -> Layout:
         """What a sequence puts into the next forward: its window as one chain (extensions add branches)."""

@@ -22,6 +22,7 @@ The cache is plain full layers (no sliding truncation: slots are indexed), whate
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -93,6 +94,18 @@ def attention_backend(model: torch.nn.Module, name: str) -> Iterator[None]:
         model.set_attn_implementation(current)
 
 
+# Window masks by width, built once per process: the hot path would otherwise allocate them every forward. Never
+# written to (every use combines them into new tensors).
+@functools.lru_cache(maxsize=512)
+def _causal(width: int, device: torch.device) -> torch.Tensor:
+    return torch.tril(torch.ones(width, width, dtype=torch.bool, device=device))
+
+
+@functools.lru_cache(maxsize=512)
+def _own(width: int, device: torch.device) -> torch.Tensor:
+    return torch.eye(width, dtype=torch.bool, device=device)
+
+
 class KVState:
     def __init__(self, model: torch.nn.Module, cache: DynamicCache, valid: torch.Tensor) -> None:
         self.model = model
@@ -105,6 +118,8 @@ class KVState:
         self.fallback = "sdpa" if getattr(model, "_supports_sdpa", True) else "eager"
         self.layout = attention_layout(model)
         self.forwards: Counter[str] = Counter()  # per mask path: "4d", "2d", "fallback"
+        # Whether any layer slides at all (most models: none, and then no key positions are needed).
+        self._sliding = any(w is not None for w in self.layout.windows.values())
 
     @property
     def batch_size(self) -> int:
@@ -155,9 +170,8 @@ class KVState:
             if not self.takes_4d:
                 return self.forward_causal(tokens, torch.ones_like(tokens, dtype=torch.bool))
             rel_pos = torch.arange(width, device=tokens.device).expand(batch, width)
-            window_mask = torch.tril(torch.ones(width, width, dtype=torch.bool, device=tokens.device))
-            window_mask = window_mask.expand(batch, width, width)
-        return self._run(tokens, rel_pos, window_mask, torch.ones_like(tokens, dtype=torch.bool))
+            window_mask = _causal(width, tokens.device).expand(batch, width, width)
+        return self._run(tokens, rel_pos, window_mask, None)
 
     def forward_causal(self, tokens: torch.Tensor, query_live: torch.Tensor) -> torch.Tensor:
         """Windows that are plain causal runs, each row's live slots first (`query_live` [B, W]: a live prefix per
@@ -166,17 +180,19 @@ class KVState:
         positions = self.lengths[:, None] + torch.arange(width, device=tokens.device)
         if not self.takes_4d:
             return self._call(tokens, positions, torch.cat([self.valid, query_live], dim=1).long(), "2d")
-        causal = torch.tril(torch.ones(width, width, dtype=torch.bool, device=tokens.device))
-        return self._run(tokens, positions - self.lengths[:, None], causal.expand(batch, width, width), query_live)
+        causal = _causal(width, tokens.device).expand(batch, width, width)
+        return self._run(tokens, positions - self.lengths[:, None], causal, query_live)
 
     def _run(
-        self, tokens: torch.Tensor, rel_pos: torch.Tensor, window_mask: torch.Tensor, query_live: torch.Tensor
+        self, tokens: torch.Tensor, rel_pos: torch.Tensor, window_mask: torch.Tensor, query_live: torch.Tensor | None
     ) -> torch.Tensor:
-        """A 4D mask for any layout: the backend's own when it takes 4D, else the fallback's for this forward."""
+        """A 4D mask for any layout: the backend's own when it takes 4D, else the fallback's for this forward.
+        `query_live` None: every window slot is live."""
         batch, width = tokens.shape
+        own = _own(width, tokens.device)
         # A query that may see nothing would make softmax produce NaN; padding queries therefore see themselves.
-        own = torch.eye(width, dtype=torch.bool, device=tokens.device)
-        window = (window_mask & query_live[:, None, :]) | own
+        window = window_mask if query_live is None else window_mask & query_live[:, None, :]
+        window = window | own
         mask = torch.cat([self.valid[:, None, :].expand(batch, width, self.slots), window], dim=-1)
         positions = self.lengths[:, None] + rel_pos
         masks = self._windowed(mask, positions)
@@ -187,6 +203,8 @@ class KVState:
 
     def _windowed(self, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor | dict[str, torch.Tensor]:
         """[B, 1, W, S+W] mask(s): sliding-window layers see keys with position > query position - window."""
+        if not self._sliding:
+            return mask[:, None]
         out: dict[str, torch.Tensor] = {}
         slot_pos = torch.cumsum(self.valid.long(), dim=1) - 1  # a live slot's position; dead slots are masked anyway
         key_pos = torch.cat([slot_pos, positions], dim=1)
@@ -217,16 +235,18 @@ class KVState:
         dtype = next(self.model.parameters()).dtype
         return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
 
-    def keep(self, live: torch.Tensor) -> None:
-        """Settle the last forward's window: `live` [B, W] marks the slots that hold accepted tokens.
+    def keep(self, live: torch.Tensor, width: int | None = None) -> None:
+        """Settle the last forward's window: `live` [B, W] marks the slots that hold accepted tokens; `width`, when
+        the caller knows it, is 1 + the last slot live in any row (it saves a device sync).
 
         Trailing slots that no row keeps are cropped from the cache."""
         if live.shape != (self.batch_size, self._pending):
             raise ValueError(f"keep() expects a [{self.batch_size}, {self._pending}] mask, got {tuple(live.shape)}")
         # Invariant: the last slot is live in some row (every keep/compact crops trailing dead slots), so only the
         # new window can end in slots dead in every row.
-        used = live.any(dim=0).nonzero()
-        width = int(used.max()) + 1 if len(used) else 0
+        if width is None:
+            used = live.any(dim=0).nonzero()
+            width = int(used.max()) + 1 if len(used) else 0
         if width < self._pending:
             self.cache.crop(width - self._pending)
         self.valid = torch.cat([self.valid, live[:, :width].bool()], dim=1)

@@ -34,8 +34,10 @@ import torch
 
 from jf_core.decoding.common import DecodeOutput, EosIds, TokenSink, first_eos
 from jf_core.decoding.jacobi import BlockRecorder, JacobiConfig, JacobiDecoder, Layout, _Sequence
+from jf_core.decoding.kv import KVState
 from jf_core.decoding.recycling import NgramPool
 from jf_core.decoding.sampling import Sampling
+from jf_core.decoding.width import RowWidth, WidthPolicy
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,12 @@ class JFDecodeConfig(JacobiConfig):
     ngram: int = 0  # length of candidates verified as branches; 0 = block_size - 1
     seed_drafts: bool = False  # fresh blocks' drafts start with a recycled n-gram (free: no extra slots)
     cut_at_draft_eos: bool = True  # run the window only through the first EOS of its draft
+    # Adaptive width (width.py): each forward runs about as many slots as the row is likely to accept.
+    adaptive_width: bool = False
+    width_scale: float = 1.5
+    width_margin: int = 4
+    width_floor: int = 4
+    ar_below: float = 0.0  # a row accepting fewer tokens per forward runs AR steps (0: never)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -56,13 +64,23 @@ class JFDecodeConfig(JacobiConfig):
             raise ValueError(f"pool_size must be >= 0, got {self.pool_size}")
         if not 0.0 < self.spawn_ratio <= 1.0:
             raise ValueError(f"spawn_ratio (r) must be in (0, 1], got {self.spawn_ratio}")
+        self.width_policy()  # its own checks
+
+    def width_policy(self) -> WidthPolicy | None:
+        if not self.adaptive_width:
+            return None
+        return WidthPolicy(
+            scale=self.width_scale, margin=self.width_margin, floor=self.width_floor, ar_below=self.ar_below
+        )
 
 
 @dataclass
 class _JFSequence(_Sequence):
     pool: NgramPool | None = None
     origin: int = 0  # generated position of the window's first token (= len(committed))
-    stats_extra: dict = field(default_factory=lambda: {"recycled_wins": 0, "spawned": 0, "seeded": 0})
+    width: RowWidth | None = None  # adaptive width's running estimate
+    limit: int = 0  # the slots the next forward may run (adaptive width); 0: no limit
+    stats_extra: dict = field(default_factory=lambda: {"recycled_wins": 0, "spawned": 0, "seeded": 0, "slots": 0})
 
 
 class JFDecoder(JacobiDecoder):
@@ -84,19 +102,32 @@ class JFDecoder(JacobiDecoder):
         )
         self.cfg = config
         self.spawn_at = math.ceil(config.spawn_ratio * config.block_size)
+        self.policy = config.width_policy()
 
     def new_sequence(self, index: int, prompt: list[int]) -> _JFSequence:
         seq = super().new_sequence(index, prompt)
         pool = NgramPool(max(1, self.cfg.block_size - 1)) if self.cfg.pool_size or self.cfg.seed_drafts else None
-        return _JFSequence(**{f: getattr(seq, f) for f in seq.__dataclass_fields__}, pool=pool)
+        width = RowWidth(self.policy.initial) if self.policy else None
+        return _JFSequence(**{f: getattr(seq, f) for f in seq.__dataclass_fields__}, pool=pool, width=width)
 
-    def _run_length(self, window: list[int]) -> int:
-        """How much of the window the next forward runs: all of it, or through the first EOS of its draft."""
+    def plan(self, kv: KVState, active: list[_JFSequence]) -> None:
+        """Adaptive width: the slots every row may run in the next forward. The batch's forward is padded to its
+        widest row and computed in full, so each row may use the widest row's width at no extra cost."""
+        if self.policy is not None:
+            limit = max(seq.width.wanted(self.policy) for seq in active)
+            for seq in active:
+                seq.limit = limit
+
+    def _run_length(self, seq: _JFSequence) -> int:
+        """How much of the window the next forward runs: all of it, or through the first EOS of its draft, and
+        no more than the row's slot limit."""
+        window = seq.window
         end = first_eos(window, self.eos, start=1) if self.cfg.cut_at_draft_eos else None
-        return end + 1 if end is not None else len(window)
+        run = end + 1 if end is not None else len(window)
+        return min(run, seq.limit) if seq.limit else run
 
     def layout(self, seq: _JFSequence) -> Layout:
-        run = self._run_length(seq.window)
+        run = self._run_length(seq)
         tokens, branches = seq.window[:run], [list(range(run))]
         if self.cfg.pool_size and run > 1:
             # Candidates cover the real-active block's remaining positions at most: beyond it they would compete
@@ -123,6 +154,9 @@ class JFDecoder(JacobiDecoder):
                 seq.pool.add([layout.tokens[b[0]], *(greedy[i] for i in b)])
         if branch:
             seq.stats_extra["recycled_wins"] += 1
+        seq.stats_extra["slots"] += len(layout.tokens)
+        if seq.width is not None:
+            seq.width.observe(self.policy, len(main), accepted)
         seq.stats.forwards += 1
         seq.stats.accepted.append(accepted)
         seq.committed += win_tokens[:accepted]
@@ -158,6 +192,8 @@ class JFDecoder(JacobiDecoder):
         real, newest = seq.origin // n, (end - 1) // n
         if newest - real + 1 >= self.cfg.num_blocks:
             return
+        if seq.width is not None and len(seq.window) >= seq.width.wanted(self.policy):
+            return  # the next forward would not run the new block's slots: its draft would only go stale
         if newest == real:
             settled = seq.origin - real * n
         else:

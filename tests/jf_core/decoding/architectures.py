@@ -24,6 +24,18 @@ DECODERS = {
     "recycling": JFDecodeConfig(
         block_size=4, num_blocks=2, pool_size=2, seed_drafts=True, spawn_ratio=0.5, max_new_tokens=NEW
     ),
+    # Narrow windows and AR steps (random weights accept about one token a forward): runs cut mid-block.
+    "adaptive": JFDecodeConfig(
+        block_size=8,
+        num_blocks=2,
+        pool_size=2,
+        max_new_tokens=NEW,
+        adaptive_width=True,
+        width_scale=1.0,
+        width_margin=0,
+        width_floor=2,
+        ar_below=1.5,
+    ),
 }
 _COMMON = dict(
     vocab_size=VOCAB,

@@ -12,6 +12,14 @@ from jf_core.decoding.recycling import NgramPool
 from tests.conftest import PAD
 from tests.jf_core.decoding.test_jacobi import MAX_NEW, prompts, reference
 
+# Adaptive width (width.py) as the lossless matrix runs it: off; narrow windows; narrow windows with AR steps for
+# rows that accept little (the tiny random models accept about one token a forward, so they spend most forwards so).
+WIDTHS = {
+    "full width": {},
+    "adaptive width": {"adaptive_width": True, "width_scale": 1.0, "width_margin": 1, "width_floor": 2},
+    "adaptive + AR steps": {"adaptive_width": True, "width_margin": 0, "width_floor": 2, "ar_below": 1.5},
+}
+
 
 def decode_all(model, ps, cfg, eos, batch):
     got = []
@@ -27,25 +35,39 @@ def decode_all(model, ps, cfg, eos, batch):
 )  # fmt: skip
 @pytest.mark.parametrize("batch", [1, 4])
 @pytest.mark.parametrize("seed_drafts", [False, True], ids=["sampled drafts", "seeded drafts"])
-def test_multiblock_and_recycling_equal_generate(tiny_model, n, k, pool, r, batch, seed_drafts):
+@pytest.mark.parametrize("width", list(WIDTHS))
+def test_multiblock_and_recycling_equal_generate(tiny_model, n, k, pool, r, batch, seed_drafts, width):
     ps = prompts(4, seed=1)
     expected = [reference(tiny_model, p, MAX_NEW, None) for p in ps]
     cfg = JFDecodeConfig(
-        block_size=n, num_blocks=k, pool_size=pool, spawn_ratio=r, max_new_tokens=MAX_NEW, seed_drafts=seed_drafts
+        block_size=n,
+        num_blocks=k,
+        pool_size=pool,
+        spawn_ratio=r,
+        max_new_tokens=MAX_NEW,
+        seed_drafts=seed_drafts,
+        **WIDTHS[width],
     )
     assert decode_all(tiny_model, ps, cfg, None, batch) == expected
 
 
 @pytest.mark.parametrize("cut", [True, False], ids=["eos cut", "no eos cut"])
 @pytest.mark.parametrize(("n", "k", "pool"), [(4, 2, 4), (8, 3, 0), (16, 2, 4)])
-def test_eos_mid_block(tiny_model, n, k, pool, cut):
+@pytest.mark.parametrize("width", list(WIDTHS))
+def test_eos_mid_block(tiny_model, n, k, pool, cut, width):
     ps = prompts(4, seed=3)
     free = [reference(tiny_model, p, MAX_NEW, None) for p in ps]
     eos = free[0][n // 2 + 3]
     expected = [reference(tiny_model, p, MAX_NEW, eos) for p in ps]
     assert any(len(e) < MAX_NEW for e in expected)
     cfg = JFDecodeConfig(
-        block_size=n, num_blocks=k, pool_size=pool, spawn_ratio=0.5, max_new_tokens=MAX_NEW, cut_at_draft_eos=cut
+        block_size=n,
+        num_blocks=k,
+        pool_size=pool,
+        spawn_ratio=0.5,
+        max_new_tokens=MAX_NEW,
+        cut_at_draft_eos=cut,
+        **WIDTHS[width],
     )
     assert decode_all(tiny_model, ps, cfg, eos, 4) == expected
 
@@ -75,10 +97,13 @@ def test_draft_eos_cut_runs_fewer_tokens_for_the_same_output(embedded):
     assert ran[True] < ran[False]
 
 
-def test_max_new_tokens_is_exact(tiny_model):
+@pytest.mark.parametrize("width", list(WIDTHS))
+def test_max_new_tokens_is_exact(tiny_model, width):
     ps = prompts(2, seed=7)
     for max_new in (1, 2, 5, 17):
-        cfg = JFDecodeConfig(block_size=4, num_blocks=3, pool_size=2, spawn_ratio=0.25, max_new_tokens=max_new)
+        cfg = JFDecodeConfig(
+            block_size=4, num_blocks=3, pool_size=2, spawn_ratio=0.25, max_new_tokens=max_new, **WIDTHS[width]
+        )
         assert decode_all(tiny_model, ps, cfg, None, 2) == [reference(tiny_model, p, max_new, None) for p in ps]
 
 

@@ -26,6 +26,7 @@ CONFIGS = {
     "jacobi-n16": JacobiConfig(block_size=16, max_new_tokens=48),
     "multiblock": JFDecodeConfig(block_size=8, num_blocks=3, pool_size=0, max_new_tokens=48),
     "recycling": JFDecodeConfig(block_size=16, num_blocks=2, pool_size=4, seed_drafts=True, max_new_tokens=48),
+    "adaptive": JFDecodeConfig(block_size=16, num_blocks=2, max_new_tokens=48, adaptive_width=True, width_margin=1),
 }
 # The embedded model is sharp: below temperature 2 its samples are greedy's text, which would test nothing.
 SAMPLINGS = [Sampling(temperature=2.0), Sampling(temperature=3.0, top_k=5, top_p=0.98)]

@@ -18,6 +18,7 @@ CONFIGS = {
     "jacobi": JacobiConfig(block_size=8, max_new_tokens=160),
     "multiblock": JFDecodeConfig(block_size=8, num_blocks=3, pool_size=0, max_new_tokens=160),
     "recycling": JFDecodeConfig(block_size=16, num_blocks=2, pool_size=4, seed_drafts=True, max_new_tokens=160),
+    "adaptive": JFDecodeConfig(block_size=32, num_blocks=2, max_new_tokens=160, adaptive_width=True, ar_below=1.5),
 }
 
 
