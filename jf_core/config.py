@@ -159,6 +159,18 @@ class TuneConfig(_Strict):
     spawn_ratios: list[float] = [0.5, 0.85]
     ngrams: list[int] = [0]  # recycled candidate length; 0 = n - 1
     seed_drafts: list[bool] = [False, True]  # fresh drafts from recycled n-grams
+    # Adaptive width (jf_core/decoding/width.py): slots per expected accepted token, 0 = full-width windows; and the
+    # slots beyond that. Narrow windows lose some TPF and gain more in cost per forward wherever width costs compute.
+    width_scales: list[float] = [0.0, 2.0]
+    width_margins: list[int] = [2]
+
+    @field_validator("width_scales", "width_margins")
+    @classmethod
+    def _non_negative(cls, values: list, info):
+        if not values or any(v < 0 for v in values):
+            raise ValueError(f"{info.field_name} must be a non-empty list of numbers >= 0, got {values}")
+        return values
+
     repeats: int = Field(2, ge=1)  # runs per candidate, fastest kept: single runs let machine noise pick the winner
     # AR against the winner at these batch sizes: the crossover above which a server should run AR (stored in the
     # model's jacobi_forcing block); empty to skip.
@@ -174,6 +186,8 @@ class TuneConfig(_Strict):
             tuple(self.spawn_ratios),
             tuple(self.ngrams),
             tuple(self.seed_drafts),
+            tuple(self.width_scales),
+            tuple(self.width_margins),
         )
 
 

@@ -1,5 +1,5 @@
-"""Autotune: the decode config (n, K, pool_size, r, seeded drafts) with the best TPS on this hardware, on
-calibration prompts.
+"""Autotune: the decode config (n, K, pool_size, r, seeded drafts, adaptive width's scale and margin) with the best
+TPS on this hardware, on calibration prompts.
 
 Every candidate decodes the same prompts at the same batch size after a warmup, the candidates taking turns batch
 by batch (`speed.run_interleaved`: a drifting CPU must not pick the winner); TPF is reported beside TPS. The
@@ -32,15 +32,27 @@ class TuneSpace:
     spawn_ratios: tuple[float, ...] = (0.5, 0.85)
     ngrams: tuple[int, ...] = (0,)  # recycled candidate length; 0 = n - 1
     seed_drafts: tuple[bool, ...] = (False, True)
+    width_scales: tuple[float, ...] = (0.0, 2.0)  # adaptive width's scale (width.py); 0 = full-width windows
+    width_margins: tuple[int, ...] = (2,)
 
     def configs(self, max_new_tokens: int) -> list[JFDecodeConfig]:
         out = []
         grid = itertools.product(
-            self.block_sizes, self.num_blocks, self.pool_sizes, self.spawn_ratios, self.ngrams, self.seed_drafts
+            self.block_sizes,
+            self.num_blocks,
+            self.pool_sizes,
+            self.spawn_ratios,
+            self.ngrams,
+            self.seed_drafts,
+            self.width_scales,
+            self.width_margins,
         )
-        for n, k, pool, r, ngram, seed in grid:
+        for n, k, pool, r, ngram, seed, scale, margin in grid:
             if (k == 1 and r != self.spawn_ratios[0]) or (pool == 0 and ngram != self.ngrams[0]):
                 continue  # r only matters with more than one block, the n-gram length only with recycling
+            if not scale and margin != self.width_margins[0]:
+                continue  # the margin only matters with adaptive width
+            width = {"adaptive_width": True, "width_scale": scale, "width_margin": margin} if scale else {}
             cfg = JFDecodeConfig(
                 block_size=n,
                 num_blocks=k,
@@ -49,6 +61,7 @@ class TuneSpace:
                 ngram=ngram,
                 seed_drafts=seed,
                 max_new_tokens=max_new_tokens,
+                **width,
             )
             out.append(cfg)
         return out
