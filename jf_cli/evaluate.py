@@ -215,13 +215,18 @@ def cmd_tune(args: argparse.Namespace) -> int:
         spawn_ratios=args.spawn_ratios,
         ngrams=args.ngrams,
         seed_drafts=[bool(x) for x in args.seed_drafts],
+        width_scales=args.width_scales,
+        width_margins=args.width_margins,
     ).space()
 
     def show(i: int, total: int, t) -> None:
         c = t.config
+        width = f"{c['width_scale']}x+{c['width_margin']}" if c["adaptive_width"] else "full"
         print(
             f"  [{i}/{total}] n={c['block_size']} K={c['num_blocks']} pool={c['pool_size']} "
-            f"r={c['spawn_ratio']} ngram={c['ngram']} seeded={c['seed_drafts']}: TPS {t.tps:.1f}, TPF {t.tpf:.2f}",
+            f"r={c['spawn_ratio']} ngram={c['ngram']} seeded={c['seed_drafts']} "
+            f"width={width}: "
+            f"TPS {t.tps:.1f}, TPF {t.tpf:.2f}",
             file=sys.stderr,
         )
 
@@ -324,6 +329,14 @@ def register(sub, bench_sub) -> None:
     p.add_argument(
         "--seed-drafts", type=int, nargs="+", choices=[0, 1], default=[0, 1], help="fresh drafts from recycled n-grams"
     )
+    p.add_argument(
+        "--width-scales",
+        type=float,
+        nargs="+",
+        default=[0.0, 2.0],
+        help="adaptive width: slots per expected accepted token (0: full windows)",
+    )
+    p.add_argument("--width-margins", type=int, nargs="+", default=[2], help="adaptive width: slots beyond that")
     p.add_argument("--repeats", type=_positive("--repeats"), default=2, help="runs per candidate, fastest kept")
     p.add_argument(
         "--crossover-batch-sizes",

@@ -111,10 +111,13 @@ class JFDecoder(JacobiDecoder):
         return _JFSequence(**{f: getattr(seq, f) for f in seq.__dataclass_fields__}, pool=pool, width=width)
 
     def plan(self, kv: KVState, active: list[_JFSequence]) -> None:
-        """Adaptive width: the slots every row may run in the next forward. The batch's forward is padded to its
-        widest row and computed in full, so each row may use the widest row's width at no extra cost."""
+        """Adaptive width: the slots every row may run in the next forward. The batch's forward is padded to one
+        width and computed in full, so all rows share it: the mean of what the rows want. The widest row's want
+        let one predictable row make the whole batch pay (at batch 16 on the embedded model: 1.23x our AR with
+        the widest, 1.38x with the mean; batch 4: 2.49x and 2.76x)."""
         if self.policy is not None:
-            limit = max(seq.width.wanted(self.policy) for seq in active)
+            wanted = [seq.width.wanted(self.policy) for seq in active]
+            limit = math.ceil(sum(wanted) / len(wanted))
             for seq in active:
                 seq.limit = limit
 

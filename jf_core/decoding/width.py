@@ -12,9 +12,10 @@ A row whose estimate falls below `ar_below` tokens per forward runs single-slot 
 batch), with a probe at `floor` width every `probe_every` forwards to notice when its text turns predictable again.
 Only forwards wider than one slot update the estimate: an AR step says nothing about what a draft would do.
 
-A batch's forward is padded to its widest row and computed in full (every attention path here computes the padded
-window), so the batch runs the widest row's wanted width and every row fills it: a row's slots up to that width
-are free, and a row on AR steps gets a free probe whenever another row runs wide.
+A batch's forward is padded to one width and computed in full (every attention path here computes the padded
+window), so the rows share one width: the mean of what they want (multiblock.JFDecoder.plan). A row wanting less
+fills the shared width for free (and a row on AR steps gets a free probe); a row wanting more is cut, rather than
+the whole batch paying for its slots.
 """
 
 from __future__ import annotations

@@ -177,7 +177,8 @@ def jf_methods(
     ar_above_batch: int | None = None,
 ) -> tuple[dict[str, Decoder], dict[str, str]]:
     """The Jacobi Forcing model's methods (vanilla Jacobi, + recycling, + multi-block, + both, the autotuned
-    config) and its own AR, which they must reproduce token for token; returns (methods, same_output_as).
+    config, and with adaptive width in it the same config at full width, always Jacobi) and its own AR, which
+    they must reproduce token for token; returns (methods, same_output_as).
 
     With `sampling` every one of them samples, each prompt with a seed of its own tokens (the same in every method
     and batch), so "identical" checks that sampled decoding is lossless and TPF is measured under sampling. The
@@ -199,6 +200,8 @@ def jf_methods(
         from dataclasses import replace
 
         configs["jf_autotuned"] = replace(tuned, max_new_tokens=max_new_tokens)
+        if getattr(tuned, "adaptive_width", False):  # what adaptive width brings: the same config, full windows
+            configs["jf_autotuned_full_width"] = replace(tuned, max_new_tokens=max_new_tokens, adaptive_width=False)
     stops = {"eos_token_id": eos_token_id, "pad_token_id": pad_token_id, "sampling": sampling}
     methods: dict[str, Decoder] = {
         "jf_ar": lambda ps: ar_decode(

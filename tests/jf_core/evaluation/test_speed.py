@@ -40,7 +40,7 @@ def test_jf_methods_reproduce_their_own_model_and_plots_are_written(tmp_path):
     base, jf = TINY_MODELS["qwen2"](), TINY_MODELS["llama"]()  # two different models, as base and JF would be
     prompts = [[5, 6, 7, 8, 9], [10, 11, 12], [13, 14, 15, 16]]
     methods = standard_methods(base, eos_token_id=2, pad_token_id=PAD, max_new_tokens=20, block_sizes=(8,))
-    tuned = JFDecodeConfig(block_size=8, num_blocks=2, pool_size=2, max_new_tokens=20)
+    tuned = JFDecodeConfig(block_size=8, num_blocks=2, pool_size=2, max_new_tokens=20, adaptive_width=True)
     extra, same = jf_methods(jf, eos_token_id=2, pad_token_id=PAD, max_new_tokens=20, block_size=8, tuned=tuned)
     methods.update(extra)
     results = {r.method: r for r in bench(methods, prompts, warmup_prompts=1, same_output_as=same)}
@@ -51,6 +51,7 @@ def test_jf_methods_reproduce_their_own_model_and_plots_are_written(tmp_path):
         "jf_multiblock",
         "jf_recycling_multiblock",
         "jf_autotuned",
+        "jf_autotuned_full_width",
     }
     for name in extra:
         assert results[name].identical_fraction == 1.0, name  # lossless against the JF model's own greedy AR
