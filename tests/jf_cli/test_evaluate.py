@@ -92,6 +92,7 @@ def test_tune_saves_a_decode_config_from_calibration_prompts(profile, profile_ya
     shutil.copytree(profile.model.path, model)
     argv = ["tune", "--model", str(model), "--profile", profile_yaml, "--num-prompts", "2", "--repeats", "1"]
     space = ["--block-sizes", "4", "--num-blocks", "1", "2", "--pool-sizes", "0", "--spawn-ratios", "0.5"]
+    space += ["--width-scales", "0", "2", "--width-margins", "1"]
     crossover = ["--crossover-batch-sizes", "1", "2"]
     assert main([*argv, *space, "--ngrams", "0", "--seed-drafts", "0", "--max-new-tokens", "12", *crossover]) == 0
     block = json.loads((model / "config.json").read_text())["jacobi_forcing"]
@@ -104,4 +105,9 @@ def test_tune_saves_a_decode_config_from_calibration_prompts(profile, profile_ya
     assert block["break_even_tpf"] > 0
     assert "crossover (Jacobi TPS / AR TPS): b1 " in capsys.readouterr().out
     report = json.loads((model / "decode_tuning.json").read_text())
-    assert report["calibration_prompts"] == 2 and len(report["trials"]) == 2
+    assert report["calibration_prompts"] == 2 and len(report["trials"]) == 4  # K x (full width, adaptive 2x+1)
+    widths = {
+        (t["config"]["adaptive_width"], t["config"]["width_scale"], t["config"]["width_margin"])
+        for t in report["trials"]
+    }
+    assert widths == {(False, 1.5, 4), (True, 2.0, 1)}
