@@ -9,6 +9,7 @@ before any work starts; `model` may be a directory, a hub id, or `models:/<name>
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 from prefect import flow, get_run_logger
@@ -23,7 +24,27 @@ def load(profile: str, overrides: dict | None) -> Profile:
     return load_profile(profile, **(overrides or {}))
 
 
-@flow(name="jf-round", flow_run_name="jf-round-{profile}", log_prints=True, validate_parameters=True)
+def run_key(parameters: dict) -> str:
+    """Six hex digits of the run's parameters: the same inputs give the same key, so re-runs of one round line up
+    in the UI and different overrides of one profile do not look alike."""
+    text = json.dumps(parameters, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:6]
+
+
+def round_run_name() -> str:
+    """`jf-round-<profile>-n<block size>-<key>`; a run whose profile does not load keeps a readable name (the flow
+    itself then fails with the profile's own error)."""
+    params = dict(flow_run.parameters or {})
+    profile = params.get("profile", "tiny")
+    try:
+        prof = load(profile, params.get("overrides"))
+        name, n = prof.name, prof.trajectory.block_size
+    except Exception:  # noqa: BLE001: naming must never be the thing that fails
+        name, n = str(profile).rsplit("/", 1)[-1].removesuffix(".yaml"), "?"
+    return f"jf-round-{name}-n{n}-{run_key(params)}"
+
+
+@flow(name="jf-round", flow_run_name=round_run_name, log_prints=True, validate_parameters=True)
 def jf_round(
     profile: str = "tiny",
     overrides: dict[str, dict] | None = None,

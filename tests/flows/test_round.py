@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 
 import mlflow
 import pytest
@@ -27,6 +28,16 @@ def _task_states(flow_run_id) -> dict[str, str]:
                 flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])), task_run_filter=TaskRunFilter()
             )
             return {r.name: r.state.name for r in runs}
+
+    return asyncio.run(read())
+
+
+def _flow_run_name(flow_run_id) -> str:
+    from prefect.client.orchestration import get_client
+
+    async def read():
+        async with get_client() as client:
+            return (await client.read_flow_run(flow_run_id)).name
 
     return asyncio.run(read())
 
@@ -70,6 +81,10 @@ def test_round_registers_reuses_and_gates(prefect_server, jf_env):
     assert again["registry"] == {**again["registry"], "version": "2", "gate_passed": False}
     assert str(client.get_model_version_by_alias("jf-test", "champion").version) == "1"
     assert str(client.get_model_version_by_alias("jf-test", "challenger").version) == "2"
+    # Runs are named by profile, block size and a key of their parameters: other overrides, another key.
+    names = [_flow_run_name(state.state_details.flow_run_id) for state in (first, second)]
+    assert all(re.fullmatch(r"jf-round-test-n8-[0-9a-f]{6}", name) for name in names), names
+    assert names[0] != names[1]
 
     mlflow.set_tracking_uri(jf_env["tracking_uri"])
     model = mlflow.pyfunc.load_model("models:/jf-test@champion")
