@@ -157,10 +157,59 @@ def champion(client: MlflowClient, name: str):
         return None
 
 
+def registration_key(profile: Profile, report: dict) -> str:
+    """What makes a registration the same one again: the round (its directory names its inputs), the model it
+    started from, the figures the gate read and the gate itself. A fully cached re-run has the same key."""
+    parts = {
+        "round": Path(report["round_dir"]).name,
+        "model_in": report["model_in"],
+        "accuracy": report["accuracy"],
+        "base_accuracy": report["base_accuracy"],
+        "tpf": report["headline_tpf"],
+        "gate": profile.registry.gate.model_dump(mode="json"),
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _registered(client: MlflowClient, name: str, key: str):
+    """The version registered under `key` earlier, if any (a model holds few versions: read them all)."""
+    try:
+        versions = client.search_model_versions(f"name='{name}'")
+    except MlflowException:
+        return None
+    return next((v for v in versions if v.tags.get("jf.registration_key") == key), None)
+
+
+def _reuse(client: MlflowClient, name: str, found) -> tuple[str, GateDecision]:
+    """A re-run of a registered round: its version and verdict as recorded. Aliases a killed run may not have set
+    yet are set, but never moved back from a newer version."""
+    version, passed = str(found.version), found.tags.get("gate") == "passed"
+    reasons = [r for r in found.tags.get("gate_reasons", "").split("; ") if r]
+    for alias, wanted in (("challenger", True), ("champion", passed)):
+        if not wanted:
+            continue
+        try:
+            holder = client.get_model_version_by_alias(name, alias)
+        except MlflowException:
+            holder = None
+        if holder is None:
+            client.set_registered_model_alias(name, alias, version)
+    return version, GateDecision(passed=passed, reasons=reasons)
+
+
 def register(client: MlflowClient, run_id: str, profile: Profile, report: dict) -> tuple[str, GateDecision]:
     """Log the model as a Jacobi Forcing pyfunc, register a new version with its figures as tags, alias it
-    `challenger`, and `champion` only when the gate passes. Returns (version, decision)."""
+    `challenger`, and `champion` only when the gate passes. Returns (version, decision). Idempotent: a re-run of
+    a round already registered (same `registration_key`) reuses that version and moves no alias."""
     name = profile.model_name
+    key = registration_key(profile, report)
+    found = _registered(client, name, key)
+    if found is not None:
+        version, decision = _reuse(client, name, found)
+        client.set_tag(run_id, "jf.registered_version", version)
+        client.set_tag(run_id, "jf.registration_reused", "true")
+        client.set_tag(run_id, "jf.gate", "passed" if decision.passed else "failed")
+        return version, decision
     current = champion(client, name)
     champion_tpf = float(current.tags["tpf"]) if current is not None and "tpf" in current.tags else None
     decision = decide(
@@ -184,6 +233,7 @@ def register(client: MlflowClient, run_id: str, profile: Profile, report: dict) 
         "base_model": report["model_in"],
         "gate": "passed" if decision.passed else "failed",
         "gate_reasons": "; ".join(decision.reasons),
+        "jf.registration_key": key,
     }
     serving = read_block(report["model"]) or {}
     if "crossover" in serving:  # where a server should switch to AR, and on what it was measured

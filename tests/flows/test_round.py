@@ -81,6 +81,12 @@ def test_round_registers_reuses_and_gates(prefect_server, jf_env):
     assert again["registry"] == {**again["registry"], "version": "2", "gate_passed": False}
     assert str(client.get_model_version_by_alias("jf-test", "champion").version) == "1"
     assert str(client.get_model_version_by_alias("jf-test", "challenger").version) == "2"
+    # A fully cached re-run of the first round registers nothing new and moves no alias.
+    third = jf_round(jf_env["profile"]).get("registry")
+    assert third["version"] == "1" and third["gate_passed"]
+    assert len(client.search_model_versions("name='jf-test'")) == 2
+    assert str(client.get_model_version_by_alias("jf-test", "challenger").version) == "2"
+    assert str(client.get_model_version_by_alias("jf-test", "champion").version) == "1"
     # Runs are named by profile, block size and a key of their parameters: other overrides, another key.
     names = [_flow_run_name(state.state_details.flow_run_id) for state in (first, second)]
     assert all(re.fullmatch(r"jf-round-test-n8-[0-9a-f]{6}", name) for name in names), names
