@@ -22,7 +22,8 @@ def test_gpu_check_runs_in_smoke_mode(tmp_path):
     )
     assert out.returncode == 0, out.stderr[-3000:]
     data = json.loads((tmp_path / "gpu_check.json").read_text())
-    assert data["lossless"]["failures"] == [] and data["lossless"]["cases"] == 18
+    # 3 architectures x 2 backends x 4 decoders (tests/jf_core/decoding/architectures.py)
+    assert data["lossless"]["failures"] == [] and data["lossless"]["cases"] == 24
     assert set(data["numerics"]) == {"bf16", "bf16 + fp32 LM head", "fp32", "tps"}
     assert data["numerics"]["fp32"]["batch 8"]["identical_fraction"] == 1.0
     assert all(len(c["ms"]) == 3 for c in data["forward_cost"].values())
