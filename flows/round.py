@@ -39,7 +39,7 @@ def round_run_name() -> str:
     try:
         prof = load(profile, params.get("overrides"))
         name, n = prof.name, prof.trajectory.block_size
-    except Exception:  # noqa: BLE001: naming must never be the thing that fails
+    except Exception:  # naming must never be the thing that fails
         name, n = str(profile).rsplit("/", 1)[-1].removesuffix(".yaml"), "?"
     return f"jf-round-{name}-n{n}-{run_key(params)}"
 
