@@ -79,8 +79,7 @@ class _JFSequence(_Sequence):
     pool: NgramPool | None = None
     origin: int = 0  # generated position of the window's first token (= len(committed))
     width: RowWidth | None = None  # adaptive width's running estimate
-    limit: int = 0  # the slots the next forward may run (adaptive width); 0: no limit
-    stats_extra: dict = field(default_factory=lambda: {"recycled_wins": 0, "spawned": 0, "seeded": 0, "slots": 0})
+    stats_extra: dict = field(default_factory=lambda: {"recycled_wins": 0, "spawned": 0, "seeded": 0})
 
 
 class JFDecoder(JacobiDecoder):
@@ -103,6 +102,7 @@ class JFDecoder(JacobiDecoder):
         self.cfg = config
         self.spawn_at = math.ceil(config.spawn_ratio * config.block_size)
         self.policy = config.width_policy()
+        self.limit = 0  # the slots every row may run in the next forward (adaptive width); 0: no limit
 
     def new_sequence(self, index: int, prompt: list[int]) -> _JFSequence:
         seq = super().new_sequence(index, prompt)
@@ -113,21 +113,19 @@ class JFDecoder(JacobiDecoder):
     def plan(self, kv: KVState, active: list[_JFSequence]) -> None:
         """Adaptive width: the slots every row may run in the next forward. The batch's forward is padded to one
         width and computed in full, so all rows share it: the mean of what the rows want. The widest row's want
-        let one predictable row make the whole batch pay (at batch 16 on the embedded model: 1.23x our AR with
-        the widest, 1.38x with the mean; batch 4: 2.49x and 2.76x)."""
+        let one predictable row make the whole batch pay (at batch 16 on the 3-round embedded-task model: 1.23x
+        our AR with the widest, 1.38x with the mean; batch 4: 2.49x and 2.76x)."""
         if self.policy is not None:
             wanted = [seq.width.wanted(self.policy) for seq in active]
-            limit = math.ceil(sum(wanted) / len(wanted))
-            for seq in active:
-                seq.limit = limit
+            self.limit = math.ceil(sum(wanted) / len(wanted))
 
     def _run_length(self, seq: _JFSequence) -> int:
         """How much of the window the next forward runs: all of it, or through the first EOS of its draft, and
-        no more than the row's slot limit."""
+        no more than the batch's slot limit."""
         window = seq.window
         end = first_eos(window, self.eos, start=1) if self.cfg.cut_at_draft_eos else None
         run = end + 1 if end is not None else len(window)
-        return min(run, seq.limit) if seq.limit else run
+        return min(run, self.limit) if self.limit else run
 
     def layout(self, seq: _JFSequence) -> Layout:
         run = self._run_length(seq)
@@ -157,7 +155,6 @@ class JFDecoder(JacobiDecoder):
                 seq.pool.add([layout.tokens[b[0]], *(greedy[i] for i in b)])
         if branch:
             seq.stats_extra["recycled_wins"] += 1
-        seq.stats_extra["slots"] += len(layout.tokens)
         if seq.width is not None:
             seq.width.observe(self.policy, len(main), accepted)
         seq.stats.forwards += 1
