@@ -18,6 +18,7 @@ from prefect.runtime import flow_run
 from jacobi_forcing.tasks import reporting, round_tasks, stages, tracking
 from jf_core import planning
 from jf_core.config import Profile, load_profile
+from jf_core.serving.artifact import lineage_base
 
 
 def load(profile: str, overrides: dict | None) -> Profile:
@@ -78,11 +79,18 @@ def jf_round(
         base = cached(round_tasks.evaluate, stages.eval_path(prof, model_in), prof, model_in, "input model")
         jf_model = str(paths.model)
         jf = cached(round_tasks.evaluate, stages.eval_path(prof, jf_model), prof, jf_model, "Jacobi Forcing model")
+        origin = lineage_base(model_in)  # the gate holds every round to the chain's original base model
+        lineage = None
+        if origin != model_in:
+            origin_path = round_tasks.resolve_model(origin, prof)
+            at = stages.eval_path(prof, origin_path)
+            lineage = (origin, cached(round_tasks.evaluate, at, prof, origin_path, "lineage base model"))
         report = stages.round_report(
-            prof, model_in, paths, {"trajectories": traj, "pack": packed, "train": trained}, base, jf
+            prof, model_in, paths, {"trajectories": traj, "pack": packed, "train": trained}, base, jf, lineage
         )
         stages.write_json_atomic(paths.root / "report.json", report)
-        registry = round_tasks.register(prof, run_id, report, history or [])
+        champion = round_tasks.champion_figures(prof, report["eval_key"])
+        registry = round_tasks.register(prof, run_id, report, history or [], champion)
         registry["model_name"] = prof.model_name
         reporting.publish(report, registry, url)
         client.set_terminated(run_id, "FINISHED")

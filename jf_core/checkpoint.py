@@ -45,9 +45,11 @@ def save_model_dir(
     state_dict: dict | None = None,
     dtype: Any | None = None,
     extra_files: dict[str, str] | None = None,
+    block: dict | None = None,
 ) -> Path:
     """A trained model's directory, atomically: its weights (or `state_dict`, e.g. one gathered from shards) in
-    `dtype` (the model's own, typically bf16, though training kept fp32 masters), its tokenizer and extra files."""
+    `dtype` (the model's own, typically bf16, though training kept fp32 masters), its tokenizer and extra files;
+    `block` entries are merged into the config's `jacobi_forcing` block (serving/artifact.py) in the same write."""
     import torch
 
     state = state_dict if state_dict is not None else model.state_dict()
@@ -57,12 +59,17 @@ def save_model_dir(
     class _Weights:
         def save_pretrained(self, path, **kwargs):
             model.save_pretrained(path, state_dict=state, safe_serialization=True)
-            if dtype is not None:  # the config says what the weights are
+            if dtype is not None or block:
                 import json
+
+                from jf_core.serving.artifact import BLOCK_KEY
 
                 config = Path(path) / "config.json"
                 data = json.loads(config.read_text())
-                data["dtype"] = str(dtype).removeprefix("torch.")
+                if dtype is not None:  # the config says what the weights are
+                    data["dtype"] = str(dtype).removeprefix("torch.")
+                if block:
+                    data[BLOCK_KEY] = {**data.get(BLOCK_KEY, {}), **block}
                 config.write_text(json.dumps(data, indent=2))
 
     return save_checkpoint(_Weights(), out_dir, tokenizer=tokenizer, extra_files=extra_files)

@@ -212,10 +212,17 @@ class EvalConfig(_Strict):
 
 
 class GateConfig(_Strict):
-    """When a round's model becomes `champion` (it is always registered and aliased `challenger`)."""
+    """When a round's model becomes `champion` (it is always registered and aliased `challenger`); every check is
+    in jf_core/evaluation/gate.py. Accuracy first, against the round's input and the lineage's original base (small
+    drops would otherwise compound over rounds); TPF against the champion's at the same block size and decode
+    config, on the same evaluation; and the outputs may not turn degenerate against the input model's."""
 
     max_accuracy_drop: float = 0.03  # against the round's input model, on the same evaluation set
-    tpf_not_below_champion: bool = True  # headline TPF (at the decode config's block size) vs the champion's
+    max_base_accuracy_drop: float = 0.05  # against the lineage's original base model, on the same evaluation set
+    tpf_not_below_champion: bool = True  # TPF vs the champion's, compared only where block size and config match
+    max_repetition_increase: float = Field(0.05, ge=0)  # repeated-n-gram fraction of the outputs, over the input's
+    max_length_change: float = Field(0.25, ge=0)  # |mean output length / the input model's - 1|
+    max_truncated_increase: float = Field(0.05, ge=0)  # fraction of outputs hitting max_new_tokens, over the input's
 
 
 class RegistryConfig(_Strict):

@@ -46,10 +46,17 @@ def summary_markdown(report: dict, registry: dict | None, run_url: str | None) -
     gate = ""
     if registry is not None:
         verdict = "passed: promoted to `champion`" if registry["gate_passed"] else "failed: `champion` unchanged"
-        gate = (
-            f"\n**Registry**: `{registry['model_name']}` version {registry['version']} (`challenger`); gate {verdict}."
-            + "".join(f"\n- {r}" for r in registry["gate_reasons"])
-        )
+        version = f"`{registry['model_name']}` version {registry['version']}"
+        gate = f"\n**Registry**: {version} (`challenger`); gate {verdict}."
+        checks = registry.get("gate_checks") or []
+        if checks:  # one row per check: what was compared and the verdict (jf_core/evaluation/gate.py)
+            rows = [
+                {"check": c["name"], "verdict": "passed" if c["passed"] else "**failed**", "reason": c["reason"]}
+                for c in checks
+            ]
+            gate += "\n\n" + markdown_table(rows)
+        else:  # a reused registration carries its reasons only
+            gate += "".join(f"\n- {r}" for r in registry["gate_reasons"])
     link = f"\n\n[MLflow run]({run_url})" if run_url else ""
     return (
         f"# Jacobi Forcing round: {report['profile']}, n={report['block_size']}\n\n"

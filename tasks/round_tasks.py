@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 from prefect import get_run_logger, task
@@ -152,13 +153,32 @@ def evaluate(profile: Profile, model_path: str, label: str) -> dict:
     return result
 
 
+@task(name="champion-figures", task_run_name="the champion on this evaluation")
+def champion_figures(profile: Profile, eval_key: str) -> dict | None:
+    """The champion's gate figures on this round's evaluation: recorded on its version when it was measured alike,
+    else measured now (a champion from before the gate recorded figures, or an evaluation config that changed)."""
+    from jf_core.evaluation.gate import Figures
+
+    client, _ = tracking.connect(profile)
+    current, figures = tracking.champion_figures(client, profile.model_name, eval_key)
+    if figures is not None:
+        return asdict(figures)
+    if current is None:
+        return None
+    get_run_logger().info("champion version %s has no figures on this evaluation: evaluating it", current.version)
+    path = tracking.resolve_model(f"models:/{profile.model_name}/{current.version}", profile)
+    return asdict(Figures.of(stages.stage_evaluate(profile, path), eval_key))
+
+
 @task(name="register", task_run_name="log and register {profile.name}")
-def register(profile: Profile, run_id: str, report: dict, history: list[dict]) -> dict:
+def register(profile: Profile, run_id: str, report: dict, history: list[dict], champion: dict | None = None) -> dict:
+    from jf_core.evaluation.gate import Figures
     from jf_core.evaluation.plots import round_figures
 
     client, _ = tracking.connect(profile)
     tracking.log_round(client, run_id, report, round_figures(report, history))
-    version, decision = tracking.register(client, run_id, profile, report)
+    champion_at = None if champion is None else Figures(**champion)
+    version, decision = tracking.register(client, run_id, profile, report, champion_at)
     logger = get_run_logger()
     logger.info(
         "registered %s version %s: gate %s (%s)",
@@ -167,4 +187,9 @@ def register(profile: Profile, run_id: str, report: dict, history: list[dict]) -
         "passed -> champion" if decision.passed else "failed, champion unchanged",
         "; ".join(decision.reasons),
     )
-    return {"version": version, "gate_passed": decision.passed, "gate_reasons": decision.reasons}
+    return {
+        "version": version,
+        "gate_passed": decision.passed,
+        "gate_reasons": decision.reasons,
+        "gate_checks": [asdict(c) for c in decision.checks],
+    }

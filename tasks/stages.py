@@ -192,6 +192,7 @@ def _train_here(profile: Profile, model_in: str, paths: RoundPaths, *, progress:
 
     from jf_core.checkpoint import save_model_dir
     from jf_core.models import ModelSpec, load_model
+    from jf_core.serving.artifact import lineage
     from jf_core.toy.task import make_split
     from jf_core.training.jf_data import jf_batches
     from jf_core.training.losses import check_lean_head, training_attention
@@ -246,7 +247,14 @@ def _train_here(profile: Profile, model_in: str, paths: RoundPaths, *, progress:
     }
     if result.resumed_from:
         log.info("training resumed from its checkpoint at step %d of %d", result.resumed_from, result.steps)
-    save_model_dir(model, paths.model, tokenizer=tok, dtype=compute, extra_files={DONE: json.dumps(summary, indent=2)})
+    save_model_dir(
+        model,
+        paths.model,
+        tokenizer=tok,
+        dtype=compute,
+        extra_files={DONE: json.dumps(summary, indent=2)},
+        block={"lineage": lineage(model_in)},
+    )
     return summary
 
 
@@ -299,6 +307,15 @@ def eval_path(profile: Profile, model_path: str) -> Path:
     return profile.runs_dir() / "evals" / f"{key}.json"
 
 
+def eval_key(profile: Profile) -> str:
+    """What makes two models' figures comparable: the same evaluation set, prompt format, lengths and batch, in the
+    same numerics (the speed-only knobs and the tuner do not change TPF or accuracy). The gate compares TPF with the
+    champion's only under the same key."""
+    e = profile.evaluation
+    measured = e.model_dump(include={"benchmark", "source", "template", "num_prompts", "max_new_tokens", "batch_size"})
+    return _digest([measured, profile.prompts.model_dump(), profile.model.decode_kwargs()])
+
+
 def stage_evaluate(profile: Profile, model_path: str) -> dict:
     """Accuracy, TPF, identity with greedy AR and TPS (every method taking turns) of one model
     (jf_core/evaluation/evaluate.py); cached per (model, evaluation config)."""
@@ -306,21 +323,47 @@ def stage_evaluate(profile: Profile, model_path: str) -> dict:
 
     out = eval_path(profile, model_path)
     if out.is_file():
-        log.info("reusing evaluation %s", out)
-        return json.loads(out.read_text())
+        cached = json.loads(out.read_text())
+        if "output_stats" in cached:  # evaluations from before the gate read the outputs are redone
+            log.info("reusing evaluation %s", out)
+            return cached
     result = evaluate_profile(model_path, profile, progress=log.info)
     result["model"] = model_path
     write_json_atomic(out, result)
     return result
 
 
-def round_report(profile: Profile, model_in: str, paths: RoundPaths, stages: dict, base: dict, jf: dict) -> dict:
+def round_report(
+    profile: Profile,
+    model_in: str,
+    paths: RoundPaths,
+    stages: dict,
+    base: dict,
+    jf: dict,
+    lineage_base: tuple[str, dict] | None = None,
+) -> dict:
     """The round's result: the same names in report.json, MLflow, the Prefect artifacts and the CLI table. The
     headline is the evaluation's: the tuned decode config when there is one, else plain Jacobi at the block size
-    chosen on calibration prompts; its speedup is against our AR on the same model."""
+    chosen on calibration prompts; its speedup is against our AR on the same model. `base` is the input model's
+    evaluation; `lineage_base` the chain's original base model and its evaluation (None: the input is the base).
+    `figures` are what the gate reads of each (jf_core/evaluation/gate.py)."""
+    from jf_core.evaluation.gate import Figures
+
     tuned = jf["methods"].get("tuned")
     headline = jf["methods"][jf["headline_method"]]
+    key = eval_key(profile)
+    origin, origin_eval = lineage_base or (model_in, base)
     return {
+        "eval_key": key,
+        "lineage_base": origin,
+        "lineage_base_accuracy": origin_eval["accuracy"],
+        "figures": {
+            "candidate": asdict(Figures.of(jf, key)),
+            "input": asdict(Figures.of(base, key)),
+            "lineage_base": asdict(Figures.of(origin_eval, key)),
+        },
+        "output_stats": jf["output_stats"],
+        "base_output_stats": base["output_stats"],
         "profile": profile.name,
         "model_in": model_in,
         "model": str(paths.model),

@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import mlflow
@@ -19,7 +20,7 @@ from mlflow.exceptions import MlflowException
 
 import jf_core
 from jf_core.config import Profile, RegistryConfig
-from jf_core.evaluation.gate import GateDecision, decide
+from jf_core.evaluation.gate import Check, Figures, GateDecision, decide
 from jf_core.paths import jf_home
 from jf_core.serving.artifact import read_block
 
@@ -100,6 +101,9 @@ def round_metrics(report: dict) -> dict[str, float]:
         "speedup_vs_hf_generate": report["speedup_vs_hf_generate"],
         "identical_fraction": report["identical_fraction"],  # with greedy AR: 1.0 in fp32, measured in bf16
         "train_seconds": report["train_seconds"],
+        "lineage_base_accuracy": report["lineage_base_accuracy"],
+        **{f"output_{k}": v for k, v in report["output_stats"].items()},  # what the gate's degeneracy checks read
+        **{f"base_output_{k}": v for k, v in report["base_output_stats"].items()},
     }
     if report.get("tuned"):
         m.update(tuned_tpf=report["tuned"]["tpf"], tuned_tps=report["tuned"]["tps"])
@@ -115,8 +119,6 @@ def round_metrics(report: dict) -> dict[str, float]:
 
 def log_round(client: MlflowClient, run_id: str, report: dict, plots: dict[str, object]) -> None:
     """Metrics (loss curves per step, the round's results), plots, the report JSON and the trajectory input."""
-    import time
-
     from mlflow.entities import Metric
 
     now = int(time.time() * 1000)
@@ -155,6 +157,16 @@ def champion(client: MlflowClient, name: str):
         return client.get_model_version_by_alias(name, "champion")
     except MlflowException:
         return None
+
+
+def champion_figures(client: MlflowClient, name: str, eval_key: str) -> tuple[object, Figures | None]:
+    """(the champion's version, its gate figures when they were measured on the evaluation `eval_key`); versions
+    registered before the gate recorded figures, or measured on another evaluation, give None: re-evaluate them."""
+    current = champion(client, name)
+    if current is None or "jf.figures" not in current.tags:
+        return current, None
+    figures = Figures.from_json(current.tags["jf.figures"])
+    return current, figures if figures.eval_key == eval_key else None
 
 
 def registration_key(profile: Profile, report: dict) -> str:
@@ -197,10 +209,15 @@ def _reuse(client: MlflowClient, name: str, found) -> tuple[str, GateDecision]:
     return version, GateDecision(passed=passed, reasons=reasons)
 
 
-def register(client: MlflowClient, run_id: str, profile: Profile, report: dict) -> tuple[str, GateDecision]:
+def register(
+    client: MlflowClient, run_id: str, profile: Profile, report: dict, champion_at: Figures | None = None
+) -> tuple[str, GateDecision]:
     """Log the model as a Jacobi Forcing pyfunc, register a new version with its figures as tags, alias it
-    `challenger`, and `champion` only when the gate passes. Returns (version, decision). Idempotent: a re-run of
-    a round already registered (same `registration_key`) reuses that version and moves no alias."""
+    `challenger`, and `champion` only when the gate passes. Returns (version, decision). `champion_at`: the
+    champion's figures on this round's evaluation (None: its recorded ones, when measured on the same evaluation).
+    Every gate check is a tag on the version (`gate.<check>`) and a metric of the run (`gate_<check>`).
+    Idempotent: a re-run of a round already registered (same `registration_key`) reuses that version and moves no
+    alias."""
     name = profile.model_name
     key = registration_key(profile, report)
     found = _registered(client, name, key)
@@ -210,15 +227,16 @@ def register(client: MlflowClient, run_id: str, profile: Profile, report: dict) 
         client.set_tag(run_id, "jf.registration_reused", "true")
         client.set_tag(run_id, "jf.gate", "passed" if decision.passed else "failed")
         return version, decision
-    current = champion(client, name)
-    champion_tpf = float(current.tags["tpf"]) if current is not None and "tpf" in current.tags else None
+    figures = {k: Figures(**v) for k, v in report["figures"].items()}
+    current, recorded = champion_figures(client, name, report["eval_key"])
     decision = decide(
-        accuracy=report["accuracy"],
-        input_accuracy=report["base_accuracy"],
-        tpf=report["headline_tpf"],
-        champion_tpf=champion_tpf,
+        figures["candidate"],
+        input_model=figures["input"],
+        base_model=figures["lineage_base"],
+        champion=None if current is None else (champion_at or recorded or UNMEASURED),
         cfg=profile.registry.gate,
     )
+    _log_checks(client, run_id, decision.checks)
     with tempfile.TemporaryDirectory() as tmp, mlflow.start_run(run_id=run_id):
         info = log_model(report["model"], Path(tmp), fallback_decode=report["decode_config"])
     tags = {
@@ -231,9 +249,12 @@ def register(client: MlflowClient, run_id: str, profile: Profile, report: dict) 
         "dtype": report["dtype"],
         "accuracy": f"{report['accuracy']:.4f}",
         "base_model": report["model_in"],
+        "lineage_base": report["lineage_base"],
         "gate": "passed" if decision.passed else "failed",
         "gate_reasons": "; ".join(decision.reasons),
         "jf.registration_key": key,
+        "jf.figures": figures["candidate"].to_json(),  # what a later round's gate compares with
+        **{f"gate.{c.name}": f"{'passed' if c.passed else 'failed'}: {c.reason}" for c in decision.checks},
     }
     serving = read_block(report["model"]) or {}
     if "crossover" in serving:  # where a server should switch to AR, and on what it was measured
@@ -246,6 +267,19 @@ def register(client: MlflowClient, run_id: str, profile: Profile, report: dict) 
     client.set_tag(run_id, "jf.registered_version", version)
     client.set_tag(run_id, "jf.gate", tags["gate"])
     return str(version), decision
+
+
+# A champion with no figures on this evaluation: the TPF check fails saying so (it never passes blind).
+UNMEASURED = Figures(accuracy=float("nan"), tpf={}, headline_tpf=float("nan"), decode_key="", eval_key="unmeasured")
+
+
+def _log_checks(client: MlflowClient, run_id: str, checks: list[Check]) -> None:
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    metrics = [Metric(f"gate_{c.name}", float(c.value), now, 0) for c in checks if c.value is not None]
+    metrics += [Metric(f"gate_{c.name}_passed", float(c.passed), now, 0) for c in checks]
+    client.log_batch(run_id, metrics=metrics)
 
 
 MODEL_CODE = Path(__file__).with_name("mlflow_model.py")  # models-from-code: stored with the model, not pickled

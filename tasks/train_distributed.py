@@ -40,6 +40,7 @@ def _worker_loop(config: dict) -> None:
 
     from jf_core.checkpoint import save_model_dir
     from jf_core.models import ModelSpec, load_model
+    from jf_core.serving.artifact import lineage
     from jf_core.training.jf_data import jf_batches, read_packed_share
     from jf_core.training.losses import check_lean_head, training_attention
     from jf_core.training.parallel import Distributed, enable_activation_checkpointing, shard_fsdp2
@@ -116,6 +117,7 @@ def _worker_loop(config: dict) -> None:
             state_dict=state,
             dtype=compute,
             extra_files={"done.json": json.dumps(summary, indent=2)},
+            block={"lineage": lineage(config["model_in"])},
         )
     ray.train.report({"step": result.steps, "rank": rank})
 

@@ -33,6 +33,7 @@ from jf_core.decoding.ar import ar_decode
 from jf_core.decoding.config_io import decode
 from jf_core.decoding.jacobi import JacobiConfig
 from jf_core.evaluation.benchmarks import BenchmarkItem, load_benchmark, score
+from jf_core.evaluation.degeneracy import output_stats
 from jf_core.evaluation.speed import Decoder, MethodResult, bench, run_interleaved
 from jf_core.trajectory.prompts import PromptFormat, calibration_prompts
 
@@ -117,6 +118,7 @@ def evaluate_model(
             reference="hf_generate",
             same_output_as=same_output_as,
             progress=say,
+            describe=lambda seqs: output_stats(seqs, cfg.max_new_tokens, _stop_ids(stop)),
         )
     }
     if dtype in EXACT_DTYPES:
@@ -145,6 +147,7 @@ def evaluate_model(
             first_divergence=q.first_divergence,
             tpf_per_example=q.tpf_per_example,
             accepted_histogram=q.accepted_histogram,
+            output_stats=q.output_stats,
         )
         for name, q in quality.items()
     }
@@ -165,12 +168,18 @@ def evaluate_model(
         "headline_method": headline,
         "headline_tpf": rows[headline].tpf,
         "speedup_vs_ar": rows[headline].speedup_vs_ar,
+        "output_stats": rows[headline].output_stats,  # what users of the headline decoder get (degeneracy.py)
         "speedup_vs_hf_generate": rows[headline].speedup_vs_hf_generate,
         "decode_config": asdict(tuned)
         if tuned is not None
         else asdict(JacobiConfig(block_size=best_n, max_new_tokens=cfg.max_new_tokens)),
         "eval_seconds": time.perf_counter() - started,
     }
+
+
+def _stop_ids(stop: dict) -> tuple[int, ...]:
+    eos = stop.get("eos_token_id")
+    return tuple(eos) if isinstance(eos, list | tuple) else (() if eos is None else (eos,))
 
 
 def choose_block_size(

@@ -1,41 +1,173 @@
 """The promotion gate: may a round's model become the registry's `champion`?
 
-Two conditions, each reported with its reason: the accuracy may not drop more than `max_accuracy_drop` below the
-round's input model (measured in the same evaluation), and the headline TPF may not fall below the current
-champion's (a first champion passes that check by default).
+Rounds run unattended and consumers load `@champion` without looking, so the gate has to hold against slow drift
+and against a model that games the speed figure. Every check is a `Check` (name, value, verdict, reason), and the
+model is promoted only when all pass:
+
+1. `accuracy_vs_input`: accuracy may drop at most `max_accuracy_drop` below the round's input model;
+2. `accuracy_vs_base`: and at most `max_base_accuracy_drop` below the lineage's original base model, so drops
+   within tolerance cannot compound over rounds;
+3. `tpf_vs_champion`: TPF may not fall below the champion's, compared only where the two were measured alike: the
+   same evaluation (`eval_key`), plain Jacobi at each block size both were measured at, and the headline TPF when
+   the decode configs are identical. TPF grows with the block size, so a figure at a larger n proves nothing; with
+   nothing comparable the check fails;
+4. `repetition`, `length`, `truncated`: the outputs may not turn degenerate against the input model's (repeated
+   n-grams, mean length, outputs cut at `max_new_tokens`; see degeneracy.py), the ways a model inflates its TPF
+   without being faster at being right.
+
+All figures come from evaluations on the same set in the same round (or, for the champion, on an evaluation with
+the same key), so the comparison is of models, not of measurements.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
 
 from jf_core.config import GateConfig
+
+
+def decode_key(decode_config: dict) -> str:
+    """A short key of a decode config: the headline TPF is comparable only between identical configs."""
+    return hashlib.sha256(json.dumps(decode_config, sort_keys=True).encode()).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class Figures:
+    """What the gate reads of one model's evaluation."""
+
+    accuracy: float
+    tpf: dict[str, float]  # plain Jacobi's TPF per block size
+    headline_tpf: float
+    decode_key: str  # of the headline decode config
+    eval_key: str  # the evaluation these were measured in (set, prompts, dtype, lengths)
+    output: dict[str, float] = field(default_factory=dict)  # degeneracy.output_stats of the headline's outputs
+
+    @classmethod
+    def of(cls, evaluation: dict, eval_key: str) -> Figures:
+        return cls(
+            accuracy=float(evaluation["accuracy"]),
+            tpf={str(n): float(v) for n, v in evaluation["tpf"].items()},
+            headline_tpf=float(evaluation["headline_tpf"]),
+            decode_key=decode_key(evaluation["decode_config"]),
+            eval_key=eval_key,
+            output=dict(evaluation.get("output_stats") or {}),
+        )
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Figures:
+        return cls(**json.loads(text))
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    passed: bool
+    value: float | None  # what was compared (a drop, a margin, a ratio), for plots and metrics
+    reason: str
 
 
 @dataclass(frozen=True)
 class GateDecision:
     passed: bool
     reasons: list[str] = field(default_factory=list)
+    checks: list[Check] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, checks: list[Check]) -> GateDecision:
+        return cls(all(c.passed for c in checks), [c.reason for c in checks], checks)
 
 
 def decide(
-    *, accuracy: float, input_accuracy: float, tpf: float, champion_tpf: float | None, cfg: GateConfig
+    candidate: Figures, *, input_model: Figures, base_model: Figures, champion: Figures | None, cfg: GateConfig
 ) -> GateDecision:
-    reasons, passed = [], True
-    drop = input_accuracy - accuracy
-    if drop > cfg.max_accuracy_drop + 1e-12:
-        passed = False
-        reasons.append(
-            f"accuracy dropped {drop:.4f} (> {cfg.max_accuracy_drop}) from the input model's {input_accuracy:.4f}"
+    """Every check of the module docstring, in that order."""
+    return GateDecision.of(
+        [
+            _accuracy("accuracy_vs_input", candidate, input_model, cfg.max_accuracy_drop, "the input model's"),
+            _accuracy(
+                "accuracy_vs_base", candidate, base_model, cfg.max_base_accuracy_drop, "the lineage base model's"
+            ),
+            *([_tpf(candidate, champion)] if cfg.tpf_not_below_champion else []),
+            *_degeneracy(candidate, input_model, cfg),
+        ]
+    )
+
+
+def _accuracy(name: str, candidate: Figures, other: Figures, tolerance: float, whose: str) -> Check:
+    drop = other.accuracy - candidate.accuracy
+    if drop > tolerance + 1e-12:
+        return Check(
+            name, False, drop, f"accuracy dropped {drop:.4f} (> {tolerance}) from {whose} {other.accuracy:.4f}"
         )
-    else:
-        reasons.append(f"accuracy drop {drop:.4f} within {cfg.max_accuracy_drop}")
-    if cfg.tpf_not_below_champion and champion_tpf is not None:
-        if tpf < champion_tpf:
-            passed = False
-            reasons.append(f"TPF {tpf:.3f} below the champion's {champion_tpf:.3f}")
-        else:
-            reasons.append(f"TPF {tpf:.3f} not below the champion's {champion_tpf:.3f}")
-    elif cfg.tpf_not_below_champion:
-        reasons.append("no champion yet: TPF check passes")
-    return GateDecision(passed, reasons)
+    return Check(name, True, drop, f"accuracy drop {drop:.4f} from {whose} {other.accuracy:.4f} within {tolerance}")
+
+
+def _tpf(candidate: Figures, champion: Figures | None) -> Check:
+    name = "tpf_vs_champion"
+    if champion is None:
+        return Check(name, True, None, "no champion yet: TPF check passes")
+    if champion.eval_key != candidate.eval_key:
+        return Check(name, False, None, "the champion's TPF was measured on another evaluation: nothing to compare")
+    pairs = {f"n={n}": (candidate.tpf[n], champion.tpf[n]) for n in sorted(candidate.tpf, key=int) if n in champion.tpf}
+    if candidate.decode_key == champion.decode_key:
+        pairs["headline config"] = (candidate.headline_tpf, champion.headline_tpf)
+    if not pairs:
+        return Check(
+            name,
+            False,
+            None,
+            f"no TPF at a block size or decode config the champion was measured at "
+            f"(champion: n in {sorted(champion.tpf, key=int)}; this model: n in {sorted(candidate.tpf, key=int)})",
+        )
+    margin = min(ours - theirs for ours, theirs in pairs.values())
+    shown = ", ".join(f"{where} {ours:.3f} vs {theirs:.3f}" for where, (ours, theirs) in pairs.items())
+    if margin < 0:
+        return Check(name, False, margin, f"TPF below the champion's at the same block size/config ({shown})")
+    return Check(name, True, margin, f"TPF not below the champion's at the same block size/config ({shown})")
+
+
+def _degeneracy(candidate: Figures, input_model: Figures, cfg: GateConfig) -> list[Check]:
+    ours, theirs = candidate.output, input_model.output
+    missing = [k for k in ("repetition", "mean_length", "truncated") if k not in ours or k not in theirs]
+    if missing:
+        return [Check("degeneracy", False, None, f"output figures {missing} were not measured: re-evaluate")]
+    checks = []
+    rep = ours["repetition"] - theirs["repetition"]
+    checks.append(
+        Check(
+            "repetition",
+            rep <= cfg.max_repetition_increase + 1e-12,
+            rep,
+            f"repeated n-grams {ours['repetition']:.3f} vs the input model's {theirs['repetition']:.3f} "
+            f"({'within' if rep <= cfg.max_repetition_increase + 1e-12 else 'beyond'} +{cfg.max_repetition_increase})",
+        )
+    )
+    if theirs["mean_length"] > 0:
+        change = ours["mean_length"] / theirs["mean_length"] - 1
+        ok = abs(change) <= cfg.max_length_change + 1e-12
+        checks.append(
+            Check(
+                "length",
+                ok,
+                change,
+                f"mean output length {ours['mean_length']:.1f} vs the input model's {theirs['mean_length']:.1f} "
+                f"({change:+.1%}, {'within' if ok else 'beyond'} ±{cfg.max_length_change:.0%})",
+            )
+        )
+    cut = ours["truncated"] - theirs["truncated"]
+    ok = cut <= cfg.max_truncated_increase + 1e-12
+    checks.append(
+        Check(
+            "truncated",
+            ok,
+            cut,
+            f"outputs hitting max_new_tokens {ours['truncated']:.3f} vs the input model's {theirs['truncated']:.3f} "
+            f"({'within' if ok else 'beyond'} +{cfg.max_truncated_increase})",
+        )
+    )
+    return checks

@@ -46,6 +46,7 @@ class MethodResult:
     tpf_per_example: list[float] = field(default_factory=list)
     accepted_histogram: dict[int, int] = field(default_factory=dict)
     first_divergence: list[int | None] = field(default_factory=list)  # per prompt: None when identical
+    output_stats: dict[str, float] = field(default_factory=dict)  # `describe` of the outputs (degeneracy.py)
 
 
 def first_divergence(reference: Sequence[int], candidate: Sequence[int]) -> int | None:
@@ -283,9 +284,11 @@ def bench(
     baseline_ar: str = "ar",
     progress: Callable[[str], None] | None = None,
     same_output_as: dict[str, str] | None = None,
+    describe: Callable[[list[list[int]]], dict[str, float]] | None = None,
 ) -> list[MethodResult]:
     """Speedups are against `reference` (HF generate, when it is among the methods) and `baseline_ar` (our AR on
-    the same model: the headline). Identity compares each method with `same_output_as[method]` (default
+    the same model: the headline). `describe` summarises each method's outputs (e.g. `degeneracy.output_stats`).
+    Identity compares each method with `same_output_as[method]` (default
     `baseline_ar`), e.g. a fine-tuned model's methods with that model's own greedy AR: the fraction of identical
     outputs and, per prompt, the first position where they diverge. Timing: `run_interleaved`."""
     for name in filter(None, (reference, baseline_ar)):
@@ -321,6 +324,7 @@ def bench(
                 tpf_per_example=[q.tpf for q in s.sequences],
                 accepted_histogram=s.accepted_histogram(),
                 first_divergence=diverged,
+                output_stats={} if describe is None else describe(out.sequences),
             )
         )
     return results

@@ -11,7 +11,8 @@ block survives `from_pretrained`/`save_pretrained`. This project's loaders read 
       "break_even_tpf": 1.9,       # accepted tokens per forward below which a Jacobi step costs more than it gives
       "crossover": {"batch_sizes": [1, 2, 4], "speedup_vs_ar": [2.4, 2.1, 1.6]},
       "hardware": "NVIDIA H100 80GB HBM3",                                     # where the figures were measured
-      "dtype": "bfloat16"
+      "dtype": "bfloat16",
+      "lineage": {"base": "Qwen/Qwen2.5-Coder-1.5B-Instruct", "rounds": 2}   # the chain this model was trained in
     }
 """
 
@@ -105,6 +106,18 @@ def write_block(model_dir: str | Path, block: dict) -> Path:
 
 def update_block(model_dir: str | Path, **values) -> Path:
     return write_block(model_dir, {**(read_block(model_dir) or {}), **values})
+
+
+def lineage(model_in: str) -> dict:
+    """The `lineage` entry of a model trained from `model_in`: the chain's original base model (the first one not
+    trained by this project; the gate holds every round to its accuracy) and how many rounds deep this model is."""
+    prior = (read_block(model_in) or {}).get("lineage") or {}
+    return {"base": prior.get("base", str(model_in)), "rounds": int(prior.get("rounds", 0)) + 1}
+
+
+def lineage_base(model: str) -> str:
+    """The original base model of `model`'s chain: itself unless this project trained it."""
+    return ((read_block(model) or {}).get("lineage") or {}).get("base", str(model))
 
 
 def without_block(config_text: str) -> bytes:

@@ -13,6 +13,7 @@ import mlflow
 import pytest
 from mlflow import MlflowClient
 
+from jf_core.serving.artifact import read_block
 from tests.infra.sockets import SocketWatch
 
 pytestmark = pytest.mark.timeout(900)
@@ -64,6 +65,13 @@ def test_round_registers_reuses_and_gates(prefect_server, jf_env):
     plots = {a.path for a in client.list_artifacts(run.info.run_id, "plots")}
     assert plots == {"plots/loss_curves.png", "plots/tpf_per_round.png", "plots/acceptance_histogram.png"}
     assert run.inputs.dataset_inputs and run.inputs.dataset_inputs[0].dataset.name == "trajectories"
+    # Every gate check is on the version and in the run; the model knows its lineage.
+    assert {k for k in champion.tags if k.startswith("gate.")} == {
+        f"gate.{c}"
+        for c in ("accuracy_vs_input", "accuracy_vs_base", "tpf_vs_champion", "repetition", "length", "truncated")
+    }
+    assert "gate_accuracy_vs_base" in run.data.metrics and "output_repetition" in run.data.metrics
+    assert read_block(summary["model"])["lineage"] == {"base": summary["model_in"], "rounds": 1}
 
     gate_fails = {
         "registry": {
@@ -91,6 +99,19 @@ def test_round_registers_reuses_and_gates(prefect_server, jf_env):
     names = [_flow_run_name(state.state_details.flow_run_id) for state in (first, second)]
     assert all(re.fullmatch(r"jf-round-test-n8-[0-9a-f]{6}", name) for name in names), names
     assert names[0] != names[1]
+
+    # A round from the champion: its input is the registry's copy; the gate holds it to the chain's original base
+    # (evaluated in this round's evaluation, reused from the first round's) and to the champion's recorded figures.
+    state = jf_round(jf_env["profile"], model="models:/jf-test@champion", return_state=True)
+    chained = state.result()
+    assert chained["model_in"] != summary["model_in"] and chained["lineage_base"] == summary["model_in"]
+    assert read_block(chained["model"])["lineage"] == {"base": summary["model_in"], "rounds": 2}
+    states = _task_states(state.state_details.flow_run_id)
+    assert states["evaluate lineage base model"] == "Cached", states
+    assert states["the champion on this evaluation"] == "Completed", states
+    checks = {c["name"]: c for c in chained["registry"]["gate_checks"]}
+    assert f"the lineage base model's {summary['base_accuracy']:.4f}" in checks["accuracy_vs_base"]["reason"]
+    assert "n=4" in checks["tpf_vs_champion"]["reason"] and "n=8" in checks["tpf_vs_champion"]["reason"]
 
     mlflow.set_tracking_uri(jf_env["tracking_uri"])
     model = mlflow.pyfunc.load_model("models:/jf-test@champion")

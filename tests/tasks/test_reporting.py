@@ -34,5 +34,16 @@ def test_summary_states_the_gate_and_links_mlflow():
     assert "[MLflow run](http://127.0.0.1:5000/#/experiments/1/runs/abc)" in md
 
 
+def test_summary_tables_every_gate_check():
+    checks = [
+        {"name": "accuracy_vs_base", "passed": False, "value": 0.07, "reason": "accuracy dropped 0.0700 (> 0.05)"},
+        {"name": "repetition", "passed": True, "value": 0.0, "reason": "repeated n-grams 0.010 vs 0.010"},
+    ]
+    reg = {"model_name": "jf-tiny", "version": "4", "gate_passed": False, "gate_reasons": [], "gate_checks": checks}
+    md = summary_markdown(REPORT, reg, None)
+    assert "| accuracy_vs_base | **failed** | accuracy dropped 0.0700 (> 0.05) |" in md
+    assert "| repetition | passed | repeated n-grams 0.010 vs 0.010 |" in md
+
+
 def test_artifact_keys_are_lowercase_dashes():
     assert artifact_key("jf-round", "Qwen2.5-Coder_7B", "n32") == "jf-round-qwen2-5-coder-7b-n32"

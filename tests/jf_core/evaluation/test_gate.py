@@ -1,29 +1,109 @@
-"""The promotion gate's two conditions, each with its reason."""
+"""The promotion gate's checks, each with its reason: accuracy against the input and the lineage's base, TPF
+against the champion's only where measured alike, and outputs that may not turn degenerate."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from jf_core.config import GateConfig
-from jf_core.evaluation.gate import decide
+from jf_core.evaluation.gate import Figures, decide
+
+CLEAN = {"repetition": 0.05, "mean_length": 74.0, "truncated": 0.0}
+CFG = GateConfig()
 
 
-def test_first_champion_needs_only_accuracy():
-    d = decide(accuracy=0.98, input_accuracy=1.0, tpf=3.0, champion_tpf=None, cfg=GateConfig(max_accuracy_drop=0.03))
-    assert d.passed and any("no champion" in r for r in d.reasons)
+def fig(accuracy=1.0, tpf=None, headline=3.0, decode="d16", key="e1", output=None) -> Figures:
+    return Figures(accuracy, tpf or {"16": 3.0}, headline, decode, key, dict(output or CLEAN))
 
 
-def test_accuracy_drop_beyond_epsilon_fails():
-    d = decide(accuracy=0.96, input_accuracy=1.0, tpf=3.0, champion_tpf=None, cfg=GateConfig(max_accuracy_drop=0.03))
-    assert not d.passed and "dropped 0.0400" in d.reasons[0]
+def gate(candidate, *, input_model=None, base=None, champion=None, cfg=CFG):
+    return decide(candidate, input_model=input_model or fig(), base_model=base or fig(), champion=champion, cfg=cfg)
 
 
-def test_tpf_below_champion_fails_unless_disabled():
-    cfg = GateConfig(max_accuracy_drop=0.03)
-    assert not decide(accuracy=1.0, input_accuracy=1.0, tpf=2.9, champion_tpf=3.0, cfg=cfg).passed
-    assert decide(accuracy=1.0, input_accuracy=1.0, tpf=3.0, champion_tpf=3.0, cfg=cfg).passed
-    off = GateConfig(max_accuracy_drop=0.03, tpf_not_below_champion=False)
-    assert decide(accuracy=1.0, input_accuracy=1.0, tpf=2.0, champion_tpf=3.0, cfg=off).passed
+def check(decision, name):
+    return next(c for c in decision.checks if c.name == name)
 
 
-def test_negative_epsilon_demands_an_improvement():
-    cfg = GateConfig(max_accuracy_drop=-1.0)
-    assert not decide(accuracy=1.0, input_accuracy=1.0, tpf=9.0, champion_tpf=None, cfg=cfg).passed
+def test_first_champion_needs_accuracy_and_clean_outputs_only():
+    d = gate(fig(0.98))
+    assert d.passed and "no champion" in check(d, "tpf_vs_champion").reason
+    assert [c.name for c in d.checks] == [
+        "accuracy_vs_input",
+        "accuracy_vs_base",
+        "tpf_vs_champion",
+        "repetition",
+        "length",
+        "truncated",
+    ]
+    assert d.reasons == [c.reason for c in d.checks]
+
+
+def test_drift_within_tolerance_each_round_is_caught_against_the_lineage_base():
+    """(a) 0.02 below the input model (allowed: 0.03) but 0.07 below the chain's original base (allowed: 0.05)."""
+    d = gate(fig(0.93), input_model=fig(0.95), base=fig(1.0))
+    assert check(d, "accuracy_vs_input").passed
+    base = check(d, "accuracy_vs_base")
+    assert not base.passed and not d.passed
+    assert base.reason == "accuracy dropped 0.0700 (> 0.05) from the lineage base model's 1.0000"
+
+
+def test_a_higher_tpf_at_a_larger_block_size_only_proves_nothing():
+    """(b) The champion was measured at n=16; a model measured at n=32 only (another decode config) is refused,
+    and one that is higher at n=32 but lower at n=16 is refused for n=16."""
+    champion = fig(tpf={"16": 3.0}, headline=3.0, decode="d16")
+    only_larger = gate(fig(tpf={"32": 5.0}, headline=5.0, decode="d32"), champion=champion)
+    tpf = check(only_larger, "tpf_vs_champion")
+    assert not only_larger.passed and not tpf.passed
+    assert tpf.reason.startswith("no TPF at a block size or decode config the champion was measured at")
+    lower_at_16 = gate(fig(tpf={"16": 2.9, "32": 5.0}, headline=5.0, decode="d32"), champion=champion)
+    tpf = check(lower_at_16, "tpf_vs_champion")
+    assert not tpf.passed and "n=16 2.900 vs 3.000" in tpf.reason and tpf.value < 0
+    better = gate(fig(tpf={"16": 3.1, "32": 5.0}, headline=5.0, decode="d32"), champion=champion)
+    assert better.passed
+
+
+def test_the_headline_is_compared_only_between_identical_decode_configs():
+    champion = fig(tpf={"16": 3.0}, headline=6.0, decode="tuned")
+    same = gate(fig(tpf={"16": 3.0}, headline=5.9, decode="tuned"), champion=champion)
+    assert not same.passed and "headline config 5.900 vs 6.000" in check(same, "tpf_vs_champion").reason
+    other = gate(fig(tpf={"16": 3.0}, headline=5.9, decode="other"), champion=champion)
+    assert other.passed and "headline" not in check(other, "tpf_vs_champion").reason
+
+
+def test_figures_from_another_evaluation_are_not_compared():
+    d = gate(fig(tpf={"16": 9.0}), champion=fig(key="e2"))
+    assert not d.passed and "another evaluation" in check(d, "tpf_vs_champion").reason
+
+
+def test_a_model_that_repeats_itself_is_refused_even_when_accuracy_and_tpf_hold():
+    """(c) at the level of figures; tests/tasks/test_gate_registry.py measures a real repeating model."""
+    looping = fig(output={"repetition": 0.22, "mean_length": 80.0, "truncated": 0.0})
+    d = gate(looping, champion=fig())
+    assert [c.name for c in d.checks if not c.passed] == ["repetition"]
+    assert check(d, "repetition").reason == "repeated n-grams 0.220 vs the input model's 0.050 (beyond +0.05)"
+
+
+def test_padding_to_the_limit_is_refused_by_length_and_truncation():
+    padded = fig(output={"repetition": 0.05, "mean_length": 160.0, "truncated": 0.5})
+    d = gate(padded)
+    assert {c.name for c in d.checks if not c.passed} == {"length", "truncated"}
+    shorter = fig(output={**CLEAN, "mean_length": 74.0 * 0.8})  # a 20% change is within the default 25%
+    assert gate(shorter).passed
+
+
+def test_unmeasured_output_figures_fail_instead_of_passing_blind():
+    d = gate(replace(fig(), output={}))
+    assert not d.passed and "were not measured" in check(d, "degeneracy").reason
+
+
+def test_tpf_check_can_be_disabled_and_negative_tolerance_demands_improvement():
+    off = GateConfig(tpf_not_below_champion=False)
+    d = gate(fig(tpf={"16": 2.0}), champion=fig(), cfg=off)
+    assert d.passed and "tpf_vs_champion" not in {c.name for c in d.checks}
+    strict = GateConfig(max_accuracy_drop=-1.0)
+    assert not gate(fig(), cfg=strict).passed
+
+
+def test_figures_round_trip_through_a_version_tag():
+    f = fig(tpf={"16": 3.25, "32": 4.5}, output={"repetition": 0.1, "mean_length": 9.5, "truncated": 0.25})
+    assert Figures.from_json(f.to_json()) == f

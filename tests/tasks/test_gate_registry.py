@@ -1,0 +1,121 @@
+"""The promotion gate on a real MLflow store: every refusal leaves its reasons on the registered version
+(`gate.<check>` tags, `gate_<check>` run metrics) and the champion where it was. (a) and (b) are figures that only
+a drift over rounds or a measurement at another block size produce; (c) is a real model made to repeat itself
+(the embedded model with its stop token masked out), evaluated like every model."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, replace
+
+import pytest
+import torch
+from mlflow import MlflowClient
+
+from jacobi_forcing.tasks import tracking
+from jf_core.config import EvalConfig, RegistryConfig
+from jf_core.evaluation.evaluate import evaluate_model
+from jf_core.evaluation.gate import Figures
+from jf_core.models import stop_tokens
+from jf_core.toy.bootstrap import ensure_embedded_model
+from jf_core.trajectory.prompts import PromptFormat
+
+KEY = "same-evaluation"
+
+
+@pytest.fixture(scope="module")
+def evaluations(embedded):
+    """The embedded model's evaluation, and the same model's once it can no longer stop (it loops to the limit)."""
+    model, tok = embedded
+    cfg = EvalConfig(num_prompts=6, speed_prompts=6, block_sizes=[8], max_new_tokens=160, batch_size=3, repeats=1)
+    stop = stop_tokens(model, tok)
+    clean = evaluate_model(model, tok, cfg, fmt=PromptFormat(), stop=stop)
+    eos = torch.tensor(stop["eos_token_id"])
+    hook = model.lm_head.register_forward_hook(lambda _m, _i, logits: logits.index_fill(-1, eos, float("-inf")))
+    try:
+        looping = evaluate_model(model, tok, cfg, fmt=PromptFormat(), stop=stop)
+    finally:
+        hook.remove()
+    return clean, looping
+
+
+@pytest.fixture()
+def registry(tmp_path, monkeypatch, profile):
+    model_dir = str(ensure_embedded_model())  # from the project cache, before JF_HOME moves to tmp
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("JF_HOME", str(tmp_path / "home"))
+    prof = profile.model_copy(update={"registry": RegistryConfig(tracking_uri=uri, model_name="jf-gate")})
+    client = MlflowClient(uri, uri)
+    experiment = client.create_experiment("gate")
+
+    def register(name: str, candidate: Figures, input_model: Figures, base: Figures) -> tuple[str, object]:
+        run_id = client.create_run(experiment).info.run_id
+        report = {
+            "round_dir": str(tmp_path / name),
+            "model": model_dir,
+            "model_in": "the input model",
+            "lineage_base": "the lineage base",
+            "accuracy": candidate.accuracy,
+            "base_accuracy": input_model.accuracy,
+            "headline_tpf": candidate.headline_tpf,
+            "headline_tps": 100.0,
+            "speedup_vs_ar": 2.0,
+            "identical_fraction": 1.0,
+            "dtype": "float32",
+            "block_size": 8,
+            "decode_config": {"block_size": 8},
+            "eval_key": KEY,
+            "figures": {"candidate": asdict(candidate), "input": asdict(input_model), "lineage_base": asdict(base)},
+        }
+        version, decision = tracking.register(client, run_id, prof, report)
+        return version, decision, run_id
+
+    return client, register
+
+
+def _tags(client, version):
+    return client.get_model_version("jf-gate", version).tags
+
+
+def test_refusals_show_their_reasons_on_the_version_and_leave_the_champion(registry, evaluations):
+    client, register = registry
+    clean_eval, looping_eval = evaluations
+    clean = Figures.of(clean_eval, KEY)
+    assert clean.accuracy == 1.0 and clean.output["truncated"] == 0.0
+
+    first, decision, _ = register("r1", clean, clean, clean)
+    assert (
+        decision.passed and _tags(client, first)["gate.tpf_vs_champion"] == "passed: no champion yet: TPF check passes"
+    )
+
+    # (a) 0.02 below its input (within 0.03), 0.07 below the lineage's base (beyond 0.05)
+    drifted, decision, _ = register("r2", replace(clean, accuracy=0.93), replace(clean, accuracy=0.95), clean)
+    tags = _tags(client, drifted)
+    assert not decision.passed and tags["gate"] == "failed"
+    assert tags["gate.accuracy_vs_input"].startswith("passed: accuracy drop 0.0200")
+    assert (
+        tags["gate.accuracy_vs_base"] == "failed: accuracy dropped 0.0700 (> 0.05) from the lineage base model's 1.0000"
+    )
+
+    # (b) twice the champion's TPF, but measured at n=32 only, in another decode config
+    larger = replace(clean, tpf={"32": 2 * clean.tpf["8"]}, headline_tpf=2 * clean.headline_tpf, decode_key="n32")
+    wider, decision, _ = register("r3", larger, clean, clean)
+    tags = _tags(client, wider)
+    assert not decision.passed
+    assert tags["gate.tpf_vs_champion"].startswith(
+        "failed: no TPF at a block size or decode config the champion was measured at (champion: n in ['8']"
+    )
+
+    # (c) the model that cannot stop: its outputs loop to the token limit
+    looping = Figures.of(looping_eval, KEY)
+    loops, decision, run_id = register("r4", looping, clean, clean)
+    tags = _tags(client, loops)
+    assert looping.output["repetition"] > clean.output["repetition"] + 0.05
+    for name in ("repetition", "length", "truncated"):
+        assert tags[f"gate.{name}"].startswith("failed: "), (name, tags[f"gate.{name}"])
+    assert "outputs hitting max_new_tokens 1.000" in tags["gate.truncated"]
+    metrics = client.get_run(run_id).data.metrics
+    assert metrics["gate_truncated"] == pytest.approx(1.0) and metrics["gate_repetition_passed"] == 0.0
+
+    assert str(client.get_model_version_by_alias("jf-gate", "champion").version) == first
+    assert str(client.get_model_version_by_alias("jf-gate", "challenger").version) == loops
