@@ -8,18 +8,19 @@ from prefect.runtime import flow_run
 
 from jacobi_forcing.flows.round import jf_round, load
 from jacobi_forcing.tasks import tracking
+from jf_core.config import ProfileOverrides, overrides_dict
 
 
-def round_overrides(overrides: dict | None, prof, i: int) -> dict:
+def round_overrides(overrides: ProfileOverrides | dict | None, prof, i: int) -> dict:
     spec = prof.rounds[i]
-    merged = {section: dict(values) for section, values in (overrides or {}).items()}
+    merged = overrides_dict(overrides)
     merged.setdefault("trajectory", {}).update(block_size=spec.block_size, round_id=f"round-{i}")
     merged.setdefault("training", {}).update(spec.training_overrides())
     return merged
 
 
 @flow(name="jf-progressive", flow_run_name="jf-progressive-{profile}", log_prints=True)
-def jf_progressive(profile: str = "tiny", overrides: dict[str, dict] | None = None, model: str | None = None) -> list:
+def jf_progressive(profile: str = "tiny", overrides: ProfileOverrides | None = None, model: str | None = None) -> list:
     prof = load(profile, overrides)
     if not prof.rounds:
         raise ValueError(f"profile {prof.name!r} lists no rounds")

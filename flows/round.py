@@ -17,12 +17,12 @@ from prefect.runtime import flow_run
 
 from jacobi_forcing.tasks import reporting, round_tasks, stages, tracking
 from jf_core import planning
-from jf_core.config import Profile, load_profile
+from jf_core.config import Profile, ProfileOverrides, load_profile, overrides_dict
 from jf_core.serving.artifact import lineage_base
 
 
-def load(profile: str, overrides: dict | None) -> Profile:
-    return load_profile(profile, **(overrides or {}))
+def load(profile: str, overrides: ProfileOverrides | dict | None) -> Profile:
+    return load_profile(profile, **overrides_dict(overrides))
 
 
 def run_key(parameters: dict) -> str:
@@ -48,7 +48,7 @@ def round_run_name() -> str:
 @flow(name="jf-round", flow_run_name=round_run_name, log_prints=True, validate_parameters=True)
 def jf_round(
     profile: str = "tiny",
-    overrides: dict[str, dict] | None = None,
+    overrides: ProfileOverrides | None = None,
     model: str | None = None,
     parent_run_id: str | None = None,
     history: list[dict] | None = None,

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
 from jf_core.trajectory.prompts import PromptSourceConfig
 
@@ -285,6 +285,36 @@ class Profile(_Strict):
         if not value or "/" in value:
             raise ValueError(f"profile name must be a plain non-empty word, got {value!r}")
         return value
+
+
+def _override_of(section: type[BaseModel]) -> type[BaseModel]:
+    """A section's override: every field optional, no other field allowed. Values keep their types, so a typo'd
+    name or a wrong type is refused by the schema; ranges and cross-field rules are checked by `load_profile`."""
+    fields = {name: (f.annotation | None, None) for name, f in section.model_fields.items()}
+    return create_model(f"{section.__name__}Override", __config__=ConfigDict(extra="forbid"), **fields)
+
+
+# The `overrides` parameter of the flows: per-section partial configs. Its JSON schema becomes the deployments'
+# parameter schema, so the Prefect server refuses a mistyped section or field when the run is created
+# (`prefect deployment run ... --params`), naming it, instead of the worker failing later.
+ProfileOverrides = create_model(
+    "ProfileOverrides",
+    __config__=ConfigDict(extra="forbid"),
+    **{
+        name: (_override_of(f.annotation) | None, None)
+        for name, f in Profile.model_fields.items()
+        if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel)
+    },
+)
+
+
+def overrides_dict(overrides: BaseModel | dict | None) -> dict[str, dict]:
+    """Overrides as `load_profile` takes them: only what was given (a validated `ProfileOverrides` or a dict)."""
+    if overrides is None:
+        return {}
+    if isinstance(overrides, BaseModel):
+        return {k: v for k, v in overrides.model_dump(mode="json", exclude_unset=True).items() if v is not None}
+    return {section: dict(values) for section, values in overrides.items()}
 
 
 def available_profiles() -> list[str]:
