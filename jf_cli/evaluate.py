@@ -62,6 +62,7 @@ def _report(result: dict, args: argparse.Namespace, meta: dict) -> None:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    from jf_core.evaluation.benchmarks import load_benchmark
     from jf_core.evaluation.evaluate import evaluate_profile
 
     limit = args.limit
@@ -79,6 +80,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
             "repeats": args.repeats,
         },
     )
+    e = profile.evaluation
+    load_benchmark(e.benchmark, e.source, limit=1, template=e.template)  # a bad benchmark file, before any model
     model = args.model or profile.model.resolve()
     result = evaluate_profile(model, profile, progress=_say)
     _report(result, args, {"model": model, "profile": profile.name})

@@ -330,6 +330,10 @@ def load_profile(name_or_path: str, **overrides: dict) -> Profile:
             raise ValueError(f"profile file {path} does not exist")
         raise ValueError(f"unknown profile {name_or_path!r}; available: {', '.join(available_profiles())}")
     data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ValueError(
+            f"profile {path} must be a mapping of sections (name, model, training, ...), got a {type(data).__name__}"
+        )
     for section, values in overrides.items():
         data.setdefault(section, {}).update({k: v for k, v in values.items() if v is not None})
     try:
