@@ -59,6 +59,8 @@ def jf_round(
     planning.check(prof)  # a GPU profile that cannot fit is refused here, naming the stage and the knob
     logger = get_run_logger()
     client, experiment = tracking.connect(prof)
+    for stale in tracking.reap(client, experiment, round_tasks.flow_run_state):  # left RUNNING by a dead run
+        logger.warning("closed MLflow run %s as FAILED: its flow run had ended without closing it", stale)
     n = prof.trajectory.block_size
     tags = {"prefect.flow_run_id": str(flow_run.id or ""), "jf.profile": prof.name}
     parent = parent_run_id or tracking.start_run(client, experiment, f"jf-round {prof.name}", tags=tags)

@@ -26,7 +26,7 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from jacobi_forcing.infra import ray_cluster
+from jacobi_forcing.infra import automations, ray_cluster
 from jf_core.paths import jf_home
 
 POOL = "jf-pool"
@@ -161,11 +161,13 @@ def up(cfg: StackConfig, *, timeout: float = 120.0) -> dict:
     for name, url, pid in started:  # started together, waited for together: the two boots overlap
         _wait(name, url, pid, timeout)
     _create_pool(env)
+    automations.install(cfg.prefect_api)  # flow runs whose process died are marked Crashed
     if cfg.ray and not _running("ray-head"):
         _start_ray(cfg, env, timeout)  # before the worker, whose flows join it
     if not _running("prefect-worker"):
         cmd = [_bin("prefect"), "worker", "start", "--pool", POOL, "--type", "process"]
-        _spawn("prefect-worker", cmd, env, cwd=cfg.project_dir)
+        heartbeat = {"PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(automations.HEARTBEAT_SECONDS)}  # its flow runs'
+        _spawn("prefect-worker", cmd, {**env, **heartbeat}, cwd=cfg.project_dir)
     info = {"config": asdict(cfg), "env": env, "ui": {"prefect": cfg.prefect_api[:-4], "mlflow": cfg.mlflow_uri}}
     (stack_dir() / "stack.json").write_text(json.dumps(info, indent=2))
     unset = f"unset {ray_cluster.AUTH_TOKEN}\n" if cfg.ray else ""  # the stack's token file must win

@@ -74,6 +74,21 @@ def _reused(root: str, stage: str, what: str) -> dict | None:
     return done
 
 
+def flow_run_state(flow_run_id: str) -> str | None:
+    """A flow run's state type on the Prefect server (None: no such run)."""
+    from uuid import UUID
+
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    try:
+        with get_client(sync_client=True) as client:
+            run = client.read_flow_run(UUID(flow_run_id))
+    except (ObjectNotFound, ValueError):
+        return None
+    return run.state.type.value if run.state is not None else None
+
+
 @task(name="resolve-model", task_run_name="resolve model {uri}", retries=2, retry_delay_seconds=5)
 def resolve_model(uri: str, profile: Profile) -> str:
     path = tracking.resolve_model(uri, profile)

@@ -12,6 +12,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import mlflow
@@ -150,6 +151,25 @@ def log_trajectory_input(client: MlflowClient, run_id: str, store: Path, report:
     entity = dataset._to_mlflow_entity()
     client.log_inputs(run_id, datasets=[DatasetInput(entity, tags=[InputTag("mlflow.data.context", "training")])])
     client.log_artifact(run_id, str(manifest), "trajectories")
+
+
+ENDED = ("CRASHED", "FAILED", "CANCELLED")  # Prefect state types after which nothing will close a run
+
+
+def reap(client: MlflowClient, experiment_id: str, state_of: Callable[[str], str | None]) -> list[str]:
+    """Close the MLflow runs a dead flow run left `RUNNING`: every running run tagged with a Prefect flow run whose
+    state (`state_of(flow_run_id)`, a state type) is crashed, failed or cancelled is set `FAILED` and tagged
+    `jf.closed_by`. A worker killed mid-round never got to close its runs; its flow run is marked `Crashed` by the
+    stack's automation (infra/automations.py). Returns the ids closed."""
+    closed = []
+    for run in client.search_runs([experiment_id], filter_string="attributes.status = 'RUNNING'", max_results=1000):
+        flow_run_id = run.data.tags.get("prefect.flow_run_id")
+        state = state_of(flow_run_id) if flow_run_id else None
+        if state in ENDED:
+            client.set_tag(run.info.run_id, "jf.closed_by", f"Prefect flow run {flow_run_id} ended {state}")
+            client.set_terminated(run.info.run_id, "FAILED")
+            closed.append(run.info.run_id)
+    return closed
 
 
 def champion(client: MlflowClient, name: str):

@@ -1,0 +1,118 @@
+"""Crashed-run detection on a real Prefect server and MLflow store: the stack's automation marks a flow run that
+stopped heartbeating `Crashed` (its process died without a word), and the next round closes the MLflow runs that
+flow run left `RUNNING` as `FAILED`, leaving the runs of live flow runs alone."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from uuid import UUID
+
+import pytest
+from mlflow import MlflowClient
+from prefect import flow
+
+from jacobi_forcing.infra import automations
+from jacobi_forcing.tasks import tracking
+from jacobi_forcing.tasks.round_tasks import flow_run_state
+
+pytestmark = pytest.mark.timeout(400)
+
+
+@flow(name="jf-heartbeat-probe")
+def probe() -> None:
+    """Never run: a flow for the runs the test creates."""
+
+
+@pytest.fixture(scope="module")
+def prefect_api():
+    from prefect.settings import PREFECT_API_URL
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield PREFECT_API_URL.value()
+
+
+def _running_flow_run() -> str:
+    from prefect.client.orchestration import get_client
+    from prefect.states import Running
+
+    with get_client(sync_client=True) as client:
+        return str(client.create_flow_run(probe, state=Running()).id)
+
+
+SLEEPER = """
+import sys, time
+from prefect import flow
+from prefect.runtime import flow_run
+
+@flow(name="jf-sleeper")
+def sleeper():
+    print(flow_run.id, flush=True)
+    time.sleep(600)
+
+sleeper()
+"""
+
+
+def _start_flow_process(api: str) -> tuple[subprocess.Popen, str]:
+    """A flow run in its own process, heartbeating every 30 s as the stack's worker runs them."""
+    env = {
+        **os.environ,
+        "PREFECT_API_URL": api,
+        "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(automations.HEARTBEAT_SECONDS),
+    }
+    proc = subprocess.Popen([sys.executable, "-c", SLEEPER], env=env, stdout=subprocess.PIPE, text=True)
+    return proc, proc.stdout.readline().strip()
+
+
+def test_a_killed_flow_run_process_ends_crashed_and_a_live_one_does_not(prefect_api):
+    """The stack's settings (heartbeat 30 s, crashed after 90 s of silence): a flow run's process SIGKILLed
+    mid-run (what a killed worker does to its runs) ends `Crashed`; its sibling, alive, stays `Running`."""
+    first = automations.install(prefect_api)
+    assert automations.install(prefect_api) == first  # installed once
+    killed, killed_id = _start_flow_process(prefect_api)
+    alive, alive_id = _start_flow_process(prefect_api)
+    try:
+        assert flow_run_state(killed_id) == "RUNNING" and flow_run_state(alive_id) == "RUNNING"
+        killed.send_signal(signal.SIGKILL)
+        killed.wait()
+        deadline = time.monotonic() + automations.HEARTBEAT_SECONDS + automations.MISSED_AFTER_SECONDS + 60
+        while flow_run_state(killed_id) != "CRASHED" and time.monotonic() < deadline:
+            time.sleep(5)
+        assert flow_run_state(killed_id) == "CRASHED"
+        assert flow_run_state(alive_id) == "RUNNING"  # still heartbeating
+    finally:
+        for proc in (killed, alive):
+            proc.kill()
+            proc.wait()
+
+
+def test_mlflow_runs_of_ended_flow_runs_are_closed_failed(prefect_api, tmp_path):
+    from prefect.client.orchestration import get_client
+    from prefect.states import Crashed
+
+    dead, alive = _running_flow_run(), _running_flow_run()
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(UUID(dead), Crashed(message="killed"), force=True)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    mlflow_client = MlflowClient(uri, uri)
+    experiment = mlflow_client.create_experiment("reap")
+    runs = {
+        name: mlflow_client.create_run(experiment, tags=tags).info.run_id
+        for name, tags in {
+            "dead": {"prefect.flow_run_id": dead},
+            "alive": {"prefect.flow_run_id": alive},
+            "untagged": {},
+            "unknown": {"prefect.flow_run_id": "00000000-0000-0000-0000-000000000000"},
+        }.items()
+    }
+    assert tracking.reap(mlflow_client, experiment, flow_run_state) == [runs["dead"]]
+    status = {name: mlflow_client.get_run(run_id).info.status for name, run_id in runs.items()}
+    assert status == {"dead": "FAILED", "alive": "RUNNING", "untagged": "RUNNING", "unknown": "RUNNING"}
+    closed = mlflow_client.get_run(runs["dead"]).data.tags["jf.closed_by"]
+    assert closed == f"Prefect flow run {dead} ended CRASHED"
+    assert tracking.reap(mlflow_client, experiment, flow_run_state) == []  # nothing twice
