@@ -70,6 +70,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     verdict = "passed: now champion" if reg["gate_passed"] else "failed: champion unchanged"
     print(f"registry: {reg['model_name']} version {reg['version']}, gate {verdict}")
+    for gate_check in reg.get("gate_checks") or []:  # a reused registration carries its verdict only
+        print(f"  {'ok  ' if gate_check['passed'] else 'FAIL'} {gate_check['name']}: {gate_check['reason']}")
     uri = tracking_uri(load_profile(args.profile, **overrides).registry)
     print(
         "\nwhere to look:\n"

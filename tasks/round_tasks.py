@@ -157,7 +157,10 @@ def tune(profile: Profile, root: str) -> dict | None:
 
 
 def _eval_key(_ctx, params: dict) -> str:
-    return hashlib.sha256(str(stages.eval_path(params["profile"], params["model_path"])).encode()).hexdigest()
+    # The format is part of the key: a record cached before evaluations carried `output_stats` (read by the gate)
+    # is never served; the stage then redoes such an evaluation.
+    where = stages.eval_path(params["profile"], params["model_path"])
+    return hashlib.sha256(f"{stages.EVAL_FORMAT}:{where}".encode()).hexdigest()
 
 
 @task(name="evaluate", task_run_name="evaluate {label}", persist_result=True, cache_key_fn=_eval_key)

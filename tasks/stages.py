@@ -307,6 +307,9 @@ def eval_path(profile: Profile, model_path: str) -> Path:
     return profile.runs_dir() / "evals" / f"{key}.json"
 
 
+EVAL_FORMAT = 2  # 2: evaluations carry `output_stats` (the gate's degeneracy checks)
+
+
 def eval_key(profile: Profile) -> str:
     """What makes two models' figures comparable: the same evaluation set, prompt format, lengths and batch, in the
     same numerics (the speed-only knobs and the tuner do not change TPF or accuracy). The gate compares TPF with the
@@ -324,7 +327,7 @@ def stage_evaluate(profile: Profile, model_path: str) -> dict:
     out = eval_path(profile, model_path)
     if out.is_file():
         cached = json.loads(out.read_text())
-        if "output_stats" in cached:  # evaluations from before the gate read the outputs are redone
+        if "output_stats" in cached:  # evaluations from before EVAL_FORMAT 2 are redone
             log.info("reusing evaluation %s", out)
             return cached
     result = evaluate_profile(model_path, profile, progress=log.info)

@@ -121,7 +121,8 @@ def test_stack_deploy_run_register_gate_schedule(stack_env):
     assert deploy.returncode == 0, deploy.stdout[-3000:] + deploy.stderr[-3000:]
 
     # 40 steps cost accuracy (the full round does not): a lenient gate for the first run, an impossible one after.
-    first = _run_deployment(stack_env, {"overrides": {**SMALL, "registry": {"gate": {"max_accuracy_drop": 1.0}}}})
+    lenient = {**SMALL, "registry": {"gate": {"max_accuracy_drop": 1.0, "max_base_accuracy_drop": 1.0}}}
+    first = _run_deployment(stack_env, {"overrides": lenient})
     assert not any(s == "Cached" for s in _task_states(stack_env, first).values())
     uri = stack_env["MLFLOW_TRACKING_URI"]
     client = MlflowClient(uri, uri)
@@ -167,10 +168,10 @@ def test_stack_deploy_run_register_gate_schedule(stack_env):
     assert runs and runs[0].parameters["model"] == "models:/jf-tiny@champion"
 
     # What the schedule runs, started now: the round resolves the champion from the registry and trains on it.
-    lenient = {**SMALL, "registry": {"gate": {"max_accuracy_drop": 1.0}}}
     _run_deployment(stack_env, {"overrides": lenient}, deployment="jf-round/retrain-tiny")
     v3 = client.get_model_version_by_alias("jf-tiny", "challenger")
     assert str(v3.version) == "3" and "jf-tiny-v1" in v3.tags["base_model"], v3.tags
+    assert "embedded-qwen2" in v3.tags["lineage_base"], v3.tags  # the gate's base: the chain's original model
 
     snippet = re.search(r"<!-- registry-consumer -->\s*```python\n(.*?)```", (REPO / "README.md").read_text(), re.S)
     out = subprocess.run(

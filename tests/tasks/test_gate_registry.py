@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, replace
 
+import mlflow
 import pytest
 import torch
 from mlflow import MlflowClient
@@ -44,6 +45,7 @@ def registry(tmp_path, monkeypatch, profile):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.setenv("JF_HOME", str(tmp_path / "home"))
+    mlflow.set_tracking_uri(uri)  # register resumes the run through mlflow's global URI, which a test before may set
     prof = profile.model_copy(update={"registry": RegistryConfig(tracking_uri=uri, model_name="jf-gate")})
     client = MlflowClient(uri, uri)
     experiment = client.create_experiment("gate")
