@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
@@ -19,10 +20,16 @@ from jacobi_forcing.tasks import reporting, round_tasks, stages, tracking
 from jf_core import planning
 from jf_core.config import Profile, ProfileOverrides, load_profile, overrides_dict
 from jf_core.serving.artifact import lineage_base
+from jf_core.trajectory.prompts import PromptSourceError
 
 
-def load(profile: str, overrides: ProfileOverrides | dict | None) -> Profile:
-    return load_profile(profile, **overrides_dict(overrides))
+def load(profile: str, overrides: ProfileOverrides | dict | None, new_prompts: str | None = None) -> Profile:
+    """The profile with its overrides; `new_prompts` (a prompt file an event announced) merged into its prompts."""
+    prof = load_profile(profile, **overrides_dict(overrides))
+    if new_prompts:
+        merged = [*prof.prompts.extra_sources, new_prompts]
+        prof = prof.model_copy(update={"prompts": prof.prompts.model_copy(update={"extra_sources": merged})})
+    return prof
 
 
 def run_key(parameters: dict) -> str:
@@ -52,10 +59,14 @@ def jf_round(
     model: str | None = None,
     parent_run_id: str | None = None,
     history: list[dict] | None = None,
+    new_prompts: str | None = None,
 ) -> dict:
     """`parent_run_id`: the MLflow run of a calling flow (jf-progressive); `history`: earlier rounds' reports,
-    for the TPF-per-round plot."""
-    prof = load(profile, overrides)
+    for the TPF-per-round plot; `new_prompts`: a prompt file merged into the profile's prompts (the URI a
+    `jf.prompts.added` event carries: prefect.yaml's retrain-on-new-prompts)."""
+    prof = load(profile, overrides, new_prompts)
+    if new_prompts and not Path(new_prompts).is_file():
+        raise PromptSourceError(f"new_prompts: prompt file {new_prompts} does not exist")
     planning.check(prof)  # a GPU profile that cannot fit is refused here, naming the stage and the knob
     logger = get_run_logger()
     client, experiment = tracking.connect(prof)
@@ -99,9 +110,13 @@ def jf_round(
         if parent_run_id is None:
             client.set_terminated(parent, "FINISHED")
     except BaseException:
-        client.set_terminated(run_id, "FAILED")
-        if parent_run_id is None:
-            client.set_terminated(parent, "FAILED")
+        try:
+            tracking.check_reachable(tracking.tracking_uri(prof.registry), timeout=5)  # not minutes of retries
+            client.set_terminated(run_id, "FAILED")
+            if parent_run_id is None:
+                client.set_terminated(parent, "FAILED")
+        except Exception as err:  # MLflow itself may be what failed: keep the original error
+            logger.warning("could not close the MLflow runs as FAILED (%s); the next round's reaper will", err)
         raise
     summary = {k: v for k, v in report.items() if k not in ("loss_curve", "base_eval", "eval", "training")}
     summary["registry"] = registry

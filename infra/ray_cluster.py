@@ -128,12 +128,15 @@ def ray_session(ray_address: str | None = None, *, num_cpus: int | None = None) 
     saved = {key: os.environ.get(key) for key in _SETTINGS}
     token_dir: Path | None = None
     address = ray_address or os.environ.get("RAY_ADDRESS")
+    before = set(_children(os.getpid()))
+    ray_roots: set[int] | None = None  # the processes a private ray.init started: the GCS, raylet, monitors
     try:
         if address:
             check_join_auth(address)
             # A cluster on this machine's loopback (`jf stack up --ray`) needs this driver on loopback too.
             _apply({AUTH_MODE: "token", LOCAL_ONLY: "0" if is_loopback(address) else None})
             ctx = ray.init(address=address, include_dashboard=False, log_to_driver=False)
+            ray_roots = set()  # a cluster's processes are not ours to stop
             session = RaySession(ctx.address_info["gcs_address"], private=False, loopback=is_loopback(address))
         else:
             token_dir = Path(tempfile.mkdtemp(prefix="jf-ray-"))  # 0700
@@ -141,15 +144,67 @@ def ray_session(ray_address: str | None = None, *, num_cpus: int | None = None) 
             _apply(private_env(token))
             # "local": a new Ray, never one that `ray start` left running here (plain ray.init() would join that).
             ctx = ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+            ray_roots = set(_children(os.getpid())) - before
             session = RaySession(ctx.address_info["gcs_address"], private=True, loopback=True, token_path=token)
-        try:
-            yield session
-        finally:
-            ray.shutdown()
+        yield session
     finally:
+        # Also when interrupted inside ray.init: what it had started by then is everything new below this process.
+        spawned = _descendants(ray_roots if ray_roots is not None else set(_children(os.getpid())) - before)
+        if ray.is_initialized() or spawned:
+            ray.shutdown()
+        _stop_stragglers(spawned)
         _apply(saved)
         if token_dir is not None:
             shutil.rmtree(token_dir, ignore_errors=True)
+
+
+def _parents() -> dict[int, int]:
+    """pid -> parent pid of every process (Linux /proc; empty elsewhere)."""
+    out: dict[int, int] = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # gone meanwhile
+            continue
+        out[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])  # the name may hold spaces and parentheses
+    return out
+
+
+def _children(pid: int) -> list[int]:
+    return [p for p, parent in _parents().items() if parent == pid]
+
+
+def _descendants(roots: set[int]) -> list[int]:
+    parents = _parents()
+    found, todo = list(roots), list(roots)
+    while todo:
+        pid = todo.pop()
+        kids = [p for p, parent in parents.items() if parent == pid]
+        found += kids
+        todo += kids
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _stop_stragglers(pids: list[int], grace: float = 5.0) -> None:
+    """Kill what a private Ray left running `grace` seconds after `ray.shutdown()`: after a Ctrl-C of `jf run`, its
+    dashboard agent stayed up, orphaned (tests/jf_cli/test_run_interrupt.py)."""
+    import signal
+    import time
+
+    deadline = time.monotonic() + grace
+    while (left := [p for p in pids if _alive(p)]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
 
 
 # ---- Ray Train on a loopback Ray: rendezvous through a store bound to 127.0.0.1 --------------------------------

@@ -26,7 +26,7 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from jacobi_forcing.infra import automations, ray_cluster
+from jacobi_forcing.infra import automations, gpu_limit, ray_cluster, work_pools
 from jf_core.paths import jf_home
 
 POOL = "jf-pool"
@@ -162,6 +162,8 @@ def up(cfg: StackConfig, *, timeout: float = 120.0) -> dict:
         _wait(name, url, pid, timeout)
     _create_pool(env)
     automations.install(cfg.prefect_api)  # flow runs whose process died are marked Crashed
+    gpu_limit.ensure(cfg.prefect_api)  # GPU stages of rounds take its slots (tasks/gpu_slots.py)
+    work_pools.ensure(cfg.prefect_api)  # the GPU pools the real profiles' deployments run on (no worker here)
     if cfg.ray and not _running("ray-head"):
         _start_ray(cfg, env, timeout)  # before the worker, whose flows join it
     if not _running("prefect-worker"):

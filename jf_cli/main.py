@@ -8,6 +8,7 @@ jf tune --model DIR [--profile P]              autotune the decode config on cal
 jf run [--profile tiny] [--set section.key=value]    one jf-round flow run (the main job)
 jf plan [--profile P] [--set section.key=value]      per-GPU memory of the profile's stages, before any work
 jf prompts prepare --source DATA --out DIR [--profile P]  a prompt store: filtered, deduplicated, calibration split
+jf prompts add FILE [--profile P]               store new prompts; the event starts a retraining round
 jf stack up|down|status                        local Prefect + MLflow servers and a worker
 """
 
@@ -161,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except (UsageError, ModelLoadError, ValueError) as err:
         parser.exit(2, f"jf: error: {err}\n")
+    except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM where a command turns it into one: cleaned up by now
+        parser.exit(130, f"jf: interrupted{f' ({err})' if str(err) else ''}\n")
     return 0
 
 

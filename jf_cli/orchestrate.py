@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 from pathlib import Path
 
 from jf_core.paths import jf_home
@@ -37,15 +38,33 @@ def _prefect_env() -> None:
     os.environ.setdefault("MLFLOW_ENABLE_TELEMETRY", "false")
 
 
+def sigterm_unwinds() -> None:
+    """SIGTERM (`kill`, a scheduler stopping the job) unwinds like Ctrl-C. Python's default dies on the spot, which
+    skipped every cleanup and left the temporary Prefect server and the round's Ray running (issue 16); as a
+    KeyboardInterrupt, the flow run is closed, the Ray session shuts its processes down and Prefect's exit hooks stop
+    the server."""
+
+    def interrupt(signum, _frame):
+        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    sigterm_unwinds()
     _prefect_env()
     overrides = parse_overrides(args.set or [])
     from jf_core.config import load_profile
     from jf_core.planning import check
 
-    check(load_profile(args.profile, **overrides))  # bad parameters or a plan that cannot fit: before any server
+    profile = load_profile(args.profile, **overrides)
+    check(profile)  # bad parameters or a plan that cannot fit: before any server
+    if profile.compute.gpus_per_worker > 0 and profile.compute.gpu_limit:
+        from jacobi_forcing.infra import gpu_limit
+
+        gpu_limit.ensure(name=profile.compute.gpu_limit)  # this host's GPUs, unless the server already has one
     from jacobi_forcing.flows.round import jf_round
-    from jacobi_forcing.tasks.reporting import markdown_table, metrics_rows
+    from jacobi_forcing.tasks.reporting import markdown_table, metrics_rows, resumed_note
     from jacobi_forcing.tasks.tracking import tracking_uri
 
     if args.progressive:
@@ -64,7 +83,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(
         f"\naccuracy {summary['accuracy']:.3f} (input model {summary['base_accuracy']:.3f}); "
         f"TPF {summary['headline_tpf']:.2f} ({_decode_label(summary['decode_config'])}); "
-        f"speedup vs our AR {summary['speedup_vs_ar']:.2f}x; trained {summary['train_seconds']:.0f} s\n"
+        f"speedup vs our AR {summary['speedup_vs_ar']:.2f}x; trained {summary['train_seconds']:.0f} s"
+        f"{resumed_note(summary)}\n"
         f"identical to greedy AR: {summary['identical_fraction']:.3f} of the evaluation prompts ({summary['dtype']}"
         + ("; fp32 promises 1.000)" if summary["dtype"] == "float32" else "; measured, see README 'Numerics')")
     )

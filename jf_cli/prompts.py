@@ -1,4 +1,5 @@
 """`jf prompts prepare`: a prompt dataset -> the prompt store a profile names (jf_core/trajectory/prepare.py).
+`jf prompts add`: a new prompt file -> stored and announced, so event-triggered deployments retrain on it.
 
     jf prompts prepare --profile qwen2.5-coder-7b --source OpenCodeInstruct.jsonl --text-field input \\
         --max-prompt-tokens 2048 --calibration 200 --out data/opencodeinstruct
@@ -40,6 +41,28 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_add(args: argparse.Namespace) -> int:
+    from jf_cli.orchestrate import parse_overrides
+    from jf_core.config import load_profile
+    from jf_core.trajectory.prompt_store import add_prompt_file
+
+    profile = load_profile(args.profile, **parse_overrides(args.set or []))
+    collection = args.collection or profile.name
+    added = add_prompt_file(args.file, collection, profile.prompts)
+    print(f"{added.rows} prompts {'stored' if added.new else 'already stored'} at {added.uri}")
+    if args.no_event:
+        return 0
+    from jacobi_forcing.tasks.events import PROMPTS_ADDED, emit_now, prompts_resource
+
+    payload = {"uri": added.uri, "rows": added.rows, "sha256": added.sha256, "profile": profile.name}
+    try:
+        event_id = emit_now(PROMPTS_ADDED, prompts_resource(collection), payload)
+    except RuntimeError as err:  # the file is stored; adding it again is idempotent and sends the event
+        raise ValueError(f"{err}; the file is stored, run the same command again to announce it") from err
+    print(f"event {PROMPTS_ADDED} {event_id} sent for jf.prompts.{collection}: deployments triggered by it start now")
+    return 0
+
+
 def register(sub) -> None:
     from jf_cli.main import _positive
 
@@ -61,3 +84,16 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="the calibration split's hash seed")
     p.add_argument("--out", required=True, help="the store's directory")
     p.set_defaults(func=cmd_prepare)
+    a = psub.add_parser(
+        "add",
+        help="store a prompt file and announce it (event jf.prompts.added): triggered deployments retrain on it",
+    )
+    a.add_argument("file", help="JSONL(.gz) or Parquet with the profile's prompt field")
+    a.add_argument("--profile", default="tiny", help="whose prompt fields the file must have (default: tiny)")
+    a.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="override a profile field")
+    a.add_argument(
+        "--collection",
+        help="the prompt collection (event resource jf.prompts.<collection>; default: the profile's name)",
+    )
+    a.add_argument("--no-event", action="store_true", help="store only; announce nothing")
+    a.set_defaults(func=cmd_add)

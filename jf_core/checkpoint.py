@@ -8,6 +8,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from jf_core.checksums import write_manifest
+
 
 def save_checkpoint(
     model: Any, out_dir: Path, tokenizer: Any | None = None, extra_files: dict[str, str] | None = None
@@ -24,6 +26,7 @@ def save_checkpoint(
             tokenizer.save_pretrained(tmp)
         for name, text in (extra_files or {}).items():
             (tmp / name).write_text(text)
+        write_manifest(tmp)  # last: it covers exactly what was written (jf_core/checksums.py)
         if out_dir.exists():
             old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
             out_dir.rename(old)

@@ -75,6 +75,13 @@ class ComputeConfig(_Strict):
     ray_address: str | None = None  # None: RAY_ADDRESS if set, else a private loopback Ray (infra/ray_cluster.py)
     max_restarts: int = Field(2, ge=0)
     max_task_retries: int = Field(2, ge=0)
+    # torch's CPU threads for training and evaluation in the flow's process. None: the CPUs other processes leave
+    # free, re-measured during training (jf_core/threads.py); a number pins it (bitwise-reproducible CPU runs).
+    threads: int | None = Field(None, ge=1)
+    # GPU stages hold this many slots of a Prefect global concurrency limit of this name, one per GPU they occupy
+    # (tasks/gpu_slots.py); null: no limit. Leases are renewed while a stage runs; a dead worker's lapse after this.
+    gpu_limit: str | None = "gpu"
+    gpu_lease_seconds: float = Field(300, ge=60, le=86_400)  # Prefect's bounds
 
 
 class JFTrainConfig(_Strict):

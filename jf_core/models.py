@@ -10,6 +10,7 @@ from typing import Literal
 
 import torch
 
+from jf_core.checksums import CorruptFileError, verify
 from jf_core.decoding.kv import UnsupportedModelError, attention_layout
 
 DTypeName = Literal["auto", "float32", "bfloat16", "float16"]
@@ -75,6 +76,10 @@ def load_model(path: str | ModelSpec, **overrides):
             raise ModelLoadError(f"model directory {directory} does not exist")
         if not (directory / "config.json").is_file():
             raise ModelLoadError(f"{directory} has no config.json: not a Hugging Face model directory")
+        try:
+            verify(directory)  # the weights are the bytes that were written (checksums.sha256), when it has one
+        except CorruptFileError as err:
+            raise ModelLoadError(str(err)) from None
         location = str(directory)
     try:
         config = AutoConfig.from_pretrained(location, trust_remote_code=spec.trust_remote_code)

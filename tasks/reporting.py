@@ -62,12 +62,19 @@ def summary_markdown(report: dict, registry: dict | None, run_url: str | None) -
         f"# Jacobi Forcing round: {report['profile']}, n={report['block_size']}\n\n"
         f"Accuracy **{report['accuracy']:.3f}** (input model {report['base_accuracy']:.3f}); "
         f"headline TPF **{report['headline_tpf']:.2f}** at n={report['speedup_block_size']}; "
-        f"speedup vs our AR **{report['speedup_vs_ar']:.2f}x**; trained {report['train_seconds']:.0f} s.\n\n"
+        f"speedup vs our AR **{report['speedup_vs_ar']:.2f}x**; trained {report['train_seconds']:.0f} s"
+        f"{resumed_note(report)}.\n\n"
         f"Identical to greedy AR on {report.get('identical_fraction', 1.0):.3f} of the evaluation prompts "
         f"({report.get('dtype', 'float32')}).\n\n"
         f"{markdown_table(metrics_rows(report))}\n\n"
         f"Input model: `{report['model_in']}`  \nOutput model: `{report['model']}`\n{gate}{link}\n"
     )
+
+
+def resumed_note(report: dict) -> str:
+    """Says so when training continued from a checkpoint a killed attempt left (else nothing)."""
+    step = report.get("resumed_from_step") or 0
+    return f" (resumed from its checkpoint at step {step})" if step else ""
 
 
 def artifact_key(*parts: str) -> str:

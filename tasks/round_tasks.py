@@ -17,7 +17,8 @@ from pathlib import Path
 from prefect import get_run_logger, task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
-from jacobi_forcing.tasks import stages, tracking
+from jacobi_forcing.tasks import events, stages, tracking
+from jacobi_forcing.tasks.gpu_slots import gpu_slots
 from jf_core.config import Profile
 
 
@@ -102,7 +103,8 @@ def trajectories(profile: Profile, model_in: str, root: str) -> dict:
         return done
     paths = stages.RoundPaths(Path(root))
     bar = ProgressArtifact(f"Jacobi trajectories of {model_in} at n={profile.trajectory.block_size} (shards)")
-    result = stages.stage_trajectories(profile, model_in, paths, progress=False, on_shard=bar)
+    with gpu_slots(profile, "trajectories"):
+        result = stages.stage_trajectories(profile, model_in, paths, progress=False, on_shard=bar)
     get_run_logger().info(
         "%d prompts -> %d block rows in %.0f s (%.0f tokens/s)",
         result["prompts"],
@@ -135,8 +137,15 @@ def train(profile: Profile, model_in: str, root: str) -> dict:
         if step % max(1, steps // 20) == 0:
             logger.info("step %d/%d: %s", step, steps, ", ".join(f"{k} {v:.4g}" for k, v in row.items() if k != "step"))
 
-    result = stages.stage_train(profile, model_in, stages.RoundPaths(Path(root)), progress=False, on_log=on_log)
+    with gpu_slots(profile, "train"):
+        result = stages.stage_train(profile, model_in, stages.RoundPaths(Path(root)), progress=False, on_log=on_log)
     bar(steps, steps)
+    if result.get("resumed_from_step"):
+        logger.warning(
+            "training resumed from its checkpoint at step %d of %d (a previous attempt died)",
+            result["resumed_from_step"],
+            steps,
+        )
     return result
 
 
@@ -165,7 +174,8 @@ def _eval_key(_ctx, params: dict) -> str:
 
 @task(name="evaluate", task_run_name="evaluate {label}", persist_result=True, cache_key_fn=_eval_key)
 def evaluate(profile: Profile, model_path: str, label: str) -> dict:
-    result = stages.stage_evaluate(profile, model_path)
+    with gpu_slots(profile, "evaluate"):
+        result = stages.stage_evaluate(profile, model_path)
     tpf = ", ".join(f"n={n}: {v:.2f}" for n, v in result["tpf"].items())
     get_run_logger().info("%s: accuracy %.3f, TPF %s", label, result["accuracy"], tpf)
     return result
@@ -185,7 +195,8 @@ def champion_figures(profile: Profile, eval_key: str) -> dict | None:
         return None
     get_run_logger().info("champion version %s has no figures on this evaluation: evaluating it", current.version)
     path = tracking.resolve_model(f"models:/{profile.model_name}/{current.version}", profile)
-    return asdict(Figures.of(stages.stage_evaluate(profile, path), eval_key))
+    with gpu_slots(profile, "evaluate"):
+        return asdict(Figures.of(stages.stage_evaluate(profile, path), eval_key))
 
 
 @task(name="register", task_run_name="log and register {profile.name}")
@@ -205,6 +216,10 @@ def register(profile: Profile, run_id: str, report: dict, history: list[dict], c
         "passed -> champion" if decision.passed else "failed, champion unchanged",
         "; ".join(decision.reasons),
     )
+    reused = client.get_run(run_id).data.tags.get("jf.registration_reused") == "true"
+    if decision.passed and not reused:  # the alias moved: the champion benchmark deployment starts on this
+        events.champion_changed(profile.model_name, version)
+        logger.info("event %s sent for %s version %s", events.CHAMPION_CHANGED, profile.model_name, version)
     return {
         "version": version,
         "gate_passed": decision.passed,

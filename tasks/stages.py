@@ -70,11 +70,20 @@ def _digest(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
+def prompts_identity(profile: Profile) -> dict:
+    """The prompt config as round and trajectory keys see it: without `extra_sources` while it is empty, so the
+    keys of profiles written before it existed are unchanged."""
+    prompts = profile.prompts.model_dump()
+    if not prompts["extra_sources"]:
+        del prompts["extra_sources"]
+    return prompts
+
+
 def trajectory_dir(profile: Profile, model_in: str) -> Path:
     key = _digest(
         {
             "model": model_identity(model_in),
-            "prompts": profile.prompts.model_dump(),
+            "prompts": prompts_identity(profile),
             "trajectory": profile.trajectory.model_dump(),
         }
     )
@@ -97,7 +106,7 @@ def round_dir(profile: Profile, model_in: str) -> Path:
     key = _digest(
         {
             "model": model_identity(model_in),
-            "prompts": profile.prompts.model_dump(),
+            "prompts": prompts_identity(profile),
             "trajectory": profile.trajectory.model_dump(),
             "training": profile.training.model_dump(),
         }
@@ -193,6 +202,7 @@ def _train_here(profile: Profile, model_in: str, paths: RoundPaths, *, progress:
     from jf_core.checkpoint import save_model_dir
     from jf_core.models import ModelSpec, load_model
     from jf_core.serving.artifact import lineage
+    from jf_core.threads import ThreadGovernor
     from jf_core.toy.task import make_split
     from jf_core.training.jf_data import jf_batches
     from jf_core.training.losses import check_lean_head, training_attention
@@ -225,6 +235,9 @@ def _train_here(profile: Profile, model_in: str, paths: RoundPaths, *, progress:
         dense_mask=attention != "flex_attention",
     )
     objective = t.objective()
+    # On CPU the thread count follows the cores other processes leave free (jf_core/threads.py); compute.threads
+    # pins it. On GPU the count hardly matters and is left alone.
+    threads = ThreadGovernor(fixed=profile.compute.threads) if device.type == "cpu" else None
     if t.lean_loss:
         check_lean_head(model, next(jf_batches(examples, 1, tok.pad_token_id, seed=t.seed, variant=t.mask)), t.mask)
     result = train(
@@ -236,6 +249,7 @@ def _train_here(profile: Profile, model_in: str, paths: RoundPaths, *, progress:
         on_log=on_log,
         checkpoint_dir=paths.checkpoints,
         checkpoint_every=t.every(),
+        threads=threads,
     )
     summary = {
         "steps": result.steps,
@@ -243,6 +257,7 @@ def _train_here(profile: Profile, model_in: str, paths: RoundPaths, *, progress:
         "model_in": model_in,
         "strategy": "single",
         "resumed_from_step": result.resumed_from,
+        "threads": result.threads,
         "history": result.history,
     }
     if result.resumed_from:
@@ -316,7 +331,21 @@ def eval_key(profile: Profile) -> str:
     champion's only under the same key."""
     e = profile.evaluation
     measured = e.model_dump(include={"benchmark", "source", "template", "num_prompts", "max_new_tokens", "batch_size"})
-    return _digest([measured, profile.prompts.model_dump(), profile.model.decode_kwargs()])
+    # Prompt files merged into training (prompts.extra_sources) change what a model learns from, not how it is
+    # measured: a round triggered by new prompts stays comparable with the champion's figures.
+    prompts = profile.prompts.model_dump(exclude={"extra_sources"})
+    return _digest([measured, prompts, profile.model.decode_kwargs()])
+
+
+def eval_threads(profile: Profile) -> int:
+    """One thread count for a whole evaluation (its methods take turns: a count changed between turns would bias
+    the ratios): compute.threads, else the CPUs free of other processes when it starts."""
+    import torch
+
+    from jf_core.threads import choose_threads
+
+    torch.set_num_threads(profile.compute.threads or choose_threads())
+    return torch.get_num_threads()
 
 
 def stage_evaluate(profile: Profile, model_path: str) -> dict:
@@ -330,8 +359,10 @@ def stage_evaluate(profile: Profile, model_path: str) -> dict:
         if "output_stats" in cached:  # evaluations from before EVAL_FORMAT 2 are redone
             log.info("reusing evaluation %s", out)
             return cached
+    threads = eval_threads(profile)
     result = evaluate_profile(model_path, profile, progress=log.info)
     result["model"] = model_path
+    result["torch_threads"] = threads
     write_json_atomic(out, result)
     return result
 
@@ -390,6 +421,14 @@ def round_report(
         else {k: tuned[k] for k in ("tpf", "tps", "speedup_vs_ar", "identical_fraction")}
         | {"config": jf["decode_config"]},
         "train_seconds": stages["train"]["train_seconds"],
+        "resumed_from_step": stages["train"].get("resumed_from_step", 0),
+        # torch CPU threads each stage ran with: the training governor's counts, the evaluation's one count, and the
+        # trajectory actors' (their Ray CPU allotment). Logged as the run's params.
+        "threads": {
+            "train": stages["train"].get("threads") or {},
+            "eval": jf.get("torch_threads"),
+            "trajectory_actor": max(1, int(profile.compute.cpus_per_worker)),
+        },
         "trajectories": {k: v for k, v in stages["trajectories"].items()},
         "packing": stages["pack"],
         "training": profile.training.model_dump(),

@@ -38,9 +38,30 @@ def local_artifact_root() -> Path:
     return jf_home() / "mlflow" / "artifacts"
 
 
+class TrackingUnreachable(RuntimeError):
+    pass
+
+
+def check_reachable(uri: str, timeout: float = 10.0) -> None:
+    """An MLflow server that does not answer fails here, in seconds and by name, instead of after the client's
+    minutes of retries with a connection error that names neither the server nor what was kept."""
+    if not uri.startswith(("http://", "https://")):
+        return
+    import urllib.request
+
+    try:
+        urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout).close()
+    except OSError as err:
+        raise TrackingUnreachable(
+            f"the MLflow tracking server {uri} is not reachable ({getattr(err, 'reason', err)}); the round's "
+            "finished stages are kept: start the server and re-run, and only what had not finished runs again"
+        ) from None
+
+
 def connect(profile: Profile) -> tuple[MlflowClient, str]:
     """Point MLflow at the profile's store and return (client, experiment id), creating the experiment once."""
     uri = tracking_uri(profile.registry)
+    check_reachable(uri)
     if uri.startswith("sqlite:///"):
         Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     # The registry follows the tracking URI. (mlflow.set_registry_uri would export MLFLOW_REGISTRY_URI to every
@@ -118,9 +139,19 @@ def round_metrics(report: dict) -> dict[str, float]:
     return m
 
 
+def thread_params(threads: dict) -> dict[str, object]:
+    """The round's thread counts as flat params (`threads.train_policy`, `threads.train_initial`, ...)."""
+    train = threads.get("train") or {}
+    out: dict[str, object] = {
+        f"train_{k}": train[k] for k in ("policy", "budget", "initial", "final", "min") if k in train
+    }
+    out.update({k: v for k, v in threads.items() if k != "train" and v is not None})
+    return out
+
+
 def log_round(client: MlflowClient, run_id: str, report: dict, plots: dict[str, object]) -> None:
     """Metrics (loss curves per step, the round's results), plots, the report JSON and the trajectory input."""
-    from mlflow.entities import Metric
+    from mlflow.entities import Metric, Param
 
     now = int(time.time() * 1000)
     curve = [
@@ -130,6 +161,12 @@ def log_round(client: MlflowClient, run_id: str, report: dict, plots: dict[str, 
         if k != "step"
     ]
     curve += [Metric(k, float(v), now, 0) for k, v in round_metrics(report).items()]
+    threads = report.get("threads") or {}
+    # The training thread count over steps: a flat line alone, a step down where another process took a core.
+    curve += [
+        Metric("torch_threads", float(n), now, int(step)) for step, n in threads.get("train", {}).get("changes", [])
+    ]
+    client.log_batch(run_id, params=[Param(f"threads.{k}", str(v)) for k, v in thread_params(threads).items()])
     for i in range(0, len(curve), 1000):
         client.log_batch(run_id, metrics=curve[i : i + 1000])
     for name, fig in plots.items():
@@ -213,10 +250,12 @@ def _registered(client: MlflowClient, name: str, key: str):
 
 
 def _reuse(client: MlflowClient, name: str, found) -> tuple[str, GateDecision]:
-    """A re-run of a registered round: its version and verdict as recorded. Aliases a killed run may not have set
-    yet are set, but never moved back from a newer version."""
+    """A re-run of a registered round: its version and verdict as recorded. A registration that was killed before
+    its alias moves were done (no `jf.registration: complete` tag) has them finished, never moving an alias back
+    from a newer version; a complete one moves nothing (an operator's later rollback stays)."""
     version, passed = str(found.version), found.tags.get("gate") == "passed"
     reasons = [r for r in found.tags.get("gate_reasons", "").split("; ") if r]
+    interrupted = found.tags.get(REGISTRATION_TAG) != "complete"
     for alias, wanted in (("challenger", True), ("champion", passed)):
         if not wanted:
             continue
@@ -224,9 +263,14 @@ def _reuse(client: MlflowClient, name: str, found) -> tuple[str, GateDecision]:
             holder = client.get_model_version_by_alias(name, alias)
         except MlflowException:
             holder = None
-        if holder is None:
+        if holder is None or (interrupted and int(holder.version) < int(version)):
             client.set_registered_model_alias(name, alias, version)
+    if interrupted:
+        client.set_model_version_tag(name, version, REGISTRATION_TAG, "complete")
     return version, GateDecision(passed=passed, reasons=reasons)
+
+
+REGISTRATION_TAG = "jf.registration"  # "complete" once a version's aliases were moved: a re-run then moves none
 
 
 def register(
@@ -284,6 +328,7 @@ def register(
     client.set_registered_model_alias(name, "challenger", version)
     if decision.passed:
         client.set_registered_model_alias(name, "champion", version)
+    client.set_model_version_tag(name, version, REGISTRATION_TAG, "complete")  # a killed run is finished by a re-run
     client.set_tag(run_id, "jf.registered_version", version)
     client.set_tag(run_id, "jf.gate", tags["gate"])
     return str(version), decision

@@ -17,6 +17,7 @@ import torch
 from jf_core.checkpoint import save_checkpoint
 from jf_core.decoding.ar import ar_decode
 from jf_core.paths import jf_home
+from jf_core.threads import ThreadGovernor
 from jf_core.toy.data import ar_batches
 from jf_core.toy.evaluate import evaluate
 from jf_core.toy.model import ToyModelConfig, build_model
@@ -73,6 +74,7 @@ def bootstrap(
         cfg.train,
         progress=progress,
         on_log=on_log,
+        threads=ThreadGovernor(),  # a bootstrap beside other work slows down by its share, not 30x (issue 16)
     )
     model.eval()
 
@@ -90,6 +92,7 @@ def bootstrap(
         "total_seconds": time.perf_counter() - started,
         "parameters": sum(p.numel() for p in model.parameters()),
         "final_loss": result.history[-1]["loss"],
+        "threads": result.threads,
         "config": asdict(cfg),
         "loss_curve": [(int(r["step"]), r["loss"]) for r in result.history],
     }

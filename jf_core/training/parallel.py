@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from jf_core.checkpoint import save_checkpoint
+from jf_core.checksums import verify, write_manifest
 
 STATE = "trainer_state.json"
 
@@ -84,6 +85,7 @@ class Parallel:
     ) -> tuple[int, list[dict]]:
         from safetensors.torch import load_file
 
+        verify(path)  # a corrupted checkpoint is refused by name, never resumed from
         weights = load_file(str(path / "model.safetensors"))
         missing, unexpected = model.load_state_dict(weights, strict=False)
         # Tied embeddings are saved once; anything else missing means the checkpoint is not this model's.
@@ -155,6 +157,7 @@ class Distributed(Parallel):
         dist.barrier()  # every worker's shards are written
         if self.rank == 0:
             (tmp / STATE).write_text(json.dumps({"step": step, "history": history}))
+            write_manifest(tmp)  # every worker's shards are on the shared storage by now
             shutil.rmtree(final, ignore_errors=True)
             os.replace(tmp, final)
         dist.barrier()
@@ -163,6 +166,7 @@ class Distributed(Parallel):
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+        verify(path)
         model_state, optim_state = get_state_dict(model, optimizer)
         state = {"model": model_state, "optim": optim_state}
         dcp.load(state, checkpoint_id=str(path))

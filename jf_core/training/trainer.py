@@ -26,6 +26,7 @@ from typing import Protocol
 import torch
 from tqdm.auto import tqdm
 
+from jf_core.threads import ThreadGovernor
 from jf_core.training.parallel import Parallel
 
 Batch = dict[str, torch.Tensor]
@@ -71,6 +72,7 @@ class TrainResult:
     seconds: float
     history: list[dict[str, float]] = field(default_factory=list)
     resumed_from: int = 0  # the step a checkpoint put the run at (0: from the start)
+    threads: dict = field(default_factory=dict)  # ThreadGovernor.record(): the counts this run used, for its params
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -95,11 +97,15 @@ def train(
     progress: bool = True,
     save_model: Callable[[Path], None] | None = None,
     parallel: Parallel | None = None,
+    threads: ThreadGovernor | None = None,
 ) -> TrainResult:
     """Run `cfg.steps` optimizer steps. With `checkpoint_dir` and `checkpoint_every`, a checkpoint (weights,
     optimizer state, step) is written atomically every that many steps and at the end, and with `resume` a run
     restarts from the latest complete one: the data stream is fast-forwarded, so a resumed run reaches the same
-    weights as an uninterrupted one."""
+    weights as an uninterrupted one.
+
+    `threads`: a governor that sets torch's CPU threads to the CPUs other processes leave free, re-measured while
+    the run goes (jf_core/threads.py). Without one, the count is left as it is."""
     parallel = parallel or Parallel()
     torch.manual_seed(cfg.seed)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -132,10 +138,14 @@ def train(
         if cfg.compute_dtype != torch.float32 and parallel.uses_autocast
         else contextlib.nullcontext()
     )
+    if threads is not None:
+        threads.start(first_step)
     start = time.perf_counter()
     show = progress and parallel.rank == 0
     bar = tqdm(range(first_step, cfg.steps), desc="train", disable=not show, dynamic_ncols=True)
     for step in bar:
+        if threads is not None:
+            threads.tick(step)
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, cfg)
         micro = [{k: v.to(device) for k, v in next(batches).items()} for _ in range(cfg.grad_accum)]
@@ -175,7 +185,13 @@ def train(
         if checkpoint_dir is not None and checkpoint_every and (done % checkpoint_every == 0 or done == cfg.steps):
             parallel.save_checkpoint(checkpoint_dir, done, model, optimizer, history, save_model)
     model.eval()
-    return TrainResult(steps=cfg.steps, seconds=time.perf_counter() - start, history=history, resumed_from=first_step)
+    return TrainResult(
+        steps=cfg.steps,
+        seconds=time.perf_counter() - start,
+        history=history,
+        resumed_from=first_step,
+        threads=threads.record() if threads is not None else {},
+    )
 
 
 def causal_lm_loss(

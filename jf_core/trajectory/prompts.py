@@ -37,6 +37,9 @@ class PromptSourceConfig(BaseModel):
     min_prompt_tokens: int = Field(1, ge=1)
     max_prompt_tokens: int | None = Field(None, ge=1)
     limit: int | None = Field(None, ge=1)
+    # Prompt files merged after the source (`jf prompts add`, an event-triggered round): same fields, read whole
+    # (`limit` bounds the source only), their prompt ids prefixed with the file's name.
+    extra_sources: list[str] = Field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -223,10 +226,14 @@ def load_prompts(
     skipped as too long."""
     items: list[PromptItem] = []
     skipped: Counter = Counter()
-    usable = usable_rows(cfg, read_rows(cfg), tokenizer, skipped, context_length, max_new_tokens)
-    for row_id, row, _, ids in usable:
-        prompt_id = str(row[cfg.id_field]) if cfg.id_field and cfg.id_field in row else row_id
-        items.append(PromptItem(prompt_id=prompt_id, token_ids=ids))
+    sources = [(cfg, "")]
+    for extra in cfg.extra_sources:
+        sources.append((cfg.model_copy(update={"source": extra, "limit": None, "extra_sources": []}), Path(extra).name))
+    for source, prefix in sources:
+        usable = usable_rows(source, read_rows(source), tokenizer, skipped, context_length, max_new_tokens)
+        for row_id, row, _, ids in usable:
+            prompt_id = str(row[cfg.id_field]) if cfg.id_field and cfg.id_field in row else row_id
+            items.append(PromptItem(prompt_id=f"{prefix}/{prompt_id}" if prefix else prompt_id, token_ids=ids))
     ids_seen = [i.prompt_id for i in items]
     if len(set(ids_seen)) != len(ids_seen):
         raise PromptSourceError(f"{cfg.source}: prompt ids are not unique (id_field={cfg.id_field!r})")

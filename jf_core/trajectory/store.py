@@ -30,6 +30,10 @@ from jf_core.trajectory.schema import (
 MANIFEST = "manifest.json"
 
 
+class ShardWriteError(OSError):
+    """A shard could not be written (disk full, quota, I/O error); its temporary file was removed."""
+
+
 @dataclass
 class ShardInfo:
     key: str
@@ -77,6 +81,12 @@ def write_shard(
         with tmp.open("rb+") as fh:
             os.fsync(fh.fileno())
         tmp.replace(final)
+    except OSError as err:  # disk full, quota, file-size limit, I/O error: say where, keep nothing
+        tmp.unlink(missing_ok=True)
+        raise ShardWriteError(
+            f"shard {final.name} could not be written to {root}: {err}. Nothing of it was kept; free space (or "
+            "raise the quota) and re-run: finished shards are kept and the stage resumes from this one"
+        ) from err
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

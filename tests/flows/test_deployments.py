@@ -23,8 +23,16 @@ def test_prefect_yaml_deployments_use_valid_profiles():
         if "profile" in params:
             load_profile(params["profile"], **params.get("overrides", {}))
             ProfileOverrides.model_validate(params.get("overrides", {}))  # what the server's schema will check
-        assert d["work_pool"]["name"] == "jf-pool"
+        if "profile" in params:  # GPU profiles run on the GPU pools, CPU ones on the local process pool
+            gpu = load_profile(params["profile"]).compute.gpus_per_worker > 0
+            assert d["work_pool"]["name"] in (("jf-gpu-docker", "jf-gpu-k8s") if gpu else ("jf-pool",)), d["name"]
+        for trigger in d.get("triggers", []):  # what `prefect deploy` turns into the deployment's automations
+            from prefect.events.schemas.deployment_triggers import DeploymentEventTrigger
+
+            DeploymentEventTrigger.model_validate(trigger)
+            assert set(trigger["parameters"]) <= set(flow.parameters.properties), trigger
     assert {"jf-round/tiny", "jf-round/qwen2.5-coder-7b", "jf-round/retrain-tiny", "jf-progressive/tiny"} <= names
+    assert {"jf-round/retrain-on-new-prompts", "jf-benchmark/champion"} <= names
     retrain = next(d for d in spec["deployments"] if d["name"] == "retrain-tiny")
     assert retrain["schedules"][0]["cron"] and retrain["parameters"]["model"] == "models:/jf-tiny@champion"
 

@@ -6,8 +6,10 @@ the champion loads from the registry and decodes like the model's own greedy AR.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
+import time
 
 import mlflow
 import pytest
@@ -43,6 +45,22 @@ def _flow_run_name(flow_run_id) -> str:
     return asyncio.run(read())
 
 
+def _champion_events() -> list[dict]:
+    from prefect.client.orchestration import get_client
+    from prefect.events.filters import EventFilter, EventNameFilter
+
+    from jacobi_forcing.tasks.events import CHAMPION_CHANGED
+
+    deadline = time.monotonic() + 60  # events are sent in the background and persisted in batches
+    with get_client(sync_client=True) as client:
+        while True:
+            # limit: the client's default (100) is above what the server accepts (50)
+            page = client.read_events(EventFilter(event=EventNameFilter(name=[CHAMPION_CHANGED])), limit=50)
+            if page.events or time.monotonic() > deadline:
+                return [e.payload for e in page.events]
+            time.sleep(2)
+
+
 def test_round_registers_reuses_and_gates(prefect_server, jf_env):
     from jacobi_forcing.flows.round import jf_round
 
@@ -72,6 +90,8 @@ def test_round_registers_reuses_and_gates(prefect_server, jf_env):
     }
     assert "gate_accuracy_vs_base" in run.data.metrics and "output_repetition" in run.data.metrics
     assert read_block(summary["model"])["lineage"] == {"base": summary["model_in"], "rounds": 1}
+    # The alias moved, so the registering task announced it (prefect.yaml's jf-benchmark/champion runs on this).
+    assert _champion_events() == [{"model": "jf-test", "version": "1", "uri": "models:/jf-test/1"}]
 
     gate_fails = {
         "registry": {
@@ -102,8 +122,12 @@ def test_round_registers_reuses_and_gates(prefect_server, jf_env):
 
     # A round from the champion: its input is the registry's copy; the gate holds it to the chain's original base
     # (evaluated in this round's evaluation, reused from the first round's) and to the champion's recorded figures.
-    state = jf_round(jf_env["profile"], model="models:/jf-test@champion", return_state=True)
+    # It is the round a `jf.prompts.added` event starts: new prompts merged into the profile's.
+    new = jf_env["tmp"] / "added.jsonl"
+    new.write_text("".join(json.dumps({"prompt": f"program: a={i}; step +2; return a"}) + "\n" for i in range(4)))
+    state = jf_round(jf_env["profile"], model="models:/jf-test@champion", new_prompts=str(new), return_state=True)
     chained = state.result()
+    assert chained["trajectories"]["prompts"] == summary["trajectories"]["prompts"] + 4
     assert chained["model_in"] != summary["model_in"] and chained["lineage_base"] == summary["model_in"]
     assert read_block(chained["model"])["lineage"] == {"base": summary["model_in"], "rounds": 2}
     states = _task_states(state.state_details.flow_run_id)

@@ -69,6 +69,7 @@ def _start_flow_process(api: str) -> tuple[subprocess.Popen, str]:
     return proc, proc.stdout.readline().strip()
 
 
+@pytest.mark.faults
 def test_a_killed_flow_run_process_ends_crashed_and_a_live_one_does_not(prefect_api):
     """The stack's settings (heartbeat 30 s, crashed after 90 s of silence): a flow run's process SIGKILLed
     mid-run (what a killed worker does to its runs) ends `Crashed`; its sibling, alive, stays `Running`."""
@@ -91,6 +92,7 @@ def test_a_killed_flow_run_process_ends_crashed_and_a_live_one_does_not(prefect_
             proc.wait()
 
 
+@pytest.mark.faults
 def test_mlflow_runs_of_ended_flow_runs_are_closed_failed(prefect_api, tmp_path):
     from prefect.client.orchestration import get_client
     from prefect.states import Crashed

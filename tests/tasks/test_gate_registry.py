@@ -50,9 +50,8 @@ def registry(tmp_path, monkeypatch, profile):
     client = MlflowClient(uri, uri)
     experiment = client.create_experiment("gate")
 
-    def register(name: str, candidate: Figures, input_model: Figures, base: Figures) -> tuple[str, object]:
-        run_id = client.create_run(experiment).info.run_id
-        report = {
+    def report_of(name: str, candidate: Figures, input_model: Figures, base: Figures) -> dict:
+        return {
             "round_dir": str(tmp_path / name),
             "model": model_dir,
             "model_in": "the input model",
@@ -69,9 +68,14 @@ def registry(tmp_path, monkeypatch, profile):
             "eval_key": KEY,
             "figures": {"candidate": asdict(candidate), "input": asdict(input_model), "lineage_base": asdict(base)},
         }
-        version, decision = tracking.register(client, run_id, prof, report)
+
+    def register(name: str, candidate: Figures, input_model: Figures, base: Figures) -> tuple[str, object]:
+        run_id = client.create_run(experiment).info.run_id
+        version, decision = tracking.register(client, run_id, prof, report_of(name, candidate, input_model, base))
         return version, decision, run_id
 
+    # For a registration run elsewhere (a process killed mid-way): the same report, profile, store and experiment.
+    register.report_of, register.profile, register.uri, register.experiment = report_of, prof, uri, experiment
     return client, register
 
 
@@ -121,3 +125,69 @@ def test_refusals_show_their_reasons_on_the_version_and_leave_the_champion(regis
 
     assert str(client.get_model_version_by_alias("jf-gate", "champion").version) == first
     assert str(client.get_model_version_by_alias("jf-gate", "challenger").version) == loops
+
+
+KILLED_WHILE_PROMOTING = """
+import json, os, sys
+from mlflow import MlflowClient
+from jacobi_forcing.tasks import tracking
+from jf_core.config import Profile
+
+uri, profile, report, run_id = sys.argv[1:5]
+move_alias = MlflowClient.set_registered_model_alias
+
+
+def dying(self, name, alias, version):
+    if alias == "champion":
+        os._exit(9)  # the process dies between the new version's registration and its promotion
+    return move_alias(self, name, alias, version)
+
+
+MlflowClient.set_registered_model_alias = dying
+client = MlflowClient(uri, uri)
+tracking.register(client, run_id, Profile.model_validate_json(open(profile).read()), json.load(open(report)))
+"""
+
+
+@pytest.mark.faults
+def test_a_registration_killed_before_its_promotion_is_completed_by_the_rerun(registry, evaluations, tmp_path):
+    """Killed after registering its version and moving `challenger`, before `champion`: the re-run registers no
+    second version and finishes the promotion the gate had decided; an operator's later alias moves are not undone
+    by re-running a finished registration."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    client, register = registry
+    clean = Figures.of(evaluations[0], KEY)
+    first, decision, _ = register("r1", clean, clean, clean)
+    assert decision.passed
+    faster = replace(clean, tpf={"8": clean.tpf["8"] + 0.5}, headline_tpf=clean.headline_tpf + 0.5)
+    report = register.report_of("r2", faster, clean, clean)
+    (tmp_path / "report.json").write_text(json.dumps(report))
+    (tmp_path / "profile.json").write_text(register.profile.model_dump_json())
+    run_id = client.create_run(register.experiment).info.run_id
+    repo = Path(__file__).resolve().parents[2]
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED_WHILE_PROMOTING, register.uri, str(tmp_path / "profile.json"),
+         str(tmp_path / "report.json"), run_id],
+        cwd=repo, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert killed.returncode == 9, killed.stderr[-3000:]
+    versions = client.search_model_versions("name='jf-gate'")
+    assert len(versions) == 2 and _tags(client, "2")["gate"] == "passed"
+    assert str(client.get_model_version_by_alias("jf-gate", "challenger").version) == "2"
+    assert str(client.get_model_version_by_alias("jf-gate", "champion").version) == first  # not promoted yet
+
+    rerun = client.create_run(register.experiment).info.run_id
+    version, decision = tracking.register(client, rerun, register.profile, report)
+    assert version == "2" and decision.passed
+    assert len(client.search_model_versions("name='jf-gate'")) == 2  # no duplicate
+    assert str(client.get_model_version_by_alias("jf-gate", "champion").version) == "2"  # the promotion, finished
+    assert _tags(client, "2")["jf.registration"] == "complete"
+
+    client.set_registered_model_alias("jf-gate", "champion", first)  # an operator rolls back
+    again = client.create_run(register.experiment).info.run_id
+    assert tracking.register(client, again, register.profile, report)[0] == "2"
+    assert str(client.get_model_version_by_alias("jf-gate", "champion").version) == first  # left as the operator set

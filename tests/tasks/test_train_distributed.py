@@ -85,6 +85,7 @@ def test_ddp_and_fsdp2_follow_the_one_process_loss_curve(runs, strategy):
         torch.testing.assert_close(value, state[name], rtol=1e-3, atol=1e-5, msg=f"{strategy} {name}")
 
 
+@pytest.mark.faults
 def test_a_killed_worker_resumes_from_its_checkpoint_with_the_uninterrupted_weights(
     packed, runs, tmp_path, monkeypatch
 ):

@@ -25,6 +25,7 @@ def test_generate_then_rerun_regenerates_nothing(ray_local, profile, tmp_path):
     assert again.shards_generated == 0 and again.rows == first.rows
 
 
+@pytest.mark.faults
 def test_actor_death_mid_shard_loses_and_duplicates_nothing(ray_local, profile, tmp_path, monkeypatch):
     calm = generate_trajectories(profile, tmp_path / "calm", progress=False)
     marker = tmp_path / "died"

@@ -90,3 +90,58 @@ def test_foreign_shard_is_named(tmp_path):
 def test_empty_store_is_an_error(tmp_path):
     with pytest.raises(TrajectoryValidationError, match="no trajectory shards"):
         TrajectoryStore(tmp_path).read()
+
+
+DISK_FULL = """
+import os, resource, signal, sys
+from jf_core.trajectory.store import ShardWriteError, TrajectoryStore, write_shard
+from tests.jf_core.trajectory.test_store import record
+
+root, limit = sys.argv[1], int(sys.argv[2])
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then fails with EFBIG, like ENOSPC
+if limit:
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))  # after the imports: .pyc files stay writable
+store = TrajectoryStore(root)
+for key, rows in (("a", 2), ("b", 2), ("c", 1000)):
+    if store.is_done(key):
+        continue
+    records = [record(f"{key}{i}-{os.urandom(16).hex()}", 0) for i in range(rows)]  # ids zstd cannot shrink
+    try:
+        store.commit(write_shard(store.root, key, records, {"jf.model_id": "m"}, prompts=rows, new_tokens=4 * rows,
+                                 seconds=0.1))
+    except ShardWriteError as err:
+        print(err)
+        sys.exit(3)
+"""
+
+
+@pytest.mark.faults
+def test_a_full_disk_during_shard_writes_keeps_nothing_partial_and_the_rerun_completes(tmp_path):
+    """The kernel refuses writes past a file-size limit (RLIMIT_FSIZE) in the writing process, as a full disk
+    would: the shard that did not fit fails with a clear error, no partial shard or temporary file is visible, and
+    a re-run with room writes only the missing shard."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = tmp_path / "traj"
+    repo = Path(__file__).resolve().parents[3]
+
+    def run(limit: int) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", DISK_FULL, str(root), str(limit)], cwd=repo, capture_output=True,
+                              text=True, timeout=120)  # fmt: skip
+
+    full = run(8_000)
+    assert full.returncode == 3, full.stdout + full.stderr
+    assert "shard shard-c.parquet could not be written to" in full.stdout and "File too large" in full.stdout
+    assert "Nothing of it was kept" in full.stdout
+    assert sorted(p.name for p in root.iterdir()) == ["manifest.json", "shard-a.parquet", "shard-b.parquet"]
+    first = {k: v["sha256"] for k, v in TrajectoryStore(root).manifest()["shards"].items()}
+
+    again = run(0)
+    assert again.returncode == 0, again.stdout + again.stderr
+    store = TrajectoryStore(root)
+    shards = store.manifest()["shards"]
+    assert sorted(shards) == ["a", "b", "c"] and {k: shards[k]["sha256"] for k in first} == first  # a, b not redone
+    ids = store.read().column("prompt_id").to_pylist()
+    assert len(ids) == len(set(ids)) == 1004  # every row exactly once

@@ -1,0 +1,142 @@
+"""CPU thread counts that degrade gracefully when the machine is shared.
+
+torch's intra-op pool splits each op over its threads and waits at a barrier for the slowest. When another process
+holds a core, one of our threads is descheduled and every op waits for it. Measured on the 2-core dev machine
+(issue 16): a training step of the embedded model ran 5.3 steps/s alone on torch's 2 threads, 1.95 beside one busy
+process, but 3.3 on 1 thread. So the right count is the number of CPUs nobody else is using, and that changes
+while a round runs (a test suite starts, a benchmark ends).
+
+`ThreadGovernor` measures it from the kernel's counters: the CPU time all processes used since the last look,
+minus our own, is the other processes' load; the CPUs left over (of those this process may use: its affinity and
+its cgroup quota) set torch's intra-op threads. The training loop asks it every step; it looks every `every_s`
+seconds, so a loop pays a clock read per step. Decoding benchmarks take one count at the start instead
+(`choose_threads`): their methods take turns, and changing the count between turns would bias the ratios.
+
+Linux only (/proc/stat); elsewhere the governor keeps torch's count. A count set by the user (`compute.threads`,
+`--threads`) is never changed."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+# Headroom before taking one more thread: with n threads beside a busy process the kernel gives that process only
+# part of a core, so its measured load under-states what it would take back; 0.4 keeps a shared machine on the
+# smaller count instead of flapping between the two.
+_MARGIN = 0.4
+
+
+def cpu_budget() -> int:
+    """CPUs this process may use: its affinity mask, capped by a cgroup v2 CPU quota (containers, k8s limits)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+        if quota != "max":
+            cpus = min(cpus, max(1, math.floor(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return max(1, cpus)
+
+
+@dataclass(frozen=True)
+class _Sample:
+    busy: float  # CPU-seconds every process has used since boot (all CPUs)
+    own: float  # CPU-seconds this process has used (all its threads)
+    wall: float
+
+
+def _sample() -> _Sample | None:
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    # user nice system idle iowait irq softirq steal ...: everything but idle and iowait was spent running something
+    ticks = [int(x) for x in fields[1:9]]
+    busy = sum(ticks) - ticks[3] - ticks[4]
+    t = os.times()
+    return _Sample(busy / _CLOCK_TICKS, t.user + t.system, time.monotonic())
+
+
+def others_load(before: _Sample, after: _Sample) -> float:
+    """CPUs other processes kept busy between two samples (0 when the interval is too short to tell)."""
+    wall = after.wall - before.wall
+    if wall <= 0:
+        return 0.0
+    return max(0.0, ((after.busy - before.busy) - (after.own - before.own)) / wall)
+
+
+def threads_for(load: float, budget: int) -> int:
+    """The count for `budget` CPUs of which others use `load`: whole free CPUs, at least 1."""
+    return max(1, min(budget, math.floor(budget - load + _MARGIN)))
+
+
+def choose_threads(probe_s: float = 0.3, budget: int | None = None) -> int:
+    """One count for work that must not change it midway (speed measurements): the CPUs free over `probe_s`."""
+    budget = budget or cpu_budget()
+    before = _sample()
+    if before is None:
+        return budget
+    time.sleep(probe_s)
+    after = _sample()
+    return threads_for(others_load(before, after), budget) if after else budget
+
+
+@dataclass
+class ThreadGovernor:
+    """Sets torch's intra-op threads to the CPUs free of other processes, re-measured every `every_s` seconds.
+
+    `fixed`: a count the user chose; set once, never changed. `record()` is what the run's params keep."""
+
+    fixed: int | None = None
+    budget: int = field(default_factory=cpu_budget)
+    every_s: float = 2.0
+    changes: list[tuple[int, int]] = field(default_factory=list)  # (step, threads) each time the count changed
+    _last: _Sample | None = None
+
+    def start(self, step: int = 0) -> int:
+        import torch
+
+        if self.fixed is not None:
+            self._set(step, self.fixed)
+            return self.fixed
+        self.budget = max(1, self.budget)
+        self._set(step, choose_threads(budget=self.budget))
+        self._last = _sample()
+        return torch.get_num_threads()
+
+    def tick(self, step: int) -> None:
+        """Called once per training step; re-measures when `every_s` has passed."""
+        if self.fixed is not None or self._last is None or time.monotonic() - self._last.wall < self.every_s:
+            return
+        now = _sample()
+        if now is None:
+            return
+        count = threads_for(others_load(self._last, now), self.budget)
+        self._last = now
+        if count != self.changes[-1][1]:
+            self._set(step, count)
+
+    def _set(self, step: int, count: int) -> None:
+        import torch
+
+        torch.set_num_threads(count)
+        self.changes.append((step, count))
+
+    def record(self) -> dict:
+        counts = [n for _, n in self.changes]
+        return {
+            "policy": "fixed" if self.fixed is not None else "governed",
+            "budget": self.budget,
+            "initial": counts[0] if counts else None,
+            "final": counts[-1] if counts else None,
+            "min": min(counts) if counts else None,
+            "changes": [list(c) for c in self.changes],
+        }

@@ -1,0 +1,111 @@
+"""The MLflow server stopped mid-round (a real `mlflow server`, killed once training has finished): the round fails
+with an error naming the server, and once the server is back a re-run registers the model without redoing any stage
+that had finished (Prefect shows them `Cached`), and closes the failed attempt's MLflow run as FAILED."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+from mlflow import MlflowClient
+
+from jacobi_forcing.infra.stack import free_port
+
+pytestmark = [pytest.mark.faults, pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+class MlflowServer:
+    def __init__(self, root: Path) -> None:
+        self.root, self.port, self.proc = root, free_port(), None
+        self.uri = f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        cmd = [
+            sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}",
+            "--artifacts-destination", str(self.root / "artifacts"), "--host", "127.0.0.1", "--port", str(self.port),
+            "--workers", "1",
+        ]  # fmt: skip
+        log = open(self.root / "server.log", "a")  # noqa: SIM115 (the server's for its whole life)
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"{self.uri}/health", timeout=2).close()
+                return
+            except OSError:
+                assert self.proc.poll() is None, (self.root / "server.log").read_text()[-3000:]
+                assert time.monotonic() < deadline, "mlflow server did not start"
+                time.sleep(0.5)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # gone, as a crashed server or a lost host is
+            self.proc.wait()
+
+
+def _task_states(flow_run_id) -> dict[str, str]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    async def read():
+        async with get_client() as client:
+            runs = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+            return {r.name: r.state.name for r in runs}
+
+    return asyncio.run(read())
+
+
+def test_a_round_whose_mlflow_server_dies_fails_by_name_and_the_rerun_redoes_nothing(prefect_server, jf_env):
+    from jacobi_forcing.flows.round import jf_round
+
+    server = MlflowServer(jf_env["tmp"])
+    server.start()
+    data = yaml.safe_load(Path(jf_env["profile"]).read_text())
+    data["registry"]["tracking_uri"] = server.uri
+    profile = jf_env["tmp"] / "remote-mlflow.yaml"
+    profile.write_text(yaml.safe_dump(data))
+    runs = Path(data["storage"]["runs_dir"])
+
+    def kill_after_training() -> None:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and not list(runs.glob("*/*/model/done.json")):
+            time.sleep(0.2)
+        server.stop()
+
+    killer = threading.Thread(target=kill_after_training, daemon=True)
+    killer.start()
+    try:
+        failed = jf_round(str(profile), return_state=True)
+        killer.join(timeout=5)
+        assert failed.is_failed(), failed
+        with pytest.raises(Exception, match=f"the MLflow tracking server {server.uri} is not reachable"):
+            failed.result()
+
+        server.start()
+        again = jf_round(str(profile), return_state=True)
+        summary = again.result()
+    finally:
+        server.stop()
+    states = _task_states(again.state_details.flow_run_id)
+    for stage in ("trajectories", "pack", "train", "evaluate input model", "evaluate Jacobi Forcing model"):
+        assert any(name.startswith(stage) and state == "Cached" for name, state in states.items()), (stage, states)
+    assert summary["registry"]["version"] == "1"
+    server.start()
+    try:
+        client = MlflowClient(server.uri, server.uri)
+        assert len(client.search_model_versions("name='jf-test'")) == 1
+        rounds = client.search_runs(
+            [client.get_experiment_by_name("jacobi-forcing").experiment_id], "attributes.run_name = 'round n=8'"
+        )
+        assert sorted(r.info.status for r in rounds) == ["FAILED", "FINISHED"]  # the dead attempt, closed by the rerun
+    finally:
+        server.stop()
