@@ -1,6 +1,7 @@
 """End to end on real servers: `jf stack up --ray` (free ports) -> `prefect deploy --all` -> `prefect deployment
 run jf-round/tiny --watch` on the embedded model, its trajectory actors on the stack's Ray (joined with the stack's
-token) -> the MLflow registry holds a version with its metrics and plots and `champion`; the same parameters with a
+token) -> the MLflow registry holds a version with its metrics and plots and `champion`, whose event starts the
+`jf-benchmark/champion` deployment (a cancel ends that run `Cancelled`); the same parameters with a
 gate made to fail reuse every stage and leave `champion` alone; the scheduled deployment has scheduled runs, and
 one started now trains from the champion resolved out of the registry; the README's registry-consumer snippet
 works as written; `jf serve models:/jf-tiny@champion` on the stack's Ray answers the official `openai` client
@@ -135,6 +136,7 @@ def test_stack_deploy_run_register_gate_schedule(stack_env):
         "plots/tpf_per_round.png",
         "plots/acceptance_histogram.png",
     }
+    _the_champion_event_started_its_benchmark_and_a_cancel_ends_it(stack_env)
 
     failing = {**SMALL, "registry": {"gate": {"max_accuracy_drop": -1.0}}}
     second = _run_deployment(stack_env, {"overrides": failing})
@@ -181,6 +183,44 @@ def test_stack_deploy_run_register_gate_schedule(stack_env):
     assert "answer" in out.stdout  # the embedded task's answers end in "answer <number>"
 
     _serve_the_champion(stack_env)
+
+
+def _the_champion_event_started_its_benchmark_and_a_cancel_ends_it(env) -> None:
+    """The gate moved `champion`, so the registering task's event started `jf-benchmark/champion` (prefect.yaml's
+    trigger) on this stack's worker. Once it runs it is cancelled, as `prefect flow-run cancel` does: the worker stops
+    it and it ends `Cancelled`, not stuck `Cancelling`. (A full benchmark of the tiny profile would compete with the
+    rest of this test, so the trigger is paused afterwards.)"""
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+    from prefect.client.schemas.objects import StateType
+
+    async def benchmark_runs(client):
+        dep = await client.read_deployment_by_name("jf-benchmark/champion")
+        runs = await client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[dep.id])))
+        return dep, runs
+
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        dep, runs = _api(env, benchmark_runs)
+        if runs and runs[0].state.type == StateType.RUNNING:
+            break
+        time.sleep(2)
+    assert len(runs) == 1 and runs[0].state.type == StateType.RUNNING, [(r.name, r.state) for r in runs]
+    assert runs[0].parameters == {"profile": "tiny", "model": "models:/jf-tiny/1"}
+
+    async def pause_trigger(client):
+        for automation in await client.read_resource_related_automations(f"prefect.deployment.{dep.id}"):
+            await client.pause_automation(automation.id)
+
+    _api(env, pause_trigger)
+    cancel = _prefect(env, "flow-run", "cancel", str(runs[0].id), timeout=120)
+    assert cancel.returncode == 0, cancel.stdout + cancel.stderr
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        state = _api(env, lambda client: client.read_flow_run(runs[0].id)).state
+        if state.type == StateType.CANCELLED:
+            break
+        time.sleep(2)
+    assert state.type == StateType.CANCELLED, state
 
 
 def _serve_the_champion(env) -> None:
