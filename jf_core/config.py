@@ -104,7 +104,13 @@ class JFTrainConfig(_Strict):
     consistency_weight: float = Field(1.0, ge=0)
     temperature: float = Field(1.0, gt=0)  # tau
     hard_targets: bool = False
-    schedule: Literal["progressive", "reverse", "random"] = "progressive"
+    # jacobi_forcing: noisy blocks picked by the noise schedule, conditioned on noisy context (the mask); cllm: the
+    # CLLM baseline (Kou et al. 2024): a uniformly drawn intermediate Jacobi state of each block, conditioned on the
+    # fixed point before it (mask clean_context), pulled to the fixed point's predictions, no noise schedule. Under
+    # the clean_context mask each noisy block sees exactly CLLM's input [prompt][fixed point < j][state of block j]
+    # and its clean copy gives CLLM's teacher, so one packed forward computes CLLM's per-block loss.
+    method: Literal["jacobi_forcing", "cllm"] = "jacobi_forcing"
+    schedule: Literal["progressive", "reverse", "random"] = "progressive"  # jacobi_forcing only, as are the next 3
     window: int = Field(16, ge=1)  # w: blocks per noise window
     min_ratio: float = Field(0.0, ge=0, le=1)
     max_ratio: float = Field(1.0, ge=0, le=1)
@@ -114,11 +120,21 @@ class JFTrainConfig(_Strict):
     seed: int = 0
 
     # The one mapping from this config to the training objects, shared by the local and the distributed trainer.
+    @model_validator(mode="after")
+    def _cllm_mask(self) -> JFTrainConfig:
+        if self.method == "cllm" and self.mask != "clean_context":
+            raise ValueError(
+                "training.method cllm conditions each draft on the fixed point before it: set training.mask "
+                "clean_context (the shipped mask's noisy context is what Jacobi Forcing adds)"
+            )
+        return self
+
     def noise_schedule(self):
         from jf_core.training.noise import NoiseSchedule
 
+        kind = "uniform_state" if self.method == "cllm" else self.schedule
         return NoiseSchedule(
-            self.schedule, window=self.window, min_ratio=self.min_ratio, max_ratio=self.max_ratio, seed=self.seed
+            kind, window=self.window, min_ratio=self.min_ratio, max_ratio=self.max_ratio, seed=self.seed
         )
 
     def objective(self):

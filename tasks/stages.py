@@ -79,6 +79,15 @@ def prompts_identity(profile: Profile) -> dict:
     return prompts
 
 
+def training_identity(profile: Profile) -> dict:
+    """The training config as round keys see it: without `method` while it is the default, so rounds trained
+    before the CLLM baseline existed keep their keys."""
+    training = profile.training.model_dump()
+    if training["method"] == "jacobi_forcing":
+        del training["method"]
+    return training
+
+
 def trajectory_dir(profile: Profile, model_in: str) -> Path:
     key = _digest(
         {
@@ -108,7 +117,7 @@ def round_dir(profile: Profile, model_in: str) -> Path:
             "model": model_identity(model_in),
             "prompts": prompts_identity(profile),
             "trajectory": profile.trajectory.model_dump(),
-            "training": profile.training.model_dump(),
+            "training": training_identity(profile),
         }
     )
     return profile.runs_dir() / profile.name / f"n{profile.trajectory.block_size}-{key}"
@@ -140,6 +149,7 @@ def stage_pack(profile: Profile, paths: RoundPaths) -> dict:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from jf_core.training.noise import ratio_profile
     from jf_core.training.packing import pack_records
     from jf_core.trajectory.store import TrajectoryStore
 
@@ -148,7 +158,8 @@ def stage_pack(profile: Profile, paths: RoundPaths) -> dict:
         return done
     t = profile.training
     records = TrajectoryStore(paths.trajectories).read().to_pylist()
-    packed, stats = pack_records(records, t.noise_schedule(), t.max_length)
+    schedule = t.noise_schedule()
+    packed, stats = pack_records(records, schedule, t.max_length)
     if not packed:
         raise ValueError(f"packing {paths.trajectories} produced no examples (dropped: {dict(stats.dropped_blocks)})")
     paths.packed.mkdir(parents=True, exist_ok=True)
@@ -156,9 +167,22 @@ def stage_pack(profile: Profile, paths: RoundPaths) -> dict:
     os.close(fd)
     pq.write_table(pa.Table.from_pylist([asdict(e) for e in packed]), tmp)
     os.replace(tmp, paths.packed / "examples.parquet")
-    result = {"examples": stats.examples, "blocks": stats.blocks, "dropped_blocks": dict(stats.dropped_blocks)}
+    result = {
+        "examples": stats.examples,
+        "blocks": stats.blocks,
+        "dropped_blocks": dict(stats.dropped_blocks),
+        "noise": ratio_profile(records, schedule),  # what the schedule made of these answers (issue 17)
+    }
     write_json_atomic(paths.packed / DONE, result)
     return result
+
+
+def noise_profile(profile: Profile, paths: RoundPaths) -> dict:
+    """What the profile's noise schedule makes of the round's trajectories (jf_core/training/noise.py)."""
+    from jf_core.training.noise import ratio_profile
+    from jf_core.trajectory.store import TrajectoryStore
+
+    return ratio_profile(TrajectoryStore(paths.trajectories).read().to_pylist(), profile.training.noise_schedule())
 
 
 def load_packed(paths: RoundPaths):

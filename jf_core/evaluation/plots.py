@@ -1,4 +1,5 @@
-"""Figures of a round (matplotlib, headless): loss curves, TPF per round, accepted tokens per forward."""
+"""Figures of a round (matplotlib, headless): loss curves, TPF per round, accepted tokens per forward; and of an
+ablation (`jf ablate`): TPF and accuracy per variant with their spread over seeds."""
 
 from __future__ import annotations
 
@@ -72,3 +73,33 @@ def round_figures(report: dict, history: Sequence[dict] | None = None) -> dict[s
             report["eval"]["accepted_histogram"], report["base_eval"].get("accepted_histogram")
         ),
     }
+
+
+def ablation_bars(rows: Sequence[dict]) -> Figure:
+    """Rows of `jf_core.ablation.summarize`: TPF per block size (left) and accuracy (right), mean with one standard
+    deviation over seeds as error bars."""
+    sizes = sorted({n for r in rows for n in r["tpf"]}, key=int)
+    names = [r["variant"] for r in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 0.45 * len(rows) + 2), sharey=True)
+    height = 0.8 / len(sizes)
+    for i, n in enumerate(sizes):
+        ys = [j + i * height for j in range(len(rows))]
+        left.barh(ys, [r["tpf"][n][0] for r in rows], height, xerr=[r["tpf"][n][1] for r in rows], label=f"n={n}")
+    left.set_yticks([j + 0.4 - height / 2 for j in range(len(rows))], names)
+    left.invert_yaxis()
+    left.set_xlabel("tokens per forward (TPF)")
+    left.legend()
+    right.barh(
+        [j + 0.4 - height / 2 for j in range(len(rows))],
+        [100 * r["accuracy"][0] for r in rows],
+        0.6,
+        xerr=[100 * r["accuracy"][1] for r in rows],
+        color="tab:gray",
+    )
+    low = min(100 * (r["accuracy"][0] - r["accuracy"][1]) for r in rows)
+    right.set_xlim(max(0.0, low - 5), 100)
+    right.set_xlabel("accuracy % (greedy)")
+    seeds = sorted({len(r["seeds"]) for r in rows})
+    fig.suptitle(f"Ablation at equal compute: mean ± sd over {'/'.join(map(str, seeds))} seeds")
+    fig.tight_layout()
+    return fig

@@ -7,7 +7,13 @@ ratio is closest to it (ties: the earliest state, i.e. the noisier one).
 - progressive: within a window of w blocks the target rises linearly from min to max, then the window repeats
   (easy to hard, cyclically), the paper's choice;
 - reverse: the same window falling from max to min (the paper's worst ablation);
-- random: a seeded uniform pick from the same w levels.
+- random: a seeded uniform pick from the same w levels;
+- uniform_state: no target ratio at all: a seeded uniform pick among the block's recorded Jacobi states that are not
+  its fixed point (CLLM's sampling of an intermediate state; `training.method: cllm`).
+
+`ratio_profile` measures what a schedule actually produces on a set of trajectories: the target and picked ratios
+and the blocks per answer. A progressive window of w levels only climbs past level k in answers longer than k
+blocks, so on short answers it never reaches its noisy half (`jf ablate` logs this beside each variant).
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-ScheduleName = Literal["progressive", "reverse", "random"]
+ScheduleName = Literal["progressive", "reverse", "random", "uniform_state"]
 
 
 @dataclass(frozen=True)
@@ -33,7 +39,7 @@ class NoiseSchedule:
             raise ValueError(f"noise window must be >= 1, got {self.window}")
         if not 0.0 <= self.min_ratio <= self.max_ratio <= 1.0:
             raise ValueError(f"need 0 <= min_ratio <= max_ratio <= 1, got {self.min_ratio}, {self.max_ratio}")
-        if self.kind not in ("progressive", "reverse", "random"):
+        if self.kind not in ("progressive", "reverse", "random", "uniform_state"):
             raise ValueError(f"unknown noise schedule {self.kind!r}")
 
     def levels(self) -> list[float]:
@@ -48,8 +54,21 @@ class NoiseSchedule:
             return levels[block_index % self.window]
         if self.kind == "reverse":
             return levels[::-1][block_index % self.window]
+        if self.kind == "uniform_state":
+            raise ValueError("the uniform_state schedule has no target ratio: it picks a state (`pick`)")
         # Seeded by (seed, prompt, block): reproducible, and independent of the order records are read in.
         return random.Random(f"{self.seed}:{prompt_id}:{block_index}").choice(levels)
+
+    def pick(
+        self, states: Sequence[Sequence[int]], fixed_point: Sequence[int], length: int, block_index: int, prompt_id: str
+    ) -> int:
+        """The index of the state that becomes block `block_index`'s noisy copy."""
+        if self.kind != "uniform_state":
+            return pick_noisy_state(states, fixed_point, length, self.target(block_index, prompt_id))
+        drafts = [i for i, s in enumerate(states) if noise_ratio(s, fixed_point, length) > 0]
+        if not drafts:  # converged on the first forward: only the fixed point, which teaches no consistency
+            return len(states) - 1
+        return random.Random(f"{self.seed}:{prompt_id}:{block_index}").choice(drafts)
 
 
 def noise_ratio(state: Sequence[int], fixed_point: Sequence[int], length: int) -> float:
@@ -62,3 +81,37 @@ def noise_ratio(state: Sequence[int], fixed_point: Sequence[int], length: int) -
 def pick_noisy_state(states: Sequence[Sequence[int]], fixed_point: Sequence[int], length: int, target: float) -> int:
     ratios = [noise_ratio(s, fixed_point, length) for s in states]
     return min(range(len(states)), key=lambda i: (abs(ratios[i] - target), i))
+
+
+def ratio_profile(records: Sequence[dict], schedule: NoiseSchedule, bins: int = 10) -> dict:
+    """What `schedule` does to these trajectory records (one per block): blocks per answer (mean and quantiles), the
+    mean target ratio (None for uniform_state) and picked ratio, the fraction of blocks whose noisy copy is wrong
+    past its middle (ratio > 0.5), and a histogram of picked ratios over `bins` equal bins of [0, 1]."""
+    per_answer: dict[str, int] = {}
+    targets, picked = [], []
+    for r in records:
+        per_answer[r["prompt_id"]] = max(per_answer.get(r["prompt_id"], 0), r["block_index"] + 1)
+        i = schedule.pick(r["states"], r["fixed_point"], r["length"], r["block_index"], r["prompt_id"])
+        picked.append(noise_ratio(r["states"][i], r["fixed_point"], r["length"]))
+        if schedule.kind != "uniform_state":
+            targets.append(schedule.target(r["block_index"], r["prompt_id"]))
+    counts = sorted(per_answer.values())
+    histogram = [0] * bins
+    for ratio in picked:
+        histogram[min(bins - 1, int(ratio * bins))] += 1
+
+    def quantile(q: float) -> int:
+        return counts[min(len(counts) - 1, int(q * len(counts)))] if counts else 0
+
+    return {
+        "blocks_per_answer": {
+            "mean": sum(counts) / max(1, len(counts)),
+            "p10": quantile(0.1),
+            "p50": quantile(0.5),
+            "p90": quantile(0.9),
+        },
+        "target_mean": sum(targets) / len(targets) if targets else None,
+        "picked_mean": sum(picked) / max(1, len(picked)),
+        "picked_above_half": sum(r > 0.5 for r in picked) / max(1, len(picked)),
+        "picked_histogram": histogram,
+    }

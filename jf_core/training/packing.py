@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from jf_core.training.mask import NOISY, build_mask, layout
-from jf_core.training.noise import NoiseSchedule, pick_noisy_state
+from jf_core.training.noise import NoiseSchedule
 
 
 @dataclass
@@ -88,8 +88,8 @@ def pack_records(
             continue
         noisy = []
         for r in contiguous:
-            target = schedule.target(r["block_index"], prompt_id)
-            noisy.append(list(r["states"][pick_noisy_state(r["states"], r["fixed_point"], r["length"], target)]))
+            pick = schedule.pick(r["states"], r["fixed_point"], r["length"], r["block_index"], prompt_id)
+            noisy.append(list(r["states"][pick]))
         out.append(
             PackedExample(
                 prompt_id=prompt_id,

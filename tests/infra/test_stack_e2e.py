@@ -1,5 +1,7 @@
-"""End to end on real servers: `jf stack up --ray` (free ports) -> `prefect deploy --all` -> `prefect deployment
-run jf-round/tiny --watch` on the embedded model, its trajectory actors on the stack's Ray (joined with the stack's
+"""End to end on real servers: `jf stack up --ray` (free ports) -> `prefect deploy --all` -> a round whose worker
+is killed mid-trajectories with everything it started ends `Crashed` (the stack's heartbeat automation) -> with
+the worker started again, `prefect deployment run jf-round/tiny --watch` on the embedded model closes the dead
+run's MLflow runs `FAILED` and completes, its trajectory actors on the stack's Ray (joined with the stack's
 token) -> the MLflow registry holds a version with its metrics and plots and `champion`, whose event starts the
 `jf-benchmark/champion` deployment (a cancel ends that run `Cancelled`); the same parameters with a
 gate made to fail reuse every stage and leave `champion` alone; the scheduled deployment has scheduled runs, and
@@ -123,10 +125,12 @@ def test_stack_deploy_run_register_gate_schedule(stack_env):
 
     # 40 steps cost accuracy (the full round does not): a lenient gate for the first run, an impossible one after.
     lenient = {**SMALL, "registry": {"gate": {"max_accuracy_drop": 1.0, "max_base_accuracy_drop": 1.0}}}
-    first = _run_deployment(stack_env, {"overrides": lenient})
-    assert not any(s == "Cached" for s in _task_states(stack_env, first).values())
     uri = stack_env["MLFLOW_TRACKING_URI"]
     client = MlflowClient(uri, uri)
+    _a_killed_worker_leaves_a_crashed_run_and_failed_mlflow_runs(stack_env, client, {"overrides": lenient})
+    first = _run_deployment(stack_env, {"overrides": lenient})
+    assert not any(s == "Cached" for s in _task_states(stack_env, first).values())  # the killed run finished none
+    _closed_by_the_rerun(client, first)
     v1 = client.get_model_version_by_alias("jf-tiny", "champion")
     assert str(v1.version) == "1" and {"tpf", "tps", "accuracy", "n", "base_model"} <= set(v1.tags)
     run = client.get_run(v1.run_id)
@@ -183,6 +187,64 @@ def test_stack_deploy_run_register_gate_schedule(stack_env):
     assert "answer" in out.stdout  # the embedded task's answers end in "answer <number>"
 
     _serve_the_champion(stack_env)
+
+
+KILLED: dict[str, object] = {}  # the killed flow run's id and its MLflow runs, for the rerun's checks
+
+
+def _a_killed_worker_leaves_a_crashed_run_and_failed_mlflow_runs(env, client, params: dict) -> None:
+    """A machine lost mid-round: the worker and every process it started (the flow run's own process group too)
+    SIGKILLed while the round collects trajectories, so nothing reports the end. The stack's automation marks the
+    run `Crashed` once its heartbeats stop; the worker is started again (`jf stack up` starts what is missing) and
+    the rerun (the caller's next step) closes the dead run's MLflow runs `FAILED`."""
+    import psutil
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from prefect.client.schemas.objects import StateType
+
+    from jacobi_forcing.infra import automations, stack
+
+    out = _prefect(env, "deployment", "run", "jf-round/tiny", "--params", json.dumps(params), timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    run_id = re.search(r"UUID: ([0-9a-f-]{36})", out.stdout).group(1)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        states = _task_states(env, run_id)
+        if any(n.startswith("trajectories") and s == "Running" for n, s in states.items()):
+            break
+        time.sleep(1)
+    assert any(n.startswith("trajectories") and s == "Running" for n, s in states.items()), states
+    experiment = client.get_experiment_by_name("jacobi-forcing").experiment_id
+    mlflow_runs = client.search_runs([experiment], filter_string=f"tags.`prefect.flow_run_id` = '{run_id}'")
+    assert {r.info.status for r in mlflow_runs} == {"RUNNING"} and len(mlflow_runs) == 2  # parent and round
+
+    worker = psutil.Process(int((stack.stack_dir() / "prefect-worker.pid").read_text()))
+    victims = [worker, *worker.children(recursive=True)]
+    assert len(victims) > 1, "the worker has no flow-run process to lose"
+    for proc in victims:
+        proc.kill()
+    psutil.wait_procs(victims, timeout=30)
+
+    async def state(client):
+        (run,) = await client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))
+        return run.state
+
+    deadline = time.monotonic() + automations.HEARTBEAT_SECONDS + automations.MISSED_AFTER_SECONDS + 90
+    while (now := _api(env, state)).type != StateType.CRASHED and time.monotonic() < deadline:
+        time.sleep(3)
+    assert now.type == StateType.CRASHED, now
+    assert "no heartbeat" in now.message
+    assert {client.get_run(r.info.run_id).info.status for r in mlflow_runs} == {"RUNNING"}  # until a round reaps
+    info = json.loads((stack.stack_dir() / "stack.json").read_text())
+    stack.up(stack.StackConfig(**info["config"]))  # the worker again; the servers are up and left as they are
+    KILLED.update(run_id=run_id, mlflow_runs=[r.info.run_id for r in mlflow_runs])
+
+
+def _closed_by_the_rerun(client, rerun_id: str) -> None:
+    for mlflow_run in KILLED["mlflow_runs"]:
+        run = client.get_run(mlflow_run)
+        assert run.info.status == "FAILED", run.info
+        assert run.data.tags["jf.closed_by"] == f"Prefect flow run {KILLED['run_id']} ended CRASHED"
+    assert rerun_id != KILLED["run_id"]
 
 
 def _the_champion_event_started_its_benchmark_and_a_cancel_ends_it(env) -> None:

@@ -105,3 +105,16 @@ def test_set_overrides_parse_json_values_and_name_bad_ones():
     }
     with pytest.raises(ValueError, match=r"section\.key=value"):
         parse_overrides(["steps=40"])
+
+
+def test_ablate_lists_its_catalog_and_refuses_bad_choices_before_any_work(capsys, tmp_path, monkeypatch):
+    from jf_core.ablation import VARIANTS
+
+    monkeypatch.setenv("JF_HOME", str(tmp_path))
+    assert main(["ablate", "--list"]) == 0
+    assert [line.split(":")[0] for line in capsys.readouterr().out.splitlines()] == list(VARIANTS)
+    code, out = run(capsys, "ablate", "--variant", "jf zigzag")
+    assert code == 2 and "unknown variant(s) ['jf zigzag']" in out.err
+    code, out = run(capsys, "ablate", "--seeds", "1,1")
+    assert code == 2 and "--seeds needs distinct seeds" in out.err
+    assert not (tmp_path / "runs").exists()

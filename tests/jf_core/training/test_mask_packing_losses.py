@@ -226,3 +226,66 @@ def test_flex_attention_training_forward_equals_sdpa_on_gpu():
     _, flex = JacobiForcingObjective(JFLossConfig())(model, batch)
     assert flex["ar_loss"] == pytest.approx(sdpa["ar_loss"], abs=1e-4)
     assert flex["consistency_loss"] == pytest.approx(sdpa["consistency_loss"], abs=1e-4)
+
+
+def cllm_reference_consistency(model, ex: PackedExample, cfg: JFLossConfig) -> torch.Tensor:
+    """CLLM's loss written as CLLM computes it: per block j, the student reads [prompt][fixed point < j][state of
+    block j], the teacher reads [prompt][fixed point <= j] (a second forward), KL(teacher || student) on the block's
+    positions from its first unconverged one."""
+    p, n = len(ex.prompt), ex.n
+    _, cons = loss_positions(ex)
+    kls = []
+    for j in range(ex.num_blocks):
+        prefix = ex.prompt + [t for b in ex.clean[:j] for t in b]
+        student = model(input_ids=torch.tensor([prefix + ex.noisy[j]])).logits[0]
+        teacher = model(input_ids=torch.tensor([prefix + ex.clean[j]])).logits[0]
+        for s, _t, _ in cons:
+            if ex.noisy_start(j) <= s < ex.noisy_start(j) + n:
+                at = p + j * n + (s - ex.noisy_start(j))
+                log_t = torch.log_softmax(teacher[at] / cfg.temperature, -1)
+                log_s = torch.log_softmax(student[at] / cfg.temperature, -1)
+                kls.append((log_t.exp() * (log_t - log_s)).sum() * cfg.temperature**2)
+    return torch.stack(kls).mean()
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_the_cllm_baseline_in_one_packed_pass_is_cllms_two_forward_loss(arch):
+    """training.method cllm: packed with the clean_context mask, one forward computes exactly CLLM's per-block
+    consistency loss (a separate student and teacher forward per block), so the baseline runs in the same loop."""
+    model = TINY_MODELS[arch]()
+    g = torch.Generator().manual_seed(1)
+    examples = []
+    for prompt_len, blocks in ((3, 3), (5, 2)):
+        clean = [torch.randint(3, 500, (4,), generator=g).tolist() for _ in range(blocks)]
+        noisy = [[c[0], *torch.randint(3, 500, (3,), generator=g).tolist()] for c in clean]
+        examples.append(
+            PackedExample(
+                "e", torch.randint(3, 500, (prompt_len,), generator=g).tolist(), 4, noisy, clean, [4] * blocks
+            )
+        )
+    cfg = JFLossConfig(temperature=1.0, chunk=3)
+    batch = collate(examples, PAD, "clean_context")
+    with torch.no_grad():
+        _, metrics = JacobiForcingObjective(cfg, "clean_context")(model, batch)
+        refs = [cllm_reference_consistency(model, e, cfg) for e in examples]
+        _, shipped = JacobiForcingObjective(cfg, "shipped")(model, collate(examples, PAD, "shipped"))
+    n_cons = [len(loss_positions(e)[1]) for e in examples]
+    expected = sum(r * k for r, k in zip(refs, n_cons, strict=True)) / sum(n_cons)
+    assert metrics["consistency_loss"] == pytest.approx(expected.item(), abs=1e-5)
+    assert shipped["consistency_loss"] != pytest.approx(expected.item(), abs=1e-3)  # noisy context differs
+
+
+def test_cllm_packing_draws_intermediate_states_uniformly():
+    from jf_core.config import JFTrainConfig
+
+    schedule = JFTrainConfig(method="cllm", mask="clean_context", seed=3).noise_schedule()
+    states = [[1, 9, 9, 9], [1, 2, 9, 9], [1, 2, 3, 9], [1, 2, 3, 4]]
+    recs = [record(f"p{i}", 0, states, [1, 2, 3, 4]) for i in range(300)]
+    recs.append(record("converged", 0, [[1, 2, 3, 4]], [1, 2, 3, 4]))
+    packed, _ = pack_records(recs, schedule, max_length=64)
+    picks = [tuple(e.noisy[0]) for e in packed if e.prompt_id != "converged"]
+    counts = {tuple(s): picks.count(tuple(s)) for s in states}
+    assert counts[(1, 2, 3, 4)] == 0 and all(80 <= counts[tuple(s)] <= 120 for s in states[:3]), counts
+    assert next(e for e in packed if e.prompt_id == "converged").noisy == [[1, 2, 3, 4]]
+    again, _ = pack_records(recs, schedule, max_length=64)
+    assert [e.noisy for e in again] == [e.noisy for e in packed]  # seeded

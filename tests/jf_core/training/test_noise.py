@@ -41,3 +41,36 @@ def test_bad_schedules_are_named():
         NoiseSchedule(window=0)
     with pytest.raises(ValueError, match="min_ratio"):
         NoiseSchedule(min_ratio=0.8, max_ratio=0.2)
+
+
+def _records(blocks_per_answer: dict[str, int]) -> list[dict]:
+    fixed = [1, 2, 3, 4]
+    states = [[9, 9, 9, 9], [1, 9, 9, 9], [1, 2, 9, 9], [1, 2, 3, 9], fixed]  # ratios 1, .75, .5, .25, 0
+    return [
+        {"prompt_id": pid, "block_index": j, "states": states, "fixed_point": fixed, "length": 4}
+        for pid, blocks in blocks_per_answer.items()
+        for j in range(blocks)
+    ]
+
+
+def test_ratio_profile_shows_a_long_progressive_window_never_reaching_its_noisy_half_on_short_answers():
+    """Answers of 4 blocks: a 16-level progressive window only uses its first 4 levels (targets 0 .. 0.2); the
+    random pick over the same levels, and a window of 4, span the whole range."""
+    from jf_core.training.noise import ratio_profile
+
+    records = _records({f"p{i}": 4 for i in range(50)})
+    long = ratio_profile(records, NoiseSchedule("progressive", window=16))
+    assert long["blocks_per_answer"] == {"mean": 4.0, "p10": 4, "p50": 4, "p90": 4}
+    assert long["target_mean"] == pytest.approx((0 + 1 + 2 + 3) / 15 / 4)
+    assert long["picked_above_half"] == 0.0 and long["picked_histogram"][0] == 100  # ratios 0 and .25
+    matched = ratio_profile(records, NoiseSchedule("progressive", window=4))
+    assert matched["picked_mean"] == pytest.approx((0 + 0.25 + 0.75 + 1) / 4)  # levels 0, 1/3, 2/3, 1
+    rand = ratio_profile(records, NoiseSchedule("random", window=16))
+    assert 0.35 < rand["picked_mean"] < 0.65 and rand["picked_above_half"] > 0.3
+    cllm = ratio_profile(records, NoiseSchedule("uniform_state"))
+    assert cllm["target_mean"] is None and cllm["picked_mean"] == pytest.approx(0.625, abs=0.08)  # 1 .75 .5 .25
+
+
+def test_the_uniform_state_schedule_has_no_target():
+    with pytest.raises(ValueError, match="no target ratio"):
+        NoiseSchedule("uniform_state").target(0)

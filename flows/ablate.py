@@ -1,0 +1,168 @@
+"""Flow `jf-ablate`: variants of a profile at equal compute, several seeds each, under one MLflow parent run.
+
+    jf ablate --profile tiny                                    # the catalog (jf_core/ablation.py), seeds 0 1 2
+    jf ablate --variant "jf random w16" --variant cllm --seeds 0,1,2 --set training.steps=600
+
+Every (variant, seed) is a round's stages without the tuner and the registry: trajectories (shared by every
+variant with the same trajectory config), pack, train and evaluate, each cached by its inputs like a round's, so an
+interrupted ablation resumes where it stopped. Each gets a child MLflow run (its overrides as params, accuracy, TPF
+per block size and the noise its schedule picked as metrics); the parent gets the table (mean ± sd over seeds, the
+paper's figures beside), the runs as JSON and a comparison plot, and Prefect gets the table as an artifact.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_markdown_artifact
+from prefect.runtime import flow_run
+
+from jacobi_forcing.flows.round import load
+from jacobi_forcing.tasks import round_tasks, stages, tracking
+from jacobi_forcing.tasks.reporting import artifact_key
+from jf_core import ablation
+from jf_core.config import Profile, ProfileOverrides, overrides_dict
+
+# What an ablation measures by default: accuracy and TPF at two block sizes. The tuner and the speed benchmark
+# (wall-clock TPS) answer other questions and would cost most of each run's time; overrides may turn them back on.
+EVALUATION = {"evaluation": {"tune": {"enabled": False}, "block_sizes": [16, 32], "speed_prompts": 1, "repeats": 1}}
+
+
+def _run(prof: Profile, model_in: str, variant: str, seed: int, client, experiment: str, parent: str) -> dict:
+    """One (variant, seed): the stages, then its child MLflow run; returns its row for `ablation.summarize`."""
+    cached = round_tasks.cached
+    paths = stages.round_paths(prof, model_in)
+    root = str(paths.root)
+    traj = cached(round_tasks.trajectories, paths.trajectories, prof, model_in, root)
+    packed = cached(round_tasks.pack, paths.packed, prof, root, wait_for=[traj])
+    trained = cached(round_tasks.train, paths.model, prof, model_in, root, wait_for=[packed])
+    model = str(paths.model)
+    result = cached(round_tasks.evaluate, stages.eval_path(prof, model), prof, model, f"{variant}, seed {seed}")
+    noise = packed.get("noise") or stages.noise_profile(prof, paths)  # packs from before the measurement existed
+    row = {
+        "variant": variant,
+        "seed": seed,
+        "accuracy": result["accuracy"],
+        "tpf": result["tpf"],
+        "noise": noise,
+        "train_seconds": trained["train_seconds"],
+        "round_dir": root,
+    }
+    tags = {"jf.variant": variant, "jf.seed": str(seed), "prefect.flow_run_id": str(flow_run.id or "")}
+    run_id = tracking.start_run(client, experiment, f"{variant} (seed {seed})", parent=parent, tags=tags)
+    tracking.log_params(client, run_id, prof)
+    metrics = {
+        "accuracy": result["accuracy"],
+        "train_seconds": trained["train_seconds"],
+        "picked_noise_mean": noise["picked_mean"],
+        "picked_noise_above_half": noise["picked_above_half"],
+        "blocks_per_answer": noise["blocks_per_answer"]["mean"],
+        **{f"tpf_n{n}": v for n, v in result["tpf"].items()},
+    }
+    for key, value in metrics.items():
+        client.log_metric(run_id, key, float(value))
+    client.log_dict(run_id, row, "ablation/run.json")
+    client.set_terminated(run_id, "FINISHED")
+    return row
+
+
+def _equal_compute(runs: dict[tuple[str, int], Profile]) -> None:
+    """Every run trains the same steps on the same batches of the same prompts from the same model: a variant that
+    changes any of these is not an ablation at equal compute, and is refused naming the field."""
+
+    def budget(prof: Profile) -> dict:
+        t = prof.training
+        return {
+            "training.steps": t.steps,
+            "training.batch_size": t.batch_size,
+            "training.grad_accum": t.grad_accum,
+            "prompts": prof.prompts.model_dump(),
+            "model.path": prof.model.path,
+        }
+
+    (first_name, _), first = next(iter(runs.items()))
+    reference = budget(first)
+    for (name, _), prof in runs.items():
+        for field, value in budget(prof).items():
+            if value != reference[field]:
+                raise ValueError(
+                    f"ablation variant {name!r} changes {field} ({value!r}, {first_name!r} has {reference[field]!r}): "
+                    "variants must run at equal compute; set it in the common overrides instead"
+                )
+
+
+@flow(name="jf-ablate", flow_run_name="jf-ablate-{profile}", log_prints=True, validate_parameters=True)
+def jf_ablate(
+    profile: str = "tiny",
+    ablation_config: ablation.AblationConfig | None = None,
+    overrides: ProfileOverrides | None = None,
+    model: str | None = None,
+) -> dict:
+    """`overrides` apply to every variant (the equal compute: steps, prompts, evaluation), before the variant's
+    own; `model`: the starting model (default: the profile's)."""
+    started = time.monotonic()
+    spec = ablation_config or ablation.AblationConfig()
+    logger = get_run_logger()
+    common = ablation.merge(EVALUATION, overrides_dict(overrides))
+    base = load(profile, common)
+    # Every run's profile first: a bad variant is refused, naming it, before any work.
+    runs: dict[tuple[str, int], Profile] = {}
+    for name, variant in spec.catalog().items():
+        for seed in spec.seeds:
+            try:
+                runs[(name, seed)] = load(profile, ablation.run_overrides(common, variant, seed))
+            except ValueError as err:
+                raise ValueError(f"ablation variant {name!r}: {err}") from None
+    _equal_compute(runs)
+    client, experiment = tracking.connect(base)
+    tags = {"prefect.flow_run_id": str(flow_run.id or ""), "jf.profile": base.name, "jf.kind": "ablation"}
+    parent = tracking.start_run(client, experiment, f"jf-ablate {base.name}", tags=tags)
+    try:
+        tracking.log_params(client, parent, base)
+        client.log_dict(parent, spec.model_dump(mode="json"), "ablation/config.json")
+        model_in = round_tasks.resolve_model(model or base.model.path, base)
+        input_eval = round_tasks.cached(
+            round_tasks.evaluate, stages.eval_path(base, model_in), base, model_in, "input model"
+        )
+        rows = []
+        for i, ((name, seed), prof) in enumerate(runs.items(), start=1):
+            logger.info("run %d/%d: %s, seed %d", i, len(runs), name, seed)
+            rows.append(_run(prof, model_in, name, seed, client, experiment, parent))
+        summary = ablation.summarize(rows)
+        table = ablation.markdown(summary, base={"accuracy": input_eval["accuracy"], "tpf": input_eval["tpf"]})
+        seconds = time.monotonic() - started
+        client.log_text(parent, table, "ablation/table.md")
+        client.log_dict(parent, {"summary": summary, "runs": rows, "seconds": seconds}, "ablation/results.json")
+        from jf_core.evaluation.plots import ablation_bars
+
+        client.log_figure(parent, ablation_bars(summary), "plots/ablation.png")
+        client.log_metric(parent, "seconds", seconds)
+        client.set_terminated(parent, "FINISHED")
+    except BaseException:
+        client.set_terminated(parent, "FAILED")
+        raise
+    answers = rows[0]["noise"]["blocks_per_answer"]
+    note = (
+        f"\n{len(runs)} runs ({len(spec.catalog())} variants x {len(spec.seeds)} seeds) of "
+        f"{next(iter(runs.values())).training.steps} training steps in {seconds / 60:.1f} min; "
+        f"answers hold {answers['mean']:.1f} blocks "
+        f"(p10 {answers['p10']}, p50 {answers['p50']}, p90 {answers['p90']}) at n={base.trajectory.block_size}.\n"
+    )
+    create_markdown_artifact(
+        f"# Ablation of `{base.name}`\n\n{table}{note}",
+        key=artifact_key("jf-ablate", base.name),
+        description="ablation at equal compute",
+    )
+    logger.info("ablation table:\n%s%s", table, note)
+    return {
+        "summary": summary,
+        "runs": rows,
+        "table": table,
+        "note": note,
+        "input_model": {"accuracy": input_eval["accuracy"], "tpf": input_eval["tpf"]},
+        "seconds": seconds,
+        "mlflow_run_id": parent,
+        "config": json.loads(spec.model_dump_json()),
+    }

@@ -1,0 +1,56 @@
+"""`jf ablate`: one `jf-ablate` flow run (variants x seeds at equal compute), in process like `jf run`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def _seeds(text: str) -> list[int]:
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--seeds takes comma-separated integers, got {text!r}") from None
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise argparse.ArgumentTypeError(f"--seeds needs distinct seeds, got {text!r}")
+    return seeds
+
+
+def cmd_ablate(args: argparse.Namespace) -> int:
+    from jf_cli.orchestrate import _prefect_env, parse_overrides, sigterm_unwinds
+    from jf_core.ablation import VARIANTS, AblationConfig
+
+    if args.list:
+        for name, overrides in VARIANTS.items():
+            print(f"{name}: {json.dumps(overrides)}")
+        return 0
+    sigterm_unwinds()
+    _prefect_env()
+    overrides = parse_overrides(args.set or [])
+    config = AblationConfig(**{"variants": args.variant} if args.variant else {}, seeds=args.seeds)
+    from jacobi_forcing.flows.ablate import jf_ablate
+
+    result = jf_ablate(args.profile, ablation_config=config, overrides=overrides or None, model=args.model)
+    print()
+    print(result["table"] + result["note"])
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "table.md").write_text(result["table"] + result["note"])
+        (out / "results.json").write_text(json.dumps(result, indent=2, default=str))
+        print(f"written: {out / 'table.md'}, {out / 'results.json'}")
+    print(f"MLflow parent run {result['mlflow_run_id']} (table, runs, plots/ablation.png)")
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("ablate", help="variants of a profile at equal compute, several seeds each (jf-ablate)")
+    p.add_argument("--profile", default="tiny", help="profile name or YAML path")
+    p.add_argument("--model", help="starting model: directory, hub id or models:/<name>@<alias>")
+    p.add_argument("--variant", action="append", help="a catalog variant (repeatable; default: all; --list)")
+    p.add_argument("--seeds", type=_seeds, default=[0, 1, 2], help="comma-separated (default 0,1,2)")
+    p.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="override for every variant")
+    p.add_argument("--out", help="also write table.md and results.json here")
+    p.add_argument("--list", action="store_true", help="print the catalog of variants and exit")
+    p.set_defaults(func=cmd_ablate)
