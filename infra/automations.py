@@ -1,10 +1,16 @@
-"""Prefect automations the stack installs: a flow run whose process died without a word is marked `Crashed`.
+"""Prefect automations the stack installs: a flow run whose process died without a word is marked `Crashed`, and
+one cancelled while nothing is left to stop it ends `Cancelled` instead of staying `Cancelling`.
 
 A worker or node killed mid-round (SIGKILL, an OOM kill, a lost machine) leaves its flow run `Running` forever:
 nothing is left to report its end. Flow runs emit heartbeat events (every `HEARTBEAT_SECONDS`, set in the worker's
 environment by `jf stack up`); this proactive automation marks a run `Crashed` when neither a heartbeat nor a
 terminal state followed its last heartbeat within `MISSED_AFTER_SECONDS` (Prefect's documented zombie-run recipe).
 Its MLflow runs are then closed `FAILED` by the next round (`tracking.reap`).
+
+Cancelling is the worker's job: it stops the process and reports `Cancelled`. With the worker gone (the run's
+machine lost), `prefect flow-run cancel` would leave the run `Cancelling` forever; the second automation ends a
+run that reached no final state within `CANCEL_AFTER_SECONDS` of its cancel request `Cancelled`. A cancel request
+also stands in for the next heartbeat, so a cancelled dead run ends `Cancelled`, not `Crashed`.
 """
 
 from __future__ import annotations
@@ -14,6 +20,9 @@ from datetime import timedelta
 ZOMBIE_AUTOMATION = "jf: crash flow runs that stopped heartbeating"
 HEARTBEAT_SECONDS = 30  # Prefect's minimum
 MISSED_AFTER_SECONDS = 3 * HEARTBEAT_SECONDS
+CANCEL_AUTOMATION = "jf: end cancelled flow runs no worker stopped"
+CANCEL_AFTER_SECONDS = 120  # a live worker stops a run and reports it within seconds (SIGTERM, then its grace)
+ENDED = ("Completed", "Failed", "Cancelled", "Crashed")
 
 
 def zombie_automation(missed_after: int = MISSED_AFTER_SECONDS):
@@ -23,13 +32,16 @@ def zombie_automation(missed_after: int = MISSED_AFTER_SECONDS):
     from prefect.events.schemas.automations import EventTrigger, Posture
     from prefect.events.schemas.events import ResourceSpecification
 
-    ended = ("Completed", "Failed", "Cancelled", "Crashed")
     return Automation(
         name=ZOMBIE_AUTOMATION,
         description="A flow run that stopped sending heartbeats (its process or machine died) is marked Crashed.",
         trigger=EventTrigger(
             after={"prefect.flow-run.heartbeat"},
-            expect={"prefect.flow-run.heartbeat", *(f"prefect.flow-run.{s}" for s in ended)},
+            expect={
+                "prefect.flow-run.heartbeat",
+                "prefect.flow-run.Cancelling",
+                *(f"prefect.flow-run.{s}" for s in ENDED),
+            },
             match=ResourceSpecification({"prefect.resource.id": ["prefect.flow-run.*"]}),
             for_each={"prefect.resource.id"},
             posture=Posture.Proactive,
@@ -45,13 +57,51 @@ def zombie_automation(missed_after: int = MISSED_AFTER_SECONDS):
     )
 
 
-def install(api_url: str, missed_after: int = MISSED_AFTER_SECONDS) -> str:
-    """Create the automation on the server at `api_url` unless one of that name exists; returns its id."""
+def cancel_automation(cancel_after: int = CANCEL_AFTER_SECONDS):
+    from prefect.automations import Automation
+    from prefect.client.schemas.objects import StateType
+    from prefect.events.actions import ChangeFlowRunState
+    from prefect.events.schemas.automations import EventTrigger, Posture
+    from prefect.events.schemas.events import ResourceSpecification
+
+    return Automation(
+        name=CANCEL_AUTOMATION,
+        description="A flow run still Cancelling long after its cancel request (no worker to stop it) is Cancelled.",
+        trigger=EventTrigger(
+            after={"prefect.flow-run.Cancelling"},
+            expect={f"prefect.flow-run.{s}" for s in ENDED},
+            match=ResourceSpecification({"prefect.resource.id": ["prefect.flow-run.*"]}),
+            for_each={"prefect.resource.id"},
+            posture=Posture.Proactive,
+            threshold=1,
+            within=timedelta(seconds=cancel_after),
+        ),
+        actions=[
+            ChangeFlowRunState(
+                state=StateType.CANCELLED,
+                message=f"cancelled: no worker stopped the run within {cancel_after} s of the request",
+            )
+        ],
+    )
+
+
+def install(
+    api_url: str, missed_after: int = MISSED_AFTER_SECONDS, cancel_after: int = CANCEL_AFTER_SECONDS
+) -> dict[str, str]:
+    """Create the automations on the server at `api_url`, or bring ones of the same names up to date (a stack made
+    by an older version keeps working); returns their ids by name."""
     from prefect.automations import Automation
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
+    ids = {}
     with temporary_settings({PREFECT_API_URL: api_url}):
-        try:
-            return str(Automation.read(name=ZOMBIE_AUTOMATION).id)
-        except ValueError:
-            return str(zombie_automation(missed_after).create().id)
+        for wanted in (zombie_automation(missed_after), cancel_automation(cancel_after)):
+            try:
+                found = Automation.read(name=wanted.name)
+            except ValueError:
+                ids[wanted.name] = str(wanted.create().id)
+                continue
+            wanted.id = found.id
+            wanted.update()
+            ids[wanted.name] = str(found.id)
+    return ids

@@ -1,6 +1,7 @@
-"""Crashed-run detection on a real Prefect server and MLflow store: the stack's automation marks a flow run that
-stopped heartbeating `Crashed` (its process died without a word), and the next round closes the MLflow runs that
-flow run left `RUNNING` as `FAILED`, leaving the runs of live flow runs alone."""
+"""Crashed-run detection on a real Prefect server and MLflow store: the stack's automations mark a flow run that
+stopped heartbeating `Crashed` (its process died without a word) and one cancelled with nothing left to stop it
+`Cancelled`, and the next round closes the MLflow runs that flow run left `RUNNING` as `FAILED`, leaving the runs
+of live flow runs alone."""
 
 from __future__ import annotations
 
@@ -70,24 +71,39 @@ def _start_flow_process(api: str) -> tuple[subprocess.Popen, str]:
 
 
 @pytest.mark.faults
-def test_a_killed_flow_run_process_ends_crashed_and_a_live_one_does_not(prefect_api):
-    """The stack's settings (heartbeat 30 s, crashed after 90 s of silence): a flow run's process SIGKILLed
-    mid-run (what a killed worker does to its runs) ends `Crashed`; its sibling, alive, stays `Running`."""
+def test_a_killed_flow_run_ends_crashed_a_cancelled_dead_one_cancelled_and_a_live_one_runs(prefect_api):
+    """The stack's settings (heartbeat 30 s, crashed after 90 s of silence, cancelled 120 s after a cancel request
+    nothing acted on): a flow run's process SIGKILLed mid-run (what losing its machine does) ends `Crashed`; one
+    killed and then cancelled (`prefect flow-run cancel` with no worker left to stop it) ends `Cancelled`, not stuck
+    `Cancelling`; their sibling, alive, stays `Running`."""
+    from prefect.client.orchestration import get_client
+    from prefect.states import Cancelling
+
     first = automations.install(prefect_api)
-    assert automations.install(prefect_api) == first  # installed once
+    assert set(first) == {automations.ZOMBIE_AUTOMATION, automations.CANCEL_AUTOMATION}
+    assert automations.install(prefect_api) == first  # installed once, brought up to date in place
     killed, killed_id = _start_flow_process(prefect_api)
+    cancelled, cancelled_id = _start_flow_process(prefect_api)
     alive, alive_id = _start_flow_process(prefect_api)
     try:
-        assert flow_run_state(killed_id) == "RUNNING" and flow_run_state(alive_id) == "RUNNING"
-        killed.send_signal(signal.SIGKILL)
-        killed.wait()
-        deadline = time.monotonic() + automations.HEARTBEAT_SECONDS + automations.MISSED_AFTER_SECONDS + 60
-        while flow_run_state(killed_id) != "CRASHED" and time.monotonic() < deadline:
+        assert {flow_run_state(i) for i in (killed_id, cancelled_id, alive_id)} == {"RUNNING"}
+        for proc in (killed, cancelled):
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        with get_client(sync_client=True) as client:  # what `prefect flow-run cancel` asks of the server
+            client.set_flow_run_state(UUID(cancelled_id), Cancelling())
+        wait = max(automations.HEARTBEAT_SECONDS + automations.MISSED_AFTER_SECONDS, automations.CANCEL_AFTER_SECONDS)
+        deadline = time.monotonic() + wait + 60
+        while time.monotonic() < deadline and (flow_run_state(killed_id), flow_run_state(cancelled_id)) != (
+            "CRASHED",
+            "CANCELLED",
+        ):
             time.sleep(5)
         assert flow_run_state(killed_id) == "CRASHED"
+        assert flow_run_state(cancelled_id) == "CANCELLED"
         assert flow_run_state(alive_id) == "RUNNING"  # still heartbeating
     finally:
-        for proc in (killed, alive):
+        for proc in (killed, cancelled, alive):
             proc.kill()
             proc.wait()
 
