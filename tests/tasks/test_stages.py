@@ -18,6 +18,10 @@ def test_rounds_share_trajectories_exactly_when_trajectories_would_be_equal(prof
     (a.trajectories / "manifest.json").write_text("{}")
     assert (b.trajectories / "manifest.json").is_file()
     assert round_paths(p, p.model.path).trajectories.resolve() == a.trajectories.resolve()  # stable on re-entry
+    cllm = JFTrainConfig(method="cllm", mask="clean_context")
+    d = round_paths(p.model_copy(update={"training": cllm}), p.model.path)
+    e = round_paths(p.model_copy(update={"training": JFTrainConfig(mask="clean_context")}), p.model.path)
+    assert d.root != e.root and d.trajectories.resolve() == a.trajectories.resolve()  # the method alone: its own
 
 
 def test_the_tune_stage_stores_the_decode_config_and_the_ar_crossover_in_the_model(profile, tmp_path):
