@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import asdict
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
@@ -30,8 +31,12 @@ from jf_core.config import Profile, ProfileOverrides, overrides_dict
 EVALUATION = {"evaluation": {"tune": {"enabled": False}, "block_sizes": [16, 32], "speed_prompts": 1, "repeats": 1}}
 
 
-def _run(prof: Profile, model_in: str, variant: str, seed: int, client, experiment: str, parent: str) -> dict:
-    """One (variant, seed): the stages, then its child MLflow run; returns its row for `ablation.summarize`."""
+def _run(prof: Profile, model_in: str, variant: str, seed: int, decode, client, experiment: str, parent: str) -> dict:
+    """One (variant, seed): the stages, then its child MLflow run; returns its row for `ablation.summarize`.
+    `decode`: the multi-block config the model is also measured with (stored as its decode config, as the round's
+    tuner stores its choice)."""
+    from jf_core.decoding.config_io import save_decode_config, saved_decode_config
+
     cached = round_tasks.cached
     paths = stages.round_paths(prof, model_in)
     root = str(paths.root)
@@ -39,6 +44,8 @@ def _run(prof: Profile, model_in: str, variant: str, seed: int, client, experime
     packed = cached(round_tasks.pack, paths.packed, prof, root, wait_for=[traj])
     trained = cached(round_tasks.train, paths.model, prof, model_in, root, wait_for=[packed])
     model = str(paths.model)
+    if saved_decode_config(model) != asdict(decode):
+        save_decode_config(model, decode)
     result = cached(round_tasks.evaluate, stages.eval_path(prof, model), prof, model, f"{variant}, seed {seed}")
     noise = packed.get("noise") or stages.noise_profile(prof, paths)  # packs from before the measurement existed
     row = {
@@ -46,6 +53,7 @@ def _run(prof: Profile, model_in: str, variant: str, seed: int, client, experime
         "seed": seed,
         "accuracy": result["accuracy"],
         "tpf": result["tpf"],
+        "multiblock_tpf": result["methods"]["tuned"]["tpf"],
         "noise": noise,
         "train_seconds": trained["train_seconds"],
         "round_dir": root,
@@ -60,6 +68,7 @@ def _run(prof: Profile, model_in: str, variant: str, seed: int, client, experime
         "picked_noise_above_half": noise["picked_above_half"],
         "blocks_per_answer": noise["blocks_per_answer"]["mean"],
         **{f"tpf_n{n}": v for n, v in result["tpf"].items()},
+        "tpf_multiblock": row["multiblock_tpf"],
     }
     for key, value in metrics.items():
         client.log_metric(run_id, key, float(value))
@@ -116,6 +125,7 @@ def jf_ablate(
             except ValueError as err:
                 raise ValueError(f"ablation variant {name!r}: {err}") from None
     _equal_compute(runs)
+    decode = spec.multiblock_config(base.evaluation.max_new_tokens)
     client, experiment = tracking.connect(base)
     tags = {"prefect.flow_run_id": str(flow_run.id or ""), "jf.profile": base.name, "jf.kind": "ablation"}
     parent = tracking.start_run(client, experiment, f"jf-ablate {base.name}", tags=tags)
@@ -129,9 +139,13 @@ def jf_ablate(
         rows = []
         for i, ((name, seed), prof) in enumerate(runs.items(), start=1):
             logger.info("run %d/%d: %s, seed %d", i, len(runs), name, seed)
-            rows.append(_run(prof, model_in, name, seed, client, experiment, parent))
+            rows.append(_run(prof, model_in, name, seed, decode, client, experiment, parent))
         summary = ablation.summarize(rows)
-        table = ablation.markdown(summary, base={"accuracy": input_eval["accuracy"], "tpf": input_eval["tpf"]})
+        table = ablation.markdown(
+            summary,
+            base={"accuracy": input_eval["accuracy"], "tpf": input_eval["tpf"]},
+            multiblock=spec.multiblock_label(),
+        )
         seconds = time.monotonic() - started
         client.log_text(parent, table, "ablation/table.md")
         client.log_dict(parent, {"summary": summary, "runs": rows, "seconds": seconds}, "ablation/results.json")

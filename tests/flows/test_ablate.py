@@ -34,6 +34,7 @@ def test_ablation_runs_variants_and_seeds_under_one_parent(prefect_server, jf_en
 
     assert [r["variant"] for r in result["summary"]] == ["cllm", "jf random w2", "jf random w2 uniform-vocab drafts"]
     assert all(r["seeds"] == [0, 1] and set(r["tpf"]) == {"4", "8"} for r in result["summary"])
+    assert all(r["multiblock_tpf"] >= 1.0 for r in result["runs"])  # every model also decoded with K=2 blocks
     runs = result["runs"]
     assert len({r["round_dir"] for r in runs}) == 6  # every (variant, seed) trained on its own
     stores = {r["variant"]: _store(r["round_dir"]) for r in runs}
@@ -57,7 +58,7 @@ def test_ablation_runs_variants_and_seeds_under_one_parent(prefect_server, jf_en
         (r["variant"], str(r["seed"])) for r in runs
     )
     for child in children:
-        assert {"accuracy", "tpf_n4", "tpf_n8", "picked_noise_mean"} <= set(child.data.metrics)
+        assert {"accuracy", "tpf_n4", "tpf_n8", "tpf_multiblock", "picked_noise_mean"} <= set(child.data.metrics)
         assert child.data.params["training.seed"] == child.data.tags["jf.seed"]
 
     again = jf_ablate(jf_env["profile"], ablation_config=config, overrides=SMALL)  # every stage reused

@@ -43,7 +43,15 @@ def test_run_overrides_layer_common_then_variant_then_seed():
 
 def _run(variant, seed, accuracy, tpf16, tpf32, picked=0.3):
     noise = {"picked_mean": picked, "picked_above_half": picked / 2}
-    return {"variant": variant, "seed": seed, "accuracy": accuracy, "tpf": {"16": tpf16, "32": tpf32}, "noise": noise}
+    tpf = {"16": tpf16, "32": tpf32}
+    return {
+        "variant": variant,
+        "seed": seed,
+        "accuracy": accuracy,
+        "tpf": tpf,
+        "multiblock_tpf": tpf16 + 1,
+        "noise": noise,
+    }
 
 
 def test_summary_means_spreads_table_and_margin():
@@ -54,12 +62,20 @@ def test_summary_means_spreads_table_and_margin():
     jf = rows[0]
     assert jf["seeds"] == [0, 1, 2] and jf["tpf"]["16"] == pytest.approx((3.1, statistics.stdev([3.0, 3.1, 3.2])))
     assert jf["paper"] == ablation.PAPER["jf random w16"] and "paper" not in rows[1]
-    table = ablation.markdown(rows, base={"accuracy": 0.99, "tpf": {"16": 1.5, "32": 1.6}})
+    table = ablation.markdown(rows, base={"accuracy": 0.99, "tpf": {"16": 1.5, "32": 1.6}}, multiblock="n=16 K=2")
     lines = table.splitlines()
-    assert lines[0].startswith("| variant | seeds | accuracy % | TPF n=16 | TPF n=32 | iter/token n=16")
-    assert lines[2].startswith("| input model | - | 99.00 | 1.50 | 1.60 | 0.667")
-    assert "| jf random w16 | 3 | 99.00 ± 0.00 | 3.10 ± 0.10 | 4.00 ± 0.00 | 0.323 ± 0.010" in table
+    assert lines[0].startswith("| variant | seeds | accuracy % | TPF n=16 | TPF n=32 | TPF n=16 K=2 | iter/token n=16")
+    assert lines[2].startswith("| input model | - | 99.00 | 1.50 | 1.60 | - | 0.667")
+    assert "| jf random w16 | 3 | 99.00 ± 0.00 | 3.10 ± 0.10 | 4.00 ± 0.00 | 4.10 ± 0.10 | 0.323 ± 0.010" in table
     assert "83.5% / 0.51" in lines[3] and "paper: CLLM TPF 2.1-2.7" in lines[4]
     m = ablation.margin(rows, "jf random w16", "cllm", "16")
     assert m["difference"] == pytest.approx(0.9) and m["ratio"] == pytest.approx(3.1 / 2.2)
     assert m["t"] == pytest.approx(0.9 / ((0.1**2 / 3 + 0.2**2 / 3) ** 0.5))
+    assert ablation.margin(rows, "jf random w16", "cllm", "multiblock")["difference"] == pytest.approx(0.9)
+
+
+def test_the_multiblock_decode_is_checked_and_named():
+    config = ablation.AblationConfig(multiblock={"block_size": 32, "num_blocks": 3, "pool_size": 0})
+    assert config.multiblock_config(64).num_blocks == 3 and config.multiblock_label() == "n=32 K=3"
+    with pytest.raises(ValueError, match="ablation multiblock"):
+        ablation.AblationConfig(multiblock={"num_blocks": 0}).multiblock_config(64)
