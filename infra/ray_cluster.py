@@ -25,9 +25,11 @@ import ipaddress
 import os
 import secrets
 import shutil
+import signal
 import socket
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,6 +128,10 @@ def ray_session(ray_address: str | None = None, *, num_cpus: int | None = None) 
         yield RaySession(ctx.gcs_address, private=False, loopback=is_loopback(ctx.gcs_address))
         return
     saved = {key: os.environ.get(key) for key in _SETTINGS}
+    # ray.init installs its own SIGTERM handler (sys.exit) and ray.shutdown leaves it there: a later SIGTERM then
+    # bypassed the caller's (jf run unwinds SIGTERM like Ctrl-C) and orphaned its Prefect server (issue 16).
+    on_main = threading.current_thread() is threading.main_thread()
+    sigterm = signal.getsignal(signal.SIGTERM) if on_main else None
     token_dir: Path | None = None
     address = ray_address or os.environ.get("RAY_ADDRESS")
     before = set(_children(os.getpid()))
@@ -154,6 +160,8 @@ def ray_session(ray_address: str | None = None, *, num_cpus: int | None = None) 
             ray.shutdown()
         _stop_stragglers(spawned)
         _apply(saved)
+        if on_main and sigterm is not None:
+            signal.signal(signal.SIGTERM, sigterm)
         if token_dir is not None:
             shutil.rmtree(token_dir, ignore_errors=True)
 
@@ -196,7 +204,6 @@ def _alive(pid: int) -> bool:
 def _stop_stragglers(pids: list[int], grace: float = 5.0) -> None:
     """Kill what a private Ray left running `grace` seconds after `ray.shutdown()`: after a Ctrl-C of `jf run`, its
     dashboard agent stayed up, orphaned (tests/jf_cli/test_run_interrupt.py)."""
-    import signal
     import time
 
     deadline = time.monotonic() + grace

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -89,34 +90,20 @@ print("RAN")
 
 
 def test_private_ray_refuses_drivers_without_its_token(tmp_path):
+    """...and the session leaves the process as it found it: its Ray settings and its SIGTERM handler."""
     before = {k: os.environ.get(k) for k in ray_cluster._SETTINGS}
-    with ray_session(num_cpus=1) as session:
-        assert session.private and session.loopback and is_loopback(session.address)
-        assert (session.token_path.stat().st_mode & 0o777) == 0o600
-        token = session.token_path.read_text()
-        # Each driver runs on this machine in local-only mode, as one aiming at the loopback ports would.
-        local = {ray_cluster.LOCAL_ONLY: "0"}
-        drivers = {
-            "no auth": {**local, "RAY_AUTH_MODE": "disabled"},
-            "wrong token": {**local, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * len(token)},
-            "the token": {**local, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token},
-        }
 
-        def probe(name: str) -> tuple[str, Path]:
-            home = tmp_path / name.replace(" ", "-")
-            home.mkdir()
-            env = {**_clean_env(home), **drivers[name]}
-            out = subprocess.run(
-                [sys.executable, "-c", PROBE, session.address, str(home / "marker")],
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=180,
-            )
-            return out.stdout + out.stderr[-2000:], home / "marker"
+    def ours(signum, frame):  # the caller's SIGTERM handler (`jf run` unwinds SIGTERM like Ctrl-C)
+        raise KeyboardInterrupt
 
-        with ThreadPoolExecutor(len(drivers)) as pool:  # refusals take Ray's connect timeout: wait for them together
-            results = dict(zip(drivers, pool.map(probe, drivers), strict=True))
+    previous = signal.signal(signal.SIGTERM, ours)
+    try:
+        with ray_session(num_cpus=1) as session:
+            assert signal.getsignal(signal.SIGTERM) is not ours  # ray.init installs its own
+            results = _probe_drivers(session, tmp_path)
+        assert signal.getsignal(signal.SIGTERM) is ours, "the caller's SIGTERM handler is back"
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     for name in ("no auth", "wrong token"):
         output, marker = results[name]
         assert "REFUSED" in output and not marker.exists(), (name, output)
@@ -124,6 +111,36 @@ def test_private_ray_refuses_drivers_without_its_token(tmp_path):
     assert "RAN" in output and marker.read_text() == "ran", output
     assert not session.token_path.exists(), "the token goes with the Ray it keyed"
     assert {k: os.environ.get(k) for k in ray_cluster._SETTINGS} == before
+
+
+def _probe_drivers(session, tmp_path: Path) -> dict[str, tuple[str, Path]]:
+    """Three drivers try `session`'s Ray: without auth, with a wrong token, with its token."""
+    assert session.private and session.loopback and is_loopback(session.address)
+    assert (session.token_path.stat().st_mode & 0o777) == 0o600
+    token = session.token_path.read_text()
+    # Each driver runs on this machine in local-only mode, as one aiming at the loopback ports would.
+    local = {ray_cluster.LOCAL_ONLY: "0"}
+    drivers = {
+        "no auth": {**local, "RAY_AUTH_MODE": "disabled"},
+        "wrong token": {**local, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * len(token)},
+        "the token": {**local, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token},
+    }
+
+    def probe(name: str) -> tuple[str, Path]:
+        home = tmp_path / name.replace(" ", "-")
+        home.mkdir()
+        env = {**_clean_env(home), **drivers[name]}
+        out = subprocess.run(
+            [sys.executable, "-c", PROBE, session.address, str(home / "marker")],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        return out.stdout + out.stderr[-2000:], home / "marker"
+
+    with ThreadPoolExecutor(len(drivers)) as pool:  # refusals take Ray's connect timeout: wait for them together
+        return dict(zip(drivers, pool.map(probe, drivers), strict=True))
 
 
 def test_joining_a_cluster_needs_token_auth(monkeypatch, tmp_path):

@@ -1,6 +1,7 @@
 """`jf run` interrupted mid-round by SIGINT (Ctrl-C) or SIGTERM (`kill`, a scheduler stopping it): it exits, its
 flow run is closed (`Crashed`), and every process it started (the temporary Prefect server, the round's Ray: GCS,
-raylet, agents, workers) is gone. Before the fix, a Ctrl-C left Ray's dashboard agent running."""
+raylet, agents, workers) is gone. Before the fixes, a Ctrl-C left Ray's dashboard agent running, and a SIGTERM after
+the Ray stage (Ray's own handler, left installed) killed `jf run` or `jf ablate` on the spot, orphaning the server."""
 
 from __future__ import annotations
 
@@ -46,35 +47,71 @@ def run_env(tmp_path, profile):
     return path, env
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_an_interrupted_run_leaves_no_process_behind(run_env, sig):
+def default_sigint() -> None:
+    """Ctrl-C as a terminal delivers it, even when this test runs in a background job (which inherits SIGINT
+    ignored, and Python then installs no KeyboardInterrupt handler)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+CASES = {  # id: (command after `jf`, signal, whether to wait until the round's Ray stage is over)
+    "run-SIGINT-in-ray": (["run"], signal.SIGINT, False),
+    "run-SIGTERM-in-ray": (["run"], signal.SIGTERM, False),
+    # ray.init installs its own SIGTERM handler and ray.shutdown left it in place: a SIGTERM during training then
+    # killed `jf run` without unwinding and orphaned its Prefect server.
+    "run-SIGTERM-after-ray": (["run"], signal.SIGTERM, True),
+    "ablate-SIGTERM-after-ray": (["ablate", "--variant", "jf random w16", "--seeds", "0"], signal.SIGTERM, True),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_an_interrupted_run_leaves_no_process_behind(run_env, tmp_path, case):
+    command, sig, after_ray = CASES[case]
     path, env = run_env
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jf_cli.main", "run", "--profile", str(path)],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-    )  # fmt: skip
+    # Long enough training that the signal lands in it, after the trajectories' Ray has shut down.
+    extra = ["--set", "training.steps=100000"] if after_ray else []
+    log = tmp_path / "out.log"  # a file, not a pipe: a full pipe would block the child and hang this test
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "jf_cli.main", *command, "--profile", str(path), *extra],
+            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+            preexec_fn=default_sigint,
+        )  # fmt: skip
     me = psutil.Process(proc.pid)
     started: dict[int, psutil.Process] = {}
-    deadline = time.monotonic() + 240
-    try:
-        while time.monotonic() < deadline and proc.poll() is None:  # until the round's Ray is up
-            for child in me.children(recursive=True):
-                started.setdefault(child.pid, child)
-            seen = [describe(p) for p in started.values()]
-            if any(s.startswith("raylet") for s in seen) and any("prefect" in s for s in seen):
-                break
-            time.sleep(0.5)
-        assert proc.poll() is None, proc.stdout.read()[-3000:]
-        assert any(describe(p).startswith("raylet") for p in started.values()), "the round never started its Ray"
-        time.sleep(2)
+    seen: dict[int, str] = {}  # what each process last was while alive (a process that is gone describes as "")
+
+    def look() -> None:
         for child in me.children(recursive=True):
             started.setdefault(child.pid, child)
+            if what := describe(child):
+                seen[child.pid] = what
+
+    def raylets() -> list[psutil.Process]:
+        return [started[pid] for pid, what in seen.items() if what.startswith("raylet")]
+
+    def ready() -> bool:
+        look()
+        ray_up = bool(raylets()) and any("prefect" in what for what in seen.values())
+        if not after_ray:
+            return ray_up
+        training = "step 0/100000" in log.read_text()
+        return ray_up and training and not any(alive(p) for p in raylets())
+
+    deadline = time.monotonic() + 300
+    try:
+        while time.monotonic() < deadline and proc.poll() is None and not ready():
+            time.sleep(0.5)
+        assert proc.poll() is None, log.read_text()[-3000:]
+        assert raylets(), "the round never started its Ray"
+        assert ready(), f"not at the point to interrupt within 300 s: {log.read_text()[-3000:]}"
+        time.sleep(2)
+        look()
         proc.send_signal(sig)
         code = proc.wait(timeout=120)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    output = proc.stdout.read()
+    output = log.read_text()
     assert code != 0 and "Crashed" in output, output[-3000:]  # the flow run was closed on the way out
     deadline = time.monotonic() + 10  # a moment for the last children to be reaped
     while (left := [p for p in started.values() if alive(p)]) and time.monotonic() < deadline:
