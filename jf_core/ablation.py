@@ -28,6 +28,8 @@ VARIANTS: dict[str, dict[str, dict]] = {
     "jf random w4": {"training": {"schedule": "random", "window": 4}},
     "jf progressive w4": {"training": {"schedule": "progressive", "window": 4}},
     "jf reverse w4": {"training": {"schedule": "reverse", "window": 4}},
+    # Progressive's levels without its tie of level to block position: each answer starts at a random level.
+    "jf progressive w16 random phase": {"training": {"schedule": "progressive_phase", "window": 16}},
     "jf progressive w16 clean-context mask": {
         "training": {"schedule": "progressive", "window": 16, "mask": "clean_context"}
     },

@@ -110,7 +110,8 @@ class JFTrainConfig(_Strict):
     # the clean_context mask each noisy block sees exactly CLLM's input [prompt][fixed point < j][state of block j]
     # and its clean copy gives CLLM's teacher, so one packed forward computes CLLM's per-block loss.
     method: Literal["jacobi_forcing", "cllm"] = "jacobi_forcing"
-    schedule: Literal["progressive", "reverse", "random"] = "progressive"  # jacobi_forcing only, as are the next 3
+    # jacobi_forcing only, as are the next 3 (noise.py says what each schedule does)
+    schedule: Literal["progressive", "progressive_phase", "reverse", "random"] = "progressive"
     window: int = Field(16, ge=1)  # w: blocks per noise window
     min_ratio: float = Field(0.0, ge=0, le=1)
     max_ratio: float = Field(1.0, ge=0, le=1)

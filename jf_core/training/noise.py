@@ -7,6 +7,8 @@ ratio is closest to it (ties: the earliest state, i.e. the noisier one).
 - progressive: within a window of w blocks the target rises linearly from min to max, then the window repeats
   (easy to hard, cyclically), the paper's choice;
 - reverse: the same window falling from max to min (the paper's worst ablation);
+- progressive_phase: progressive, but each answer enters the window at a seeded random level, so every level meets
+  every block position (plain progressive ties level k to block k mod w: block 0 of every answer is always clean);
 - random: a seeded uniform pick from the same w levels;
 - uniform_state: no target ratio at all: a seeded uniform pick among the block's recorded Jacobi states that are not
   its fixed point (CLLM's sampling of an intermediate state; `training.method: cllm`).
@@ -23,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-ScheduleName = Literal["progressive", "reverse", "random", "uniform_state"]
+ScheduleName = Literal["progressive", "progressive_phase", "reverse", "random", "uniform_state"]
 
 
 @dataclass(frozen=True)
@@ -39,7 +41,7 @@ class NoiseSchedule:
             raise ValueError(f"noise window must be >= 1, got {self.window}")
         if not 0.0 <= self.min_ratio <= self.max_ratio <= 1.0:
             raise ValueError(f"need 0 <= min_ratio <= max_ratio <= 1, got {self.min_ratio}, {self.max_ratio}")
-        if self.kind not in ("progressive", "reverse", "random", "uniform_state"):
+        if self.kind not in ("progressive", "progressive_phase", "reverse", "random", "uniform_state"):
             raise ValueError(f"unknown noise schedule {self.kind!r}")
 
     def levels(self) -> list[float]:
@@ -54,6 +56,9 @@ class NoiseSchedule:
             return levels[block_index % self.window]
         if self.kind == "reverse":
             return levels[::-1][block_index % self.window]
+        if self.kind == "progressive_phase":
+            phase = random.Random(f"{self.seed}:{prompt_id}:phase").randrange(self.window)
+            return levels[(block_index + phase) % self.window]
         if self.kind == "uniform_state":
             raise ValueError("the uniform_state schedule has no target ratio: it picks a state (`pick`)")
         # Seeded by (seed, prompt, block): reproducible, and independent of the order records are read in.

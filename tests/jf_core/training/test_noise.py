@@ -12,6 +12,20 @@ def test_progressive_rises_over_the_window_then_cycles():
     assert [r.target(j) for j in range(6)] == [1.0, 0.75, 0.5, 0.25, 0.0, 1.0]
 
 
+def test_progressive_phase_rises_like_progressive_from_a_seeded_level_per_answer():
+    s = NoiseSchedule("progressive_phase", window=5, seed=3)
+    levels = s.levels()
+    for pid in ("a", "b", "c"):
+        start = levels.index(s.target(0, pid))
+        assert [s.target(j, pid) for j in range(7)] == [levels[(start + j) % 5] for j in range(7)]
+        assert [s.target(j, pid) for j in range(7)] == [s.target(j, pid) for j in range(7)]  # seeded
+    # Over many answers block 0 meets every level, where plain progressive always gives it the cleanest one.
+    assert {s.target(0, f"p{i}") for i in range(200)} == set(levels)
+    assert {NoiseSchedule("progressive", window=5).target(0, f"p{i}") for i in range(200)} == {0.0}
+    other = NoiseSchedule("progressive_phase", window=5, seed=4)
+    assert [s.target(0, f"p{i}") for i in range(50)] != [other.target(0, f"p{i}") for i in range(50)]
+
+
 def test_random_is_seeded_and_uses_the_levels():
     a = NoiseSchedule("random", window=4, seed=1)
     assert [a.target(j, "p") for j in range(20)] == [a.target(j, "p") for j in range(20)]
@@ -65,6 +79,8 @@ def test_ratio_profile_shows_a_long_progressive_window_never_reaching_its_noisy_
     assert long["picked_above_half"] == 0.0 and long["picked_histogram"][0] == 100  # ratios 0 and .25
     matched = ratio_profile(records, NoiseSchedule("progressive", window=4))
     assert matched["picked_mean"] == pytest.approx((0 + 0.25 + 0.75 + 1) / 4)  # levels 0, 1/3, 2/3, 1
+    phased = ratio_profile(records, NoiseSchedule("progressive_phase", window=16))
+    assert 0.35 < phased["picked_mean"] < 0.65 and phased["picked_above_half"] > 0.3  # every level, like random
     rand = ratio_profile(records, NoiseSchedule("random", window=16))
     assert 0.35 < rand["picked_mean"] < 0.65 and rand["picked_above_half"] > 0.3
     cllm = ratio_profile(records, NoiseSchedule("uniform_state"))
