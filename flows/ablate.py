@@ -37,16 +37,15 @@ def _run(prof: Profile, model_in: str, variant: str, seed: int, decode, client, 
     tuner stores its choice)."""
     from jf_core.decoding.config_io import save_decode_config, saved_decode_config
 
-    cached = round_tasks.cached
     paths = stages.round_paths(prof, model_in)
     root = str(paths.root)
-    traj = cached(round_tasks.trajectories, paths.trajectories, prof, model_in, root)
-    packed = cached(round_tasks.pack, paths.packed, prof, root, wait_for=[traj])
-    trained = cached(round_tasks.train, paths.model, prof, model_in, root, wait_for=[packed])
+    _, packed, trained = round_tasks.train_chain(prof, model_in, paths)
     model = str(paths.model)
     if saved_decode_config(model) != asdict(decode):
         save_decode_config(model, decode)
-    result = cached(round_tasks.evaluate, stages.eval_path(prof, model), prof, model, f"{variant}, seed {seed}")
+    result = round_tasks.cached(
+        round_tasks.evaluate, stages.eval_path(prof, model), prof, model, f"{variant}, seed {seed}"
+    )
     noise = packed.get("noise") or stages.noise_profile(prof, paths)  # packs from before the measurement existed
     row = {
         "variant": variant,

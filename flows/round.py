@@ -85,9 +85,7 @@ def jf_round(
         root = str(paths.root)
         logger.info("round directory %s", root)
         cached = round_tasks.cached
-        traj = cached(round_tasks.trajectories, paths.trajectories, prof, model_in, root)
-        packed = cached(round_tasks.pack, paths.packed, prof, root, wait_for=[traj])
-        trained = cached(round_tasks.train, paths.model, prof, model_in, root, wait_for=[packed])
+        traj, packed, trained = round_tasks.train_chain(prof, model_in, paths)
         round_tasks.tune(prof, root, wait_for=[trained])
         base = cached(round_tasks.evaluate, stages.eval_path(prof, model_in), prof, model_in, "input model")
         jf_model = str(paths.model)

@@ -26,62 +26,54 @@ ENDED = ("Completed", "Failed", "Cancelled", "Crashed")
 
 
 def zombie_automation(missed_after: int = MISSED_AFTER_SECONDS):
-    from prefect.automations import Automation
     from prefect.client.schemas.objects import StateType
-    from prefect.events.actions import ChangeFlowRunState
-    from prefect.events.schemas.automations import EventTrigger, Posture
-    from prefect.events.schemas.events import ResourceSpecification
 
-    return Automation(
-        name=ZOMBIE_AUTOMATION,
-        description="A flow run that stopped sending heartbeats (its process or machine died) is marked Crashed.",
-        trigger=EventTrigger(
-            after={"prefect.flow-run.heartbeat"},
-            expect={
-                "prefect.flow-run.heartbeat",
-                "prefect.flow-run.Cancelling",
-                *(f"prefect.flow-run.{s}" for s in ENDED),
-            },
-            match=ResourceSpecification({"prefect.resource.id": ["prefect.flow-run.*"]}),
-            for_each={"prefect.resource.id"},
-            posture=Posture.Proactive,
-            threshold=1,
-            within=timedelta(seconds=missed_after),
-        ),
-        actions=[
-            ChangeFlowRunState(
-                state=StateType.CRASHED,
-                message=f"no heartbeat for {missed_after} s: the flow run's process died",
-            )
-        ],
+    return _set_state_unless(
+        ZOMBIE_AUTOMATION,
+        "A flow run that stopped sending heartbeats (its process or machine died) is marked Crashed.",
+        after="heartbeat",
+        expect={"heartbeat", "Cancelling", *ENDED},
+        within=missed_after,
+        state=StateType.CRASHED,
+        message=f"no heartbeat for {missed_after} s: the flow run's process died",
     )
 
 
 def cancel_automation(cancel_after: int = CANCEL_AFTER_SECONDS):
-    from prefect.automations import Automation
     from prefect.client.schemas.objects import StateType
+
+    return _set_state_unless(
+        CANCEL_AUTOMATION,
+        "A flow run still Cancelling long after its cancel request (no worker to stop it) is Cancelled.",
+        after="Cancelling",
+        expect=set(ENDED),
+        within=cancel_after,
+        state=StateType.CANCELLED,
+        message=f"cancelled: no worker stopped the run within {cancel_after} s of the request",
+    )
+
+
+def _set_state_unless(name: str, description: str, *, after: str, expect: set[str], within: int, state, message: str):
+    """A proactive automation per flow run: after its `prefect.flow-run.<after>` event, unless one of `expect`
+    follows within `within` seconds, set the run's state to `state`."""
+    from prefect.automations import Automation
     from prefect.events.actions import ChangeFlowRunState
     from prefect.events.schemas.automations import EventTrigger, Posture
     from prefect.events.schemas.events import ResourceSpecification
 
     return Automation(
-        name=CANCEL_AUTOMATION,
-        description="A flow run still Cancelling long after its cancel request (no worker to stop it) is Cancelled.",
+        name=name,
+        description=description,
         trigger=EventTrigger(
-            after={"prefect.flow-run.Cancelling"},
-            expect={f"prefect.flow-run.{s}" for s in ENDED},
+            after={f"prefect.flow-run.{after}"},
+            expect={f"prefect.flow-run.{e}" for e in expect},
             match=ResourceSpecification({"prefect.resource.id": ["prefect.flow-run.*"]}),
             for_each={"prefect.resource.id"},
             posture=Posture.Proactive,
             threshold=1,
-            within=timedelta(seconds=cancel_after),
+            within=timedelta(seconds=within),
         ),
-        actions=[
-            ChangeFlowRunState(
-                state=StateType.CANCELLED,
-                message=f"cancelled: no worker stopped the run within {cancel_after} s of the request",
-            )
-        ],
+        actions=[ChangeFlowRunState(state=state, message=message)],
     )
 
 

@@ -66,6 +66,16 @@ def cached(task_fn, output: Path, *args, **kwargs):
     return task_fn.with_options(refresh_cache=not done)(*args, **kwargs)
 
 
+def train_chain(prof: Profile, model_in: str, paths: stages.RoundPaths) -> tuple[dict, dict, dict]:
+    """A round's training stages, each reused while its output is on disk: trajectories -> pack -> train. Shared by
+    `jf-round` and `jf-ablate`, whose runs are rounds without the tuner and the registry."""
+    root = str(paths.root)
+    traj = cached(trajectories, paths.trajectories, prof, model_in, root)
+    packed = cached(pack, paths.packed, prof, root, wait_for=[traj])
+    trained = cached(train, paths.model, prof, model_in, root, wait_for=[packed])
+    return traj, packed, trained
+
+
 def _reused(root: str, stage: str, what: str) -> dict | None:
     """The finished stage's result when its marker exists (logged to the run), else None."""
     out = getattr(stages.RoundPaths(Path(root)), stage)
