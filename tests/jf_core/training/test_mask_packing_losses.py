@@ -124,19 +124,23 @@ def separate_pass_losses(model, ex: PackedExample, cfg: JFLossConfig):
     return ar, torch.stack(kls).mean()
 
 
+def _random_examples(seed: int, shapes: tuple[tuple[int, int], ...]) -> list[PackedExample]:
+    """One example per (prompt length, blocks) of random tokens, blocks of 4 whose noisy copy keeps the first token
+    (the position a Jacobi step always gets right) and draws the other three."""
+    g = torch.Generator().manual_seed(seed)
+    examples = []
+    for prompt_len, blocks in shapes:
+        clean = [torch.randint(3, 500, (4,), generator=g).tolist() for _ in range(blocks)]
+        noisy = [[c[0], *torch.randint(3, 500, (3,), generator=g).tolist()] for c in clean]
+        prompt = torch.randint(3, 500, (prompt_len,), generator=g).tolist()
+        examples.append(PackedExample("e", prompt, 4, noisy, clean, [4] * blocks))
+    return examples
+
+
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
 def test_one_pass_losses_equal_separate_passes(arch):
     model = TINY_MODELS[arch]()
-    g = torch.Generator().manual_seed(0)
-    examples = []
-    for prompt_len, blocks in ((3, 3), (6, 2)):
-        clean = [torch.randint(3, 500, (4,), generator=g).tolist() for _ in range(blocks)]
-        noisy = [[c[0], *torch.randint(3, 500, (3,), generator=g).tolist()] for c in clean]
-        examples.append(
-            PackedExample(
-                "e", torch.randint(3, 500, (prompt_len,), generator=g).tolist(), 4, noisy, clean, [4] * blocks
-            )
-        )
+    examples = _random_examples(seed=0, shapes=((3, 3), (6, 2)))
     cfg = JFLossConfig(temperature=2.0, chunk=3)  # several chunks per term
     batch = collate(examples, PAD)  # batch of 2 with padding
     with torch.no_grad():
@@ -253,16 +257,7 @@ def test_the_cllm_baseline_in_one_packed_pass_is_cllms_two_forward_loss(arch):
     """training.method cllm: packed with the clean_context mask, one forward computes exactly CLLM's per-block
     consistency loss (a separate student and teacher forward per block), so the baseline runs in the same loop."""
     model = TINY_MODELS[arch]()
-    g = torch.Generator().manual_seed(1)
-    examples = []
-    for prompt_len, blocks in ((3, 3), (5, 2)):
-        clean = [torch.randint(3, 500, (4,), generator=g).tolist() for _ in range(blocks)]
-        noisy = [[c[0], *torch.randint(3, 500, (3,), generator=g).tolist()] for c in clean]
-        examples.append(
-            PackedExample(
-                "e", torch.randint(3, 500, (prompt_len,), generator=g).tolist(), 4, noisy, clean, [4] * blocks
-            )
-        )
+    examples = _random_examples(seed=1, shapes=((3, 3), (5, 2)))
     cfg = JFLossConfig(temperature=1.0, chunk=3)
     batch = collate(examples, PAD, "clean_context")
     with torch.no_grad():
