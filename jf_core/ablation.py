@@ -187,9 +187,8 @@ def margin(rows: Sequence[dict], winner: str, baseline: str, n: str) -> dict:
     def tpf(row: dict) -> tuple[float, float]:
         return row["multiblock_tpf"] if n == "multiblock" else row["tpf"][n]
 
-    a = tpf(next(r for r in rows if r["variant"] == winner))
-    b = tpf(next(r for r in rows if r["variant"] == baseline))
-    k_a = len(next(r for r in rows if r["variant"] == winner)["seeds"])
-    k_b = len(next(r for r in rows if r["variant"] == baseline)["seeds"])
+    row_a, row_b = (next(r for r in rows if r["variant"] == name) for name in (winner, baseline))
+    a, b = tpf(row_a), tpf(row_b)
+    k_a, k_b = len(row_a["seeds"]), len(row_b["seeds"])
     se = math.sqrt(a[1] ** 2 / k_a + b[1] ** 2 / k_b)
     return {"difference": a[0] - b[0], "ratio": a[0] / b[0], "t": (a[0] - b[0]) / se if se > 0 else math.inf}

@@ -47,7 +47,15 @@ def _cache_on(stage: str):
     return key
 
 
-def _stage_task(stage: str, run_name: str, retries: int = 0):
+def _pack_run_name() -> str:
+    """The pack task's run name: its noise schedule (CLLM draws states uniformly and has none)."""
+    from prefect.runtime import task_run
+
+    t = task_run.parameters["profile"].training
+    return "pack (CLLM: uniform states)" if t.method == "cllm" else f"pack ({t.schedule} schedule)"
+
+
+def _stage_task(stage: str, run_name, retries: int = 0):
     """A stage's task: named after what it does, result persisted, cached by its output directory; retried only
     where a retry resumes (trajectories by shard, training from its checkpoint)."""
     return task(
@@ -125,7 +133,7 @@ def trajectories(profile: Profile, model_in: str, root: str) -> dict:
     return result
 
 
-@_stage_task("packed", "pack ({profile.training.schedule} schedule)")
+@_stage_task("packed", _pack_run_name)
 def pack(profile: Profile, root: str) -> dict:
     if (done := _reused(root, "packed", "packed examples")) is not None:
         return done

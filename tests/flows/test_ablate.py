@@ -6,6 +6,7 @@ work."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
@@ -67,8 +68,6 @@ def test_ablation_runs_variants_and_seeds_under_one_parent(prefect_server, jf_en
 
 
 def _store(round_dir: str) -> str:
-    from pathlib import Path
-
     return str((Path(round_dir) / "trajectories").resolve())
 
 
