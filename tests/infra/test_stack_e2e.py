@@ -29,11 +29,29 @@ from tests.infra.sockets import SocketWatch
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.timeout(1800), pytest.mark.slow]
 
-# Small stages: the point is the orchestration, the full-size round is the README's main job.
+# Small stages: the point is the orchestration, the full-size round is the README's main job. The autotune keeps
+# multi-block, recycling and adaptive width in its grid: 16 candidates on 4 prompts once, not the profile's 48 on 24
+# prompts twice (7 minutes a round).
 SMALL = {
     "prompts": {"limit": 48},
     "training": {"steps": 40},
-    "evaluation": {"num_prompts": 40, "speed_prompts": 4},
+    "evaluation": {
+        "num_prompts": 40,
+        "speed_prompts": 4,
+        "tune": {  # replaces the profile's tune section: every field it needs
+            "enabled": True,
+            "prompts": 4,
+            "repeats": 1,
+            "block_sizes": [16, 32],
+            "num_blocks": [1, 2],
+            "pool_sizes": [0, 4],
+            "spawn_ratios": [0.85],
+            "ngrams": [8],
+            "seed_drafts": [False],
+            "width_scales": [0, 2.0],
+            "crossover_batch_sizes": [1, 4],
+        },
+    },
 }
 
 
