@@ -12,6 +12,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
+from jf_core.training.noise import WindowSchedule
 from jf_core.trajectory.prompts import PromptSourceConfig
 
 PROFILES_DIR = Path(__file__).parent / "profiles"
@@ -111,7 +112,7 @@ class JFTrainConfig(_Strict):
     # and its clean copy gives CLLM's teacher, so one packed forward computes CLLM's per-block loss.
     method: Literal["jacobi_forcing", "cllm"] = "jacobi_forcing"
     # jacobi_forcing only, as are the next 3 (noise.py says what each schedule does)
-    schedule: Literal["progressive", "progressive_phase", "reverse", "random"] = "progressive"
+    schedule: WindowSchedule = "progressive"
     window: int = Field(16, ge=1)  # w: blocks per noise window
     min_ratio: float = Field(0.0, ge=0, le=1)
     max_ratio: float = Field(1.0, ge=0, le=1)

@@ -21,7 +21,8 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -361,15 +362,21 @@ def eval_key(profile: Profile) -> str:
     return _digest([measured, prompts, profile.model.decode_kwargs()])
 
 
-def eval_threads(profile: Profile) -> int:
+@contextmanager
+def eval_threads(profile: Profile) -> Iterator[int]:
     """One thread count for a whole evaluation (its methods take turns: a count changed between turns would bias
-    the ratios): compute.threads, else the CPUs free of other processes when it starts."""
+    the ratios): compute.threads, else the CPUs free of other processes when it starts. The caller's count is put
+    back after, so the next task in this process (a worker runs several) starts from its own."""
     import torch
 
     from jf_core.threads import choose_threads
 
+    before = torch.get_num_threads()
     torch.set_num_threads(profile.compute.threads or choose_threads())
-    return torch.get_num_threads()
+    try:
+        yield torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
 
 
 def stage_evaluate(profile: Profile, model_path: str) -> dict:
@@ -383,8 +390,8 @@ def stage_evaluate(profile: Profile, model_path: str) -> dict:
         if "output_stats" in cached:  # evaluations from before EVAL_FORMAT 2 are redone
             log.info("reusing evaluation %s", out)
             return cached
-    threads = eval_threads(profile)
-    result = evaluate_profile(model_path, profile, progress=log.info)
+    with eval_threads(profile) as threads:
+        result = evaluate_profile(model_path, profile, progress=log.info)
     result["model"] = model_path
     result["torch_threads"] = threads
     write_json_atomic(out, result)

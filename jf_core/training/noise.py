@@ -23,9 +23,11 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
-ScheduleName = Literal["progressive", "progressive_phase", "reverse", "random", "uniform_state"]
+# The schedules a window of target ratios defines (training.schedule), and CLLM's, which has none (training.method).
+WindowSchedule = Literal["progressive", "progressive_phase", "reverse", "random"]
+ScheduleName = Literal[WindowSchedule, "uniform_state"]
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,7 @@ class NoiseSchedule:
             raise ValueError(f"noise window must be >= 1, got {self.window}")
         if not 0.0 <= self.min_ratio <= self.max_ratio <= 1.0:
             raise ValueError(f"need 0 <= min_ratio <= max_ratio <= 1, got {self.min_ratio}, {self.max_ratio}")
-        if self.kind not in ("progressive", "progressive_phase", "reverse", "random", "uniform_state"):
+        if self.kind not in get_args(ScheduleName):
             raise ValueError(f"unknown noise schedule {self.kind!r}")
 
     def levels(self) -> list[float]:

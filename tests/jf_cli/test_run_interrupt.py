@@ -63,12 +63,14 @@ CASES = {  # id: (command after `jf`, signal, whether to wait until the round's 
 }
 
 
+LONG_TRAINING = 100000  # steps: the signal lands in training, after the trajectories' Ray has shut down
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_an_interrupted_run_leaves_no_process_behind(run_env, tmp_path, case):
     command, sig, after_ray = CASES[case]
     path, env = run_env
-    # Long enough training that the signal lands in it, after the trajectories' Ray has shut down.
-    extra = ["--set", "training.steps=100000"] if after_ray else []
+    extra = ["--set", f"training.steps={LONG_TRAINING}"] if after_ray else []
     log = tmp_path / "out.log"  # a file, not a pipe: a full pipe would block the child and hang this test
     with log.open("w") as out:
         proc = subprocess.Popen(
@@ -77,25 +79,23 @@ def test_an_interrupted_run_leaves_no_process_behind(run_env, tmp_path, case):
             preexec_fn=default_sigint,
         )  # fmt: skip
     me = psutil.Process(proc.pid)
-    started: dict[int, psutil.Process] = {}
-    seen: dict[int, str] = {}  # what each process last was while alive (a process that is gone describes as "")
+    # Every process the command started, with what it last was while alive (one that is gone describes as "").
+    started: dict[int, tuple[psutil.Process, str]] = {}
 
     def look() -> None:
         for child in me.children(recursive=True):
-            started.setdefault(child.pid, child)
-            if what := describe(child):
-                seen[child.pid] = what
+            first, last = started.get(child.pid, (child, ""))
+            started[child.pid] = (first, describe(child) or last)
 
     def raylets() -> list[psutil.Process]:
-        return [started[pid] for pid, what in seen.items() if what.startswith("raylet")]
+        return [p for p, what in started.values() if what.startswith("raylet")]
 
     def ready() -> bool:
         look()
-        ray_up = bool(raylets()) and any("prefect" in what for what in seen.values())
-        if not after_ray:
+        ray_up = bool(raylets()) and any("prefect" in what for _, what in started.values())
+        if not (ray_up and after_ray):
             return ray_up
-        training = "step 0/100000" in log.read_text()
-        return ray_up and training and not any(alive(p) for p in raylets())
+        return f"step 0/{LONG_TRAINING}" in log.read_text() and not any(alive(p) for p in raylets())
 
     deadline = time.monotonic() + 300
     try:
@@ -114,6 +114,6 @@ def test_an_interrupted_run_leaves_no_process_behind(run_env, tmp_path, case):
     output = log.read_text()
     assert code != 0 and "Crashed" in output, output[-3000:]  # the flow run was closed on the way out
     deadline = time.monotonic() + 10  # a moment for the last children to be reaped
-    while (left := [p for p in started.values() if alive(p)]) and time.monotonic() < deadline:
+    while (left := [p for p, _ in started.values() if alive(p)]) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not left, [(p.pid, describe(p)[:120]) for p in left]

@@ -57,3 +57,28 @@ def test_the_tune_stage_stores_the_decode_config_and_the_ar_crossover_in_the_mod
     assert model_fingerprint(model) == before  # tuning says how to decode the model; it is the same model
     assert json.loads((model / "decode_tuning.json").read_text()) == report
     assert stage_tune(p, model) == report  # done once
+
+
+def test_an_evaluation_runs_at_its_own_thread_count_and_gives_the_callers_back(profile, tmp_path):
+    import torch
+
+    from jacobi_forcing.tasks.stages import stage_evaluate
+
+    evaluation = profile.evaluation.model_copy(
+        update={"num_prompts": 2, "speed_prompts": 1, "repeats": 1, "block_sizes": [4], "max_new_tokens": 8}
+    )
+    p = profile.model_copy(
+        update={
+            "evaluation": evaluation,
+            "compute": profile.compute.model_copy(update={"threads": 1}),
+            "storage": profile.storage.model_copy(update={"runs_dir": str(tmp_path)}),
+        }
+    )
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        result = stage_evaluate(p, p.model.path)
+        assert result["torch_threads"] == 1  # the evaluation's own count, for every method's turn
+        assert torch.get_num_threads() == 2  # and the worker's next task starts from the caller's
+    finally:
+        torch.set_num_threads(before)
