@@ -14,6 +14,10 @@ def test_every_catalog_variant_is_a_valid_profile_override():
     for name, overrides in ablation.VARIANTS.items():
         prof = load_profile("tiny", **ablation.run_overrides({"training": {"steps": 10}}, overrides, seed=2))
         assert prof.training.seed == 2 and prof.training.steps == 10, name
+        # Each row is what its name says on any profile: `tiny` ships CLLM, so a JF row sets method and mask itself.
+        if name != "cllm":
+            assert prof.training.method == "jacobi_forcing", name
+            assert prof.training.mask == ("clean_context" if "clean-context" in name else "shipped"), name
     cllm = load_profile("tiny", **ablation.VARIANTS["cllm"]).training
     assert cllm.noise_schedule().kind == "uniform_state" and cllm.mask == "clean_context"
 
