@@ -89,7 +89,7 @@ def jf_round(
         round_tasks.tune(prof, root, wait_for=[trained])
         base = cached(round_tasks.evaluate, stages.eval_path(prof, model_in), prof, model_in, "input model")
         jf_model = str(paths.model)
-        label = "CLLM model" if prof.training.method == "cllm" else "Jacobi Forcing model"
+        label = f"{prof.training.method_name} model"
         jf = cached(round_tasks.evaluate, stages.eval_path(prof, jf_model), prof, jf_model, label)
         origin = lineage_base(model_in)  # the gate holds every round to the chain's original base model
         lineage = None

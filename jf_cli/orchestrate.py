@@ -13,18 +13,24 @@ from jf_core.paths import jf_home
 
 
 def parse_overrides(items: list[str]) -> dict[str, dict]:
-    """`section.key=value` (value parsed as JSON when it parses, else kept as text) -> {section: {key: value}}."""
+    """`section.key=value` or deeper (`evaluation.tune.prompts=4`) -> {section: {key: ...}}; the value parsed as
+    JSON when it parses, else kept as text."""
     out: dict[str, dict] = {}
     for item in items:
         path, sep, raw = item.partition("=")
-        section, dot, key = path.partition(".")
-        if not sep or not dot or not section or not key:
+        keys = path.split(".")
+        if not sep or len(keys) < 2 or not all(keys):
             raise ValueError(f"--set expects section.key=value, got {item!r}")
         try:
             value = json.loads(raw)
         except json.JSONDecodeError:
             value = raw
-        out.setdefault(section, {})[key] = value
+        node = out
+        for depth, key in enumerate(keys[:-1]):
+            node = node.setdefault(key, {})
+            if not isinstance(node, dict):
+                raise ValueError(f"--set {item!r}: {'.'.join(keys[: depth + 1])} was set to a value, not fields")
+        node[keys[-1]] = value
     return out
 
 

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from pydantic import Field, field_validator
 
-from jf_core.config import _Strict
+from jf_core.config import _Strict, merge_overrides
 
 
 def _jf(schedule: str, window: int, mask: str = "shipped", **training) -> dict[str, dict]:
@@ -100,11 +100,10 @@ class AblationConfig(_Strict):
 
 
 def merge(*layers: dict[str, dict]) -> dict[str, dict]:
-    """Section-wise merge of override dicts, later layers winning per field."""
+    """Override dicts merged field by field (nested sections too), later layers winning."""
     out: dict[str, dict] = {}
     for layer in layers:
-        for section, values in (layer or {}).items():
-            out.setdefault(section, {}).update(values)
+        merge_overrides(out, layer or {})
     return out
 
 

@@ -6,6 +6,7 @@ A profile (YAML under jf_core/profiles/, or any path) names a model, a prompt so
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Literal
 
@@ -131,12 +132,21 @@ class JFTrainConfig(_Strict):
             )
         return self
 
+    @property
+    def method_name(self) -> str:
+        """The method as run names and evaluation labels say it."""
+        return "CLLM" if self.method == "cllm" else "Jacobi Forcing"
+
+    @property
+    def noise_kind(self) -> str:
+        """What picks each block's noisy state: the noise schedule, or CLLM's uniformly drawn Jacobi state."""
+        return "uniform_state" if self.method == "cllm" else self.schedule
+
     def noise_schedule(self):
         from jf_core.training.noise import NoiseSchedule
 
-        kind = "uniform_state" if self.method == "cllm" else self.schedule
         return NoiseSchedule(
-            kind, window=self.window, min_ratio=self.min_ratio, max_ratio=self.max_ratio, seed=self.seed
+            self.noise_kind, window=self.window, min_ratio=self.min_ratio, max_ratio=self.max_ratio, seed=self.seed
         )
 
     def objective(self):
@@ -342,12 +352,26 @@ def overrides_dict(overrides: BaseModel | dict | None) -> dict[str, dict]:
     return {section: dict(values) for section, values in overrides.items()}
 
 
+def merge_overrides(data: dict, overrides: dict) -> dict:
+    """`overrides` into `data` in place, mapping into mapping: `{"evaluation": {"tune": {"prompts": 4}}}` changes
+    one field of the profile's tune section and keeps the rest. A value of None leaves the field as it is."""
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            merge_overrides(data[key], value)
+        else:
+            data[key] = copy.deepcopy(value)  # later merges into `data` must not reach the caller's dicts
+    return data
+
+
 def available_profiles() -> list[str]:
     return sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
 
 
 def load_profile(name_or_path: str, **overrides: dict) -> Profile:
-    """A profile by name (jf_core/profiles/NAME.yaml) or path; `overrides` are merged per section."""
+    """A profile by name (jf_core/profiles/NAME.yaml) or path; `overrides` ({section: {field: value}}) are merged
+    field by field, nested sections too (`merge_overrides`)."""
     named = PROFILES_DIR / f"{name_or_path}.yaml"
     path = named if named.is_file() else Path(name_or_path)
     if not path.is_file():
@@ -359,8 +383,7 @@ def load_profile(name_or_path: str, **overrides: dict) -> Profile:
         raise ValueError(
             f"profile {path} must be a mapping of sections (name, model, training, ...), got a {type(data).__name__}"
         )
-    for section, values in overrides.items():
-        data.setdefault(section, {}).update({k: v for k, v in values.items() if v is not None})
+    merge_overrides(data, overrides)
     try:
         return Profile.model_validate(data)
     except Exception as err:

@@ -48,11 +48,10 @@ def _cache_on(stage: str):
 
 
 def _pack_run_name() -> str:
-    """The pack task's run name: its noise schedule (CLLM draws states uniformly and has none)."""
+    """The pack task's run name: what picks its noisy states (the schedule, or CLLM's uniform Jacobi states)."""
     from prefect.runtime import task_run
 
-    t = task_run.parameters["profile"].training
-    return "pack (CLLM: uniform states)" if t.method == "cllm" else f"pack ({t.schedule} schedule)"
+    return f"pack ({task_run.parameters['profile'].training.noise_kind} noise)"
 
 
 def _stage_task(stage: str, run_name, retries: int = 0):

@@ -38,17 +38,11 @@ SMALL = {
     "evaluation": {
         "num_prompts": 40,
         "speed_prompts": 4,
-        "tune": {  # replaces the profile's tune section: every field it needs
-            "enabled": True,
+        "tune": {  # merged into the profile's tune section: only what differs
             "prompts": 4,
             "repeats": 1,
             "block_sizes": [16, 32],
-            "num_blocks": [1, 2],
-            "pool_sizes": [0, 4],
-            "spawn_ratios": [0.85],
-            "ngrams": [8],
             "seed_drafts": [False],
-            "width_scales": [0, 2.0],
             "crossover_batch_sizes": [1, 4],
         },
     },

@@ -105,6 +105,14 @@ def test_set_overrides_parse_json_values_and_name_bad_ones():
     }
     with pytest.raises(ValueError, match=r"section\.key=value"):
         parse_overrides(["steps=40"])
+    # deeper keys name one field of a nested section
+    assert parse_overrides(["evaluation.tune.prompts=4", "evaluation.tune.repeats=1", "evaluation.num_prompts=9"]) == {
+        "evaluation": {"tune": {"prompts": 4, "repeats": 1}, "num_prompts": 9}
+    }
+    with pytest.raises(ValueError, match=r"section\.key=value"):
+        parse_overrides(["evaluation..prompts=4"])
+    with pytest.raises(ValueError, match=r"evaluation\.tune was set to a value"):
+        parse_overrides(["evaluation.tune=3", "evaluation.tune.prompts=4"])
 
 
 def test_ablate_lists_its_catalog_and_refuses_bad_choices_before_any_work(capsys, tmp_path, monkeypatch):

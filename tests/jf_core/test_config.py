@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from jf_core.config import available_profiles, load_profile
+from jf_core.config import ProfileOverrides, available_profiles, load_profile, overrides_dict
 
 
 def test_shipped_profiles_validate():
@@ -16,6 +16,20 @@ def test_shipped_profiles_validate():
 def test_overrides_merge_and_ignore_none():
     p = load_profile("tiny", trajectory={"block_size": 32, "seed": None}, compute={"workers": 1})
     assert p.trajectory.block_size == 32 and p.trajectory.seed == 0 and p.compute.workers == 1
+
+
+def test_nested_overrides_change_only_the_fields_they_name():
+    tiny = load_profile("tiny")
+    tune = {"tune": {"prompts": 4, "block_sizes": [16]}}
+    p = load_profile("tiny", evaluation=tune)
+    assert p.evaluation.tune.prompts == 4 and p.evaluation.tune.block_sizes == [16]
+    # the profile's other tune fields stand (a shallow merge reset them to the config's defaults)
+    assert p.evaluation.tune.enabled and p.evaluation.tune.ngrams == tiny.evaluation.tune.ngrams == [8]
+    assert p.evaluation.block_sizes == tiny.evaluation.block_sizes
+    assert tune == {"tune": {"prompts": 4, "block_sizes": [16]}}  # the caller's overrides are not touched
+    # a flow's typed overrides carry only the nested fields given, so they merge the same way
+    typed = overrides_dict(ProfileOverrides.model_validate({"evaluation": tune}))
+    assert typed == {"evaluation": tune} and load_profile("tiny", **typed) == p
 
 
 def test_bad_profiles_are_named(tmp_path):
