@@ -224,7 +224,7 @@ def register(profile: Profile, run_id: str, report: dict, history: list[dict], c
     client, _ = tracking.connect(profile)
     tracking.log_round(client, run_id, report, round_figures(report, history))
     champion_at = None if champion is None else Figures(**champion)
-    version, decision = tracking.register(client, run_id, profile, report, champion_at)
+    version, decision, champion_moved = tracking.register(client, run_id, profile, report, champion_at)
     logger = get_run_logger()
     logger.info(
         "registered %s version %s: gate %s (%s)",
@@ -233,8 +233,7 @@ def register(profile: Profile, run_id: str, report: dict, history: list[dict], c
         "passed -> champion" if decision.passed else "failed, champion unchanged",
         "; ".join(decision.reasons),
     )
-    reused = client.get_run(run_id).data.tags.get("jf.registration_reused") == "true"
-    if decision.passed and not reused:  # the alias moved: the champion benchmark deployment starts on this
+    if champion_moved:  # the champion benchmark deployment starts on this
         events.champion_changed(profile.model_name, version)
         logger.info("event %s sent for %s version %s", events.CHAMPION_CHANGED, profile.model_name, version)
     return {

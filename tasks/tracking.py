@@ -14,6 +14,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import mlflow
 from mlflow import MlflowClient
@@ -249,13 +250,22 @@ def _registered(client: MlflowClient, name: str, key: str):
     return next((v for v in versions if v.tags.get("jf.registration_key") == key), None)
 
 
-def _reuse(client: MlflowClient, name: str, found) -> tuple[str, GateDecision]:
+class Registration(NamedTuple):
+    version: str
+    decision: GateDecision
+    # this call set the `champion` alias: a passing new version, or a re-run finishing a killed registration's
+    # promotion (what the champion-changed event is sent on)
+    champion_moved: bool
+
+
+def _reuse(client: MlflowClient, name: str, found) -> Registration:
     """A re-run of a registered round: its version and verdict as recorded. A registration that was killed before
     its alias moves were done (no `jf.registration: complete` tag) has them finished, never moving an alias back
     from a newer version; a complete one moves nothing (an operator's later rollback stays)."""
     version, passed = str(found.version), found.tags.get("gate") == "passed"
     reasons = [r for r in found.tags.get("gate_reasons", "").split("; ") if r]
     interrupted = found.tags.get(REGISTRATION_TAG) != "complete"
+    moved = set()
     for alias, wanted in (("challenger", True), ("champion", passed)):
         if not wanted:
             continue
@@ -265,9 +275,10 @@ def _reuse(client: MlflowClient, name: str, found) -> tuple[str, GateDecision]:
             holder = None
         if holder is None or (interrupted and int(holder.version) < int(version)):
             client.set_registered_model_alias(name, alias, version)
+            moved.add(alias)
     if interrupted:
         client.set_model_version_tag(name, version, REGISTRATION_TAG, "complete")
-    return version, GateDecision(passed=passed, reasons=reasons)
+    return Registration(version, GateDecision(passed=passed, reasons=reasons), "champion" in moved)
 
 
 REGISTRATION_TAG = "jf.registration"  # "complete" once a version's aliases were moved: a re-run then moves none
@@ -275,9 +286,9 @@ REGISTRATION_TAG = "jf.registration"  # "complete" once a version's aliases were
 
 def register(
     client: MlflowClient, run_id: str, profile: Profile, report: dict, champion_at: Figures | None = None
-) -> tuple[str, GateDecision]:
+) -> Registration:
     """Log the model as a Jacobi Forcing pyfunc, register a new version with its figures as tags, alias it
-    `challenger`, and `champion` only when the gate passes. Returns (version, decision). `champion_at`: the
+    `challenger`, and `champion` only when the gate passes. `champion_at`: the
     champion's figures on this round's evaluation (None: its recorded ones, when measured on the same evaluation).
     Every gate check is a tag on the version (`gate.<check>`) and a metric of the run (`gate_<check>`).
     Idempotent: a re-run of a round already registered (same `registration_key`) reuses that version and moves no
@@ -286,11 +297,11 @@ def register(
     key = registration_key(profile, report)
     found = _registered(client, name, key)
     if found is not None:
-        version, decision = _reuse(client, name, found)
-        client.set_tag(run_id, "jf.registered_version", version)
+        reused = _reuse(client, name, found)
+        client.set_tag(run_id, "jf.registered_version", reused.version)
         client.set_tag(run_id, "jf.registration_reused", "true")
-        client.set_tag(run_id, "jf.gate", "passed" if decision.passed else "failed")
-        return version, decision
+        client.set_tag(run_id, "jf.gate", "passed" if reused.decision.passed else "failed")
+        return reused
     figures = {k: Figures(**v) for k, v in report["figures"].items()}
     current, recorded = champion_figures(client, name, report["eval_key"])
     decision = decide(
@@ -331,7 +342,7 @@ def register(
     client.set_model_version_tag(name, version, REGISTRATION_TAG, "complete")  # a killed run is finished by a re-run
     client.set_tag(run_id, "jf.registered_version", version)
     client.set_tag(run_id, "jf.gate", tags["gate"])
-    return str(version), decision
+    return Registration(str(version), decision, decision.passed)
 
 
 # A champion with no figures on this evaluation: the TPF check fails saying so (it never passes blind).

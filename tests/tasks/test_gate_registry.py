@@ -71,7 +71,9 @@ def registry(tmp_path, monkeypatch, profile):
 
     def register(name: str, candidate: Figures, input_model: Figures, base: Figures) -> tuple[str, object]:
         run_id = client.create_run(experiment).info.run_id
-        version, decision = tracking.register(client, run_id, prof, report_of(name, candidate, input_model, base))
+        report = report_of(name, candidate, input_model, base)
+        version, decision, moved = tracking.register(client, run_id, prof, report)
+        assert moved == decision.passed  # a new version: the champion alias moves exactly when the gate passes
         return version, decision, run_id
 
     # For a registration run elsewhere (a process killed mid-way): the same report, profile, store and experiment.
@@ -181,13 +183,13 @@ def test_a_registration_killed_before_its_promotion_is_completed_by_the_rerun(re
     assert str(client.get_model_version_by_alias("jf-gate", "champion").version) == first  # not promoted yet
 
     rerun = client.create_run(register.experiment).info.run_id
-    version, decision = tracking.register(client, rerun, register.profile, report)
-    assert version == "2" and decision.passed
+    version, decision, moved = tracking.register(client, rerun, register.profile, report)
+    assert version == "2" and decision.passed and moved  # the re-run's promotion: the champion event goes out
     assert len(client.search_model_versions("name='jf-gate'")) == 2  # no duplicate
     assert str(client.get_model_version_by_alias("jf-gate", "champion").version) == "2"  # the promotion, finished
     assert _tags(client, "2")["jf.registration"] == "complete"
 
     client.set_registered_model_alias("jf-gate", "champion", first)  # an operator rolls back
     again = client.create_run(register.experiment).info.run_id
-    assert tracking.register(client, again, register.profile, report)[0] == "2"
+    assert tracking.register(client, again, register.profile, report)[::2] == ("2", False)  # no alias moved
     assert str(client.get_model_version_by_alias("jf-gate", "champion").version) == first  # left as the operator set
