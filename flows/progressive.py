@@ -8,15 +8,13 @@ from prefect.runtime import flow_run
 
 from jacobi_forcing.flows.round import jf_round, load
 from jacobi_forcing.tasks import tracking
-from jf_core.config import ProfileOverrides, overrides_dict
+from jf_core.config import ProfileOverrides, merge_overrides, overrides_dict
 
 
 def round_overrides(overrides: ProfileOverrides | dict | None, prof, i: int) -> dict:
     spec = prof.rounds[i]
-    merged = overrides_dict(overrides)
-    merged.setdefault("trajectory", {}).update(block_size=spec.block_size, round_id=f"round-{i}")
-    merged.setdefault("training", {}).update(spec.training_overrides())
-    return merged
+    this_round = {"trajectory": {"block_size": spec.block_size, "round_id": f"round-{i}"}}
+    return merge_overrides(overrides_dict(overrides), {**this_round, "training": spec.training_overrides()})
 
 
 @flow(name="jf-progressive", flow_run_name="jf-progressive-{profile}", log_prints=True)

@@ -146,7 +146,7 @@ def train(profile: Profile, model_in: str, root: str) -> dict:
     if (done := _reused(root, "model", "trained model")) is not None:
         return done
     steps = profile.training.steps
-    bar = ProgressArtifact(f"Jacobi Forcing training, {steps} steps")
+    bar = ProgressArtifact(f"{profile.training.method_name} training, {steps} steps")
     logger = get_run_logger()
 
     def on_log(step: int, row: dict) -> None:

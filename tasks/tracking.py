@@ -265,7 +265,7 @@ def _reuse(client: MlflowClient, name: str, found) -> Registration:
     version, passed = str(found.version), found.tags.get("gate") == "passed"
     reasons = [r for r in found.tags.get("gate_reasons", "").split("; ") if r]
     interrupted = found.tags.get(REGISTRATION_TAG) != "complete"
-    moved = set()
+    champion_moved = False
     for alias, wanted in (("challenger", True), ("champion", passed)):
         if not wanted:
             continue
@@ -275,10 +275,10 @@ def _reuse(client: MlflowClient, name: str, found) -> Registration:
             holder = None
         if holder is None or (interrupted and int(holder.version) < int(version)):
             client.set_registered_model_alias(name, alias, version)
-            moved.add(alias)
+            champion_moved = champion_moved or alias == "champion"
     if interrupted:
         client.set_model_version_tag(name, version, REGISTRATION_TAG, "complete")
-    return Registration(version, GateDecision(passed=passed, reasons=reasons), "champion" in moved)
+    return Registration(version, GateDecision(passed=passed, reasons=reasons), champion_moved)
 
 
 REGISTRATION_TAG = "jf.registration"  # "complete" once a version's aliases were moved: a re-run then moves none

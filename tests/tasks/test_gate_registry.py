@@ -48,7 +48,8 @@ def registry(tmp_path, monkeypatch, profile):
     mlflow.set_tracking_uri(uri)  # register resumes the run through mlflow's global URI, which a test before may set
     prof = profile.model_copy(update={"registry": RegistryConfig(tracking_uri=uri, model_name="jf-gate")})
     client = MlflowClient(uri, uri)
-    experiment = client.create_experiment("gate")
+    # artifacts under tmp_path, as tracking.connect places them: the default root is ./mlruns in the working directory
+    experiment = client.create_experiment("gate", artifact_location=(tmp_path / "artifacts").as_uri())
 
     def report_of(name: str, candidate: Figures, input_model: Figures, base: Figures) -> dict:
         return {
