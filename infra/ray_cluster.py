@@ -21,6 +21,7 @@ Ray reads its auth mode and local-only switch when it is imported, and a process
 from __future__ import annotations
 
 import contextlib
+import functools
 import ipaddress
 import os
 import secrets
@@ -132,6 +133,7 @@ def ray_session(ray_address: str | None = None, *, num_cpus: int | None = None) 
     # bypassed the caller's (jf run unwinds SIGTERM like Ctrl-C) and orphaned its Prefect server (issue 16).
     on_main = threading.current_thread() is threading.main_thread()
     sigterm = signal.getsignal(signal.SIGTERM) if on_main else None
+    init = functools.partial(_init_keeping_sigterm, sigterm) if on_main else ray.init
     token_dir: Path | None = None
     address = ray_address or os.environ.get("RAY_ADDRESS")
     before = set(_children(os.getpid()))
@@ -141,7 +143,7 @@ def ray_session(ray_address: str | None = None, *, num_cpus: int | None = None) 
             check_join_auth(address)
             # A cluster on this machine's loopback (`jf stack up --ray`) needs this driver on loopback too.
             _apply({AUTH_MODE: "token", LOCAL_ONLY: "0" if is_loopback(address) else None})
-            ctx = ray.init(address=address, include_dashboard=False, log_to_driver=False)
+            ctx = init(address=address, include_dashboard=False, log_to_driver=False)
             ray_roots = set()  # a cluster's processes are not ours to stop
             session = RaySession(ctx.address_info["gcs_address"], private=False, loopback=is_loopback(address))
         else:
@@ -149,7 +151,7 @@ def ray_session(ray_address: str | None = None, *, num_cpus: int | None = None) 
             token = write_token(token_dir / "auth_token")
             _apply(private_env(token))
             # "local": a new Ray, never one that `ray start` left running here (plain ray.init() would join that).
-            ctx = ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+            ctx = init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
             ray_roots = set(_children(os.getpid())) - before
             session = RaySession(ctx.address_info["gcs_address"], private=True, loopback=True, token_path=token)
         yield session
@@ -164,6 +166,30 @@ def ray_session(ray_address: str | None = None, *, num_cpus: int | None = None) 
             signal.signal(signal.SIGTERM, sigterm)
         if token_dir is not None:
             shutil.rmtree(token_dir, ignore_errors=True)
+
+
+def _init_keeping_sigterm(sigterm, **kwargs):
+    """`ray.init` on the main thread, with SIGTERM handled in Python by the caller's handler once it returns.
+
+    The driver's core worker puts abseil's failure-signal handler in front of SIGTERM. That handler passes the
+    signal on, but first arms a 3-second alarm that aborts the process (SIGABRT), so any cleanup slower than that
+    (closing the flow run, shutting Ray down, stopping the Prefect server) was cut short and orphaned what it had
+    not stopped yet. Installing a Python handler after `ray.init` takes abseil off SIGTERM. A SIGTERM that arrives
+    inside `ray.init` meets Ray's handler (sys.exit): its alarm is cancelled and the caller's handler runs, as it
+    would have a moment later."""
+    import ray
+
+    try:
+        ctx = ray.init(**kwargs)
+    except SystemExit:
+        signal.alarm(0)  # abseil's abort timer, armed if the SIGTERM went through its handler
+        if callable(sigterm):
+            signal.signal(signal.SIGTERM, sigterm)
+            sigterm(signal.SIGTERM, None)  # `jf run`'s raises KeyboardInterrupt: the caller unwinds as from Ctrl-C
+        raise
+    # Ray's Python handler when the caller has none of its own: reinstalling it is what takes abseil off SIGTERM.
+    signal.signal(signal.SIGTERM, sigterm if callable(sigterm) else signal.getsignal(signal.SIGTERM))
+    return ctx
 
 
 def _parents() -> dict[int, int]:

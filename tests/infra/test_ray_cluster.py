@@ -99,7 +99,7 @@ def test_private_ray_refuses_drivers_without_its_token(tmp_path):
     previous = signal.signal(signal.SIGTERM, ours)
     try:
         with ray_session(num_cpus=1) as session:
-            assert signal.getsignal(signal.SIGTERM) is not ours  # ray.init installs its own
+            assert signal.getsignal(signal.SIGTERM) is ours  # ray.init installed its own; the session put ours back
             results = _probe_drivers(session, tmp_path)
         assert signal.getsignal(signal.SIGTERM) is ours, "the caller's SIGTERM handler is back"
     finally:
@@ -141,6 +141,38 @@ def _probe_drivers(session, tmp_path: Path) -> dict[str, tuple[str, Path]]:
 
     with ThreadPoolExecutor(len(drivers)) as pool:  # refusals take Ray's connect timeout: wait for them together
         return dict(zip(drivers, pool.map(probe, drivers), strict=True))
+
+
+SIGTERM_SCRIPT = """
+import os, signal, sys, threading, time
+from jacobi_forcing.infra.ray_cluster import ray_session
+
+def interrupt(signum, frame):  # what `jf run` installs: SIGTERM unwinds like Ctrl-C
+    raise KeyboardInterrupt("SIGTERM")
+
+signal.signal(signal.SIGTERM, interrupt)
+try:
+    with ray_session(num_cpus=1):
+        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        time.sleep(60)
+except KeyboardInterrupt as err:
+    print("UNWOUND", err, flush=True)
+    time.sleep(5)  # a cleanup slower than abseil's 3-second abort timer: closing the flow run, stopping a server
+    print("CLEANED UP", flush=True)
+    sys.exit(3)
+"""
+
+
+def test_a_sigterm_inside_a_ray_session_unwinds_through_the_callers_handler_and_is_not_aborted(tmp_path):
+    """The driver's core worker puts abseil's failure-signal handler in front of SIGTERM, and that handler arms a
+    3-second SIGABRT: a `kill` during a Ray stage aborted `jf run` mid-cleanup (exit -6) and orphaned its server."""
+    out = subprocess.run(
+        [sys.executable, "-c", SIGTERM_SCRIPT], cwd=REPO, env=_clean_env(tmp_path), capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 3, (out.returncode, out.stdout, out.stderr[-2000:])
+    assert "UNWOUND SIGTERM" in out.stdout and "CLEANED UP" in out.stdout
+    assert "SIGTERM received" not in out.stderr  # abseil never saw it
 
 
 def test_joining_a_cluster_needs_token_auth(monkeypatch, tmp_path):
