@@ -22,6 +22,7 @@ from jf_core.decoding.common import (
     left_pad,
     model_device,
 )
+from jf_core.decoding.kv import attention_layout, cache_kwargs
 from jf_core.decoding.sampling import Sampler, Sampling
 from jf_core.decoding.stats import DecodeStats, SequenceStats, Timer
 
@@ -39,6 +40,7 @@ def ar_decode(
     seeds: Sequence[int] | None = None,
 ) -> DecodeOutput:
     prompts = check_inputs(prompts, max_new_tokens)
+    attention_layout(model)  # a recurrent state or ALiBi is refused by name (it would decode wrong, or crash)
     sampler = Sampler(sampling, seeds, len(prompts))
     eos = eos_set(eos_token_id)
     device = model_device(model)
@@ -50,9 +52,7 @@ def ar_decode(
     ids, mask = left_pad(prompts, pad_token_id, device)
     positions = (mask.cumsum(1) - 1).clamp(min=0)
     cache = DynamicCache(config=model.config)
-    logits = model(
-        input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True
-    ).logits
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, **cache_kwargs(model, cache)).logits
     active = list(range(len(prompts)))
     nxt = sampler.pick(logits[:, -1:], active, torch.zeros_like(ids[:, :1]))[:, 0]  # output position 0
     prefilled = timer.now()
@@ -78,7 +78,7 @@ def ar_decode(
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
         positions = positions[:, -1:] + 1
         logits = model(
-            input_ids=nxt[:, None], attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True
+            input_ids=nxt[:, None], attention_mask=mask, position_ids=positions, **cache_kwargs(model, cache)
         ).logits
         # Every active row has the same output length: this forward predicts output position forwards + 1.
         nxt = sampler.pick(logits[:, -1:], active, torch.full_like(positions, forwards + 1))[:, 0]

@@ -55,9 +55,29 @@ class AttentionLayout:
         return max(sizes) if sizes else None
 
 
+@functools.lru_cache(maxsize=64)
+def _cache_kwarg_name(model_class: type) -> str:
+    import inspect
+
+    params = inspect.signature(model_class.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def cache_kwargs(model: torch.nn.Module, cache) -> dict:
+    """The forward's cache argument under the name this model class takes: `cache` where transformers renamed it
+    (passing `past_key_values` there warns on every forward and stops working in transformers 5.40), else
+    `past_key_values` (models not yet converted)."""
+    return {_cache_kwarg_name(type(model)): cache, "use_cache": True}
+
+
+def uses_alibi(config) -> bool:
+    """ALiBi position biases (BLOOM; Falcon with alibi=True, MPT): built inside transformers from a 2D padding mask."""
+    return bool(getattr(config, "alibi", False)) or config.model_type in ("bloom", "mpt")
+
+
 def attention_layout(model: torch.nn.Module) -> AttentionLayout:
     """The model's attention layout from transformers' own per-layer reading of its config; raises
-    UnsupportedModelError for recurrent state, chunked, linear or compressed attention."""
+    UnsupportedModelError for recurrent state, chunked, linear or compressed attention, and for ALiBi positions."""
     from transformers.cache_utils import get_layer_types_and_kwargs
 
     config = model.config
@@ -65,7 +85,13 @@ def attention_layout(model: torch.nn.Module) -> AttentionLayout:
     if getattr(model, "_is_stateful", False):
         raise UnsupportedModelError(
             f"{name} keeps a recurrent state, not a KV cache: Jacobi decoding needs to drop rejected draft tokens "
-            "from the cache, which a recurrent state cannot do"
+            "from the cache, which a recurrent state cannot do (and our AR baseline runs on the same per-slot KV "
+            "cache, so it refuses the model too rather than decode it wrong)"
+        )
+    if uses_alibi(config.get_text_config(decoder=True)):
+        raise UnsupportedModelError(
+            f"{name} uses ALiBi position biases, which transformers derives from a 2D padding mask: the exact "
+            "decoders give every query its position and a 4D mask over a cache with holes, which ALiBi cannot take"
         )
     types, kwargs = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
     unknown = sorted(set(types) - SUPPORTED_LAYER_TYPES)
@@ -224,8 +250,7 @@ class KVState:
             input_ids=tokens,
             position_ids=positions,
             attention_mask=mask,
-            past_key_values=self.cache,
-            use_cache=True,
+            **cache_kwargs(self.model, self.cache),
         )
         self._pending = tokens.shape[1]
         self.forwards[path] += 1

@@ -8,6 +8,7 @@ import torch
 from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM
 
 from jf_core.config import load_profile
+from jf_core.decoding.kv import cache_kwargs
 from jf_core.planning import GIB, ModelShape, PlanError, check, format_plan, plan
 
 
@@ -43,7 +44,7 @@ def test_static_parts_equal_real_allocations_of_a_small_model():
     # KV cache: 2 (K, V) x layers x kv heads x head dim x bytes per token, as the trajectory plan counts it.
     cache = DynamicCache()
     with torch.no_grad():
-        model.to(torch.bfloat16)(input_ids=torch.randint(0, 1000, (3, 17)), past_key_values=cache, use_cache=True)
+        model.to(torch.bfloat16)(input_ids=torch.randint(0, 1000, (3, 17)), **cache_kwargs(model, cache))
     cached = sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
     assert cached == 3 * 17 * 2 * shape.layers * shape.kv_heads * shape.head_dim * 2
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from jf_core.decoding.ar import ar_decode
 from jf_core.decoding.config_io import decode
 from jf_core.decoding.kv import KVState, UnsupportedModelError, attention_layout
 from jf_core.evaluation.speed import hf_generate_decoder
@@ -122,9 +123,51 @@ def test_gpt2_on_flash_in_bf16_never_sees_a_4d_mask():
             ),
             "chunked_attention",
         ),
+        (
+            lambda: __import__("transformers").FalconForCausalLM(
+                __import__("transformers").FalconConfig(
+                    vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, alibi=True
+                )
+            ),
+            "ALiBi",
+        ),
+        (
+            lambda: __import__("transformers").BloomForCausalLM(
+                __import__("transformers").BloomConfig(vocab_size=64, hidden_size=32, n_layer=2, n_head=4)
+            ),
+            "ALiBi",
+        ),
     ],
-    ids=["mamba", "llama4-chunked"],
+    ids=["mamba", "llama4-chunked", "falcon-alibi", "bloom"],
 )
 def test_unsupported_attention_is_refused_by_name(build_model, message):
+    """Refused by name by the layout check, and by every decoder, the AR baseline included: before the check,
+    ALiBi models crashed inside transformers' build_alibi_tensor, and AR on Mamba returned wrong tokens from the
+    second token on (its forward takes `cache`, so the KV cache passed went unused)."""
+    model = build_model().eval()
     with pytest.raises(UnsupportedModelError, match=message):
-        attention_layout(build_model())
+        attention_layout(model)
+    for name in ("ar", "jacobi"):
+        with pytest.raises(UnsupportedModelError, match=message):
+            if name == "ar":
+                ar_decode(model, [[5, 6, 7], [8, 9], [1, 2, 3, 4]], max_new_tokens=4, eos_token_id=None, pad_token_id=0)
+            else:
+                run(model, "jacobi", [[5, 6, 7]])
+
+
+def test_forwards_pass_the_cache_under_the_name_the_model_takes():
+    """transformers renamed `past_key_values` to `cache` (the old name warns on every forward and goes in 5.40);
+    models not yet converted still take the old name. Either way the decoders pass the cache the model reads."""
+    import warnings
+
+    from jf_core.decoding.kv import cache_kwargs
+
+    llama, gpt2 = build("llama"), build("gpt2")
+    assert "cache" in cache_kwargs(llama, None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a deprecated-argument FutureWarning would fail here
+        assert run(llama, "jacobi", PROMPTS[:1]) == reference("llama")[:1]
+        ar = ar_decode(llama, PROMPTS[:1], max_new_tokens=NEW, eos_token_id=None, pad_token_id=0).sequences
+    assert ar == reference("llama")[:1]
+    name = next(iter(cache_kwargs(gpt2, None)))
+    assert name in __import__("inspect").signature(type(gpt2).forward).parameters
