@@ -230,32 +230,10 @@ def check_flex_training(device: torch.device, smoke: bool) -> dict:
 
 def forward_cost(device: torch.device, shape: dict, widths: list[int], context: int = 512) -> dict:
     """Median ms of one forward of a window of each width over a `context`-token KV cache (batch 1, bf16 on CUDA)."""
-    from transformers import DynamicCache
+    from jf_core.evaluation.forward_cost import window_cost
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    model = random_qwen2(shape, device, dtype)
-    ids = torch.randint(3, shape["vocab_size"], (1, context), device=device)
-    cache = DynamicCache()
-    with torch.inference_mode():
-        model(input_ids=ids, past_key_values=cache, use_cache=True)
-        out = {}
-        for w in widths:
-            window = torch.randint(3, shape["vocab_size"], (1, w), device=device)
-            positions = torch.arange(context, context + w, device=device)[None]
-            times = []
-            for rep in range(25):
-                sync(device)
-                t0 = time.perf_counter()
-                model(input_ids=window, position_ids=positions, past_key_values=cache, use_cache=True)
-                sync(device)
-                if rep >= 5:  # warmup
-                    times.append(time.perf_counter() - t0)
-                cache.crop(-w)
-            out[w] = 1000 * statistics.median(times)
-    base = out[widths[0]]
-    knee = max((w for w in widths if out[w] <= 1.5 * base), default=widths[0])
-    del model
-    return {"ms": out, "ratio_to_width_1": {w: out[w] / base for w in widths}, "widest_within_1.5x": knee}
+    return window_cost(random_qwen2(shape, device, dtype), widths, context=context, repeats=20, warmup=5)
 
 
 def report(results: dict) -> str:

@@ -30,9 +30,10 @@ def _profile(args: argparse.Namespace, evaluation: dict):
 
 
 def _load(profile, model: str | None):
+    from jf_cli.main import model_path
     from jf_core.models import load_model
 
-    path = model or profile.model.resolve()
+    path = model_path(model, profile)
     loaded, tok = load_model(path, **profile.model.decode_kwargs())
     return path, loaded, tok
 
@@ -82,7 +83,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     )
     e = profile.evaluation
     load_benchmark(e.benchmark, e.source, limit=1, template=e.template)  # a bad benchmark file, before any model
-    model = args.model or profile.model.resolve()
+    from jf_cli.main import model_path
+
+    model = model_path(args.model, profile)
     result = evaluate_profile(model, profile, progress=_say)
     _report(result, args, {"model": model, "profile": profile.name})
     return 0
@@ -281,7 +284,9 @@ def register(sub, bench_sub) -> None:
 
     p = sub.add_parser("eval", help="accuracy next to TPF and TPS, every method taking turns, as a round evaluates")
     _common(p)
-    p.add_argument("--model", help="local directory or hub id (default: the profile's model)")
+    p.add_argument(
+        "--model", help="directory, hub id, models:/<name>@<alias> or package:<name> (default: the profile's model)"
+    )
     p.add_argument("--benchmark", choices=["humaneval", "mbpp", "gsm8k", "math", "embedded"])
     p.add_argument("--source", help="local JSONL/JSONL.gz/Parquet or hub id (default: the benchmark's hub id)")
     p.add_argument("--template", help="prompt template, e.g. 'Question: {question}\\nAnswer:'")
@@ -295,7 +300,9 @@ def register(sub, bench_sub) -> None:
 
     p = bench_sub.add_parser("decode", help="every decoding method on the profile's benchmark prompts, in one run")
     _common(p)
-    p.add_argument("--model", help="local directory or hub id (default: the profile's model)")
+    p.add_argument(
+        "--model", help="directory, hub id, models:/<name>@<alias> or package:<name> (default: the profile's model)"
+    )
     p.add_argument("--num-prompts", type=_positive("--num-prompts"), default=50)
     p.add_argument("--batch-size", type=_positive("--batch-size"), default=1)
     p.add_argument(

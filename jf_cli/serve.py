@@ -19,12 +19,9 @@ def served_name(model: str) -> str:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from jacobi_forcing.infra.serve_app import ServeOptions, run
+    from jf_cli.main import model_path
 
-    path = args.model
-    if path.startswith("models:/"):
-        from jacobi_forcing.tasks.tracking import resolve_model
-
-        path = resolve_model(path)
+    path = model_path(args.model)
     options = ServeOptions(
         model_path=path,
         name=args.name or served_name(args.model),
@@ -56,11 +53,9 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
     from jf_core.trajectory.prompts import PromptFormat
 
     profile = _profile(args, {})
-    path = args.model
-    if path.startswith("models:/"):
-        from jacobi_forcing.tasks.tracking import resolve_model
+    from jf_cli.main import model_path
 
-        path = resolve_model(path)
+    path = model_path(args.model, profile)
     cfg = profile.evaluation
     _, tok = load_model(path, dtype="float32", device="cpu")
     items = load_benchmark(cfg.benchmark, cfg.source, limit=args.num_prompts, template=cfg.template)
@@ -95,7 +90,7 @@ def register(sub) -> None:
     from jf_cli.main import _positive
 
     p = sub.add_parser("serve", help="serve a model over an OpenAI-compatible API (Ray Serve)")
-    p.add_argument("model", help="checkpoint directory, hub id or models:/<name>@<alias>")
+    p.add_argument("model", help="checkpoint directory, hub id, models:/<name>@<alias> or package:<name>")
     p.add_argument("--name", help="the model id clients send (default: from MODEL)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
@@ -115,7 +110,7 @@ def register_bench(bench_sub) -> None:
     from jf_cli.main import _positive
 
     p = bench_sub.add_parser("serve", help="load-test the server: dispatch vs forced Jacobi vs forced AR, loopback")
-    p.add_argument("model", help="checkpoint directory, hub id or models:/<name>@<alias>")
+    p.add_argument("model", help="checkpoint directory, hub id, models:/<name>@<alias> or package:<name>")
     p.add_argument("--profile", default="tiny", help="its evaluation benchmark and prompt format give the prompts")
     p.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="override a profile field")
     p.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16, 64], help="concurrent clients per level")

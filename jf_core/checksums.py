@@ -22,7 +22,7 @@ class CorruptFileError(ValueError):
     """A file of a checksummed directory is missing or does not match its checksum."""
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 22), b""):
@@ -34,7 +34,7 @@ def write_manifest(directory: Path) -> Path:
     """Checksum the weight files under `directory` into its manifest."""
     directory = Path(directory)
     files = sorted(p for p in directory.rglob("*") if p.is_file() and p.name.endswith(PAYLOAD))
-    lines = [f"{_sha256(p)}  {p.relative_to(directory).as_posix()}\n" for p in files]
+    lines = [f"{sha256_file(p)}  {p.relative_to(directory).as_posix()}\n" for p in files]
     out = directory / MANIFEST
     out.write_text("".join(lines))
     return out
@@ -53,7 +53,7 @@ def verify(directory: Path) -> bool:
         path = directory / name
         if not path.is_file():
             raise CorruptFileError(f"{path}: missing (listed in {MANIFEST})")
-        actual = _sha256(path)
+        actual = sha256_file(path)
         if actual != expected:
             raise CorruptFileError(
                 f"{path}: checksum mismatch (sha256 {actual[:12]}..., {MANIFEST} says {expected[:12]}...): the file "

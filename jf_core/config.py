@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, create_model, field_validator, model_validator
 
 from jf_core.training.noise import WindowSchedule
 from jf_core.trajectory.prompts import PromptSourceConfig
@@ -44,11 +44,17 @@ class ModelConfig(_Strict):
         }
 
     def resolve(self) -> str:
-        """The model's location, bootstrapping the embedded default when asked for it."""
+        """The model's location, bootstrapping the embedded default when asked for it, and importing the GGUF an
+        installed package holds (`package:<name>`, once, under $JF_HOME/models) when that is asked for."""
         if self.path == "embedded":
             from jf_core.toy.bootstrap import ensure_embedded_model
 
             return str(ensure_embedded_model())
+        from jf_core.model_import import PACKAGE_SCHEME, ensure_package_model
+
+        if self.path.startswith(PACKAGE_SCHEME):
+            # fp32 whatever the profile computes in: a bf16 profile casts at load, from exact dequantized values
+            return str(ensure_package_model(self.path))
         return self.path
 
 
@@ -121,8 +127,23 @@ class JFTrainConfig(_Strict):
     max_length: int = Field(2048, ge=8)
     mix_ar_every: int = Field(0, ge=0)  # every k-th batch is plain AR on ground-truth data (embedded task only)
     seed: int = 0
+    # TPF against training steps: every this many steps (None: never), plain Jacobi at the round's block size on
+    # `tpf_probe_prompts` calibration prompts, `tpf_probe_tokens` new tokens each (one-process training only). It
+    # reads the model and changes nothing in it: rounds with and without it train the same weights.
+    tpf_probe_every: int | None = Field(None, ge=1)
+    tpf_probe_prompts: int = Field(4, ge=1)
+    tpf_probe_tokens: int = Field(64, ge=1)
 
     # The one mapping from this config to the training objects, shared by the local and the distributed trainer.
+    @model_validator(mode="after")
+    def _probe_in_one_process(self) -> JFTrainConfig:
+        if self.tpf_probe_every is not None and self.strategy != "single":
+            raise ValueError(
+                f"training.tpf_probe_every decodes with the whole model in one process: strategy {self.strategy} "
+                "shards it over workers (set strategy single, or tpf_probe_every null)"
+            )
+        return self
+
     @model_validator(mode="after")
     def _cllm_mask(self) -> JFTrainConfig:
         if self.method == "cllm" and self.mask != "clean_context":
@@ -242,8 +263,21 @@ class EvalConfig(_Strict):
     max_new_tokens: int = Field(160, ge=1)
     batch_size: int = Field(32, ge=1)
     # Calibration prompts (choosing n, autotuning): the profile's prompt source, this split ("calib" for the embedded
-    # task; a file source has no splits: its first prompts); `tune.prompts` of them.
+    # task and for hash-split files; other file sources have no splits: their first prompts); `tune.prompts` of them.
     calibration_split: str | None = None
+    # With prompts.hash_splits: evaluate on the benchmark rows of the prompt file in this hash split only (held out
+    # from training and calibration by construction); `source` defaults to the prompt file.
+    split: str | None = None
+    _splits: tuple[dict[str, float], str] | None = PrivateAttr(default=None)  # (fractions, text field), set by Profile
+
+    def held_out(self):
+        """A filter over benchmark rows: those in `split` of the prompt file's hash splits (None: every row)."""
+        if self.split is None or self._splits is None:
+            return None
+        from jf_core.trajectory.prompts import hash_split
+
+        fractions, field = self._splits
+        return lambda row: hash_split(str(row.get(field, "")), fractions) == self.split
 
 
 class GateConfig(_Strict):
@@ -297,6 +331,20 @@ class Profile(_Strict):
     @property
     def model_name(self) -> str:
         return self.registry.model_name or f"jf-{self.name}"
+
+    @model_validator(mode="after")
+    def _held_out_split(self) -> Profile:
+        e, p = self.evaluation, self.prompts
+        if e.split is None:
+            return self
+        if not p.hash_splits or e.split not in p.hash_splits:
+            raise ValueError(f"evaluation.split {e.split!r} needs prompts.hash_splits naming it (got {p.hash_splits})")
+        if e.split == p.split:
+            raise ValueError(f"evaluation.split {e.split!r} is the training split (prompts.split): hold one out")
+        if e.source is None:
+            e.source = p.source
+        e._splits = (dict(p.hash_splits), p.text_field)
+        return self
 
     @model_validator(mode="after")
     def _training_workers(self) -> Profile:

@@ -167,7 +167,7 @@ def check_tokenizer(tokenizer, where: str) -> None:
         raise ModelLoadError(f"the tokenizer of {where!r} has no eos token: decoding could never stop")
 
 
-NOT_THE_MODEL = {"done.json", "decode_config.json", "decode_tuning.json", "bootstrap.json"}
+NOT_THE_MODEL = {"done.json", "decode_config.json", "decode_tuning.json", "bootstrap.json", "provenance.json"}
 
 
 def model_fingerprint(model_dir: str | Path) -> str:

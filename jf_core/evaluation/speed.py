@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import time
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -257,18 +258,29 @@ def run_interleaved(
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     batches = _batches(prompts, batch_size)
+    say = progress or (lambda _m: None)
+    started = time.perf_counter()
+    if warmup_prompts:
+        say(f"warming up {len(decoders)} methods on {min(warmup_prompts, len(prompts))} prompts")
     for decoder in decoders.values():  # warm every code path before anything is timed
         decode_batched(decoder, prompts[:warmup_prompts], batch_size)
     best: dict[str, list[DecodeOutput | None]] = {name: [None] * len(batches) for name in decoders}
+    total, done = repeats * len(batches), 0
     for rep in range(repeats):
-        if progress:
-            progress(f"run {rep + 1}/{repeats}: {len(decoders)} methods taking turns on {len(batches)} batches")
+        say(f"run {rep + 1}/{repeats}: {len(decoders)} methods taking turns on {len(batches)} batches")
         for b, batch in enumerate(batches):
             for name, decoder in decoders.items():
                 out = decoder(batch)
                 kept = best[name][b]
                 if kept is None or out.stats.seconds < kept.stats.seconds:
                     best[name][b] = out
+            done += 1
+            # A real model on a CPU takes minutes per batch: say how far, and how long is left at this pace.
+            elapsed = time.perf_counter() - started
+            say(
+                f"batch {done}/{total} ({len(batch)} prompts, every method): {elapsed:.0f} s, "
+                f"about {elapsed / done * (total - done):.0f} s left"
+            )
     return {name: _concat(outs) for name, outs in best.items()}
 
 

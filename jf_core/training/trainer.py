@@ -98,6 +98,8 @@ def train(
     save_model: Callable[[Path], None] | None = None,
     parallel: Parallel | None = None,
     threads: ThreadGovernor | None = None,
+    probe: Callable[[torch.nn.Module], dict[str, float]] | None = None,
+    probe_every: int = 0,
 ) -> TrainResult:
     """Run `cfg.steps` optimizer steps. With `checkpoint_dir` and `checkpoint_every`, a checkpoint (weights,
     optimizer state, step) is written atomically every that many steps and at the end, and with `resume` a run
@@ -105,7 +107,11 @@ def train(
     weights as an uninterrupted one.
 
     `threads`: a governor that sets torch's CPU threads to the CPUs other processes leave free, re-measured while
-    the run goes (jf_core/threads.py). Without one, the count is left as it is."""
+    the run goes (jf_core/threads.py). Without one, the count is left as it is.
+
+    `probe`: measured on the model (in eval mode) every `probe_every` steps and after the last, its figures merged
+    into that step's history row (e.g. the TPF the model reaches so far: metrics per step in MLflow, a plot). One
+    process only: a probe on one worker of a sharded model would wait forever for the others."""
     parallel = parallel or Parallel()
     torch.manual_seed(cfg.seed)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -182,6 +188,17 @@ def train(
             if on_log is not None:
                 on_log(step, row)
         done = step + 1
+        if probe is not None and probe_every and (done % probe_every == 0 or done == cfg.steps):
+            if parallel.world_size > 1:
+                raise ValueError("a training probe runs in one process only (it decodes with the whole model)")
+            model.eval()
+            measured = probe(model)
+            model.train()
+            if not history or history[-1]["step"] != float(step):
+                history.append({"step": float(step)})
+            history[-1].update(measured)
+            if on_log is not None:
+                on_log(step, {"step": float(step), **measured})
         if checkpoint_dir is not None and checkpoint_every and (done % checkpoint_every == 0 or done == cfg.steps):
             parallel.save_checkpoint(checkpoint_dir, done, model, optimizer, history, save_model)
     model.eval()

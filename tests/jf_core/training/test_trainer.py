@@ -161,3 +161,38 @@ def test_a_step_is_the_same_token_weighted_mean_however_it_is_split():
     for (n, a), b in zip(one.named_parameters(), two.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=n)
     assert result.history[0]["loss"] == pytest.approx(causal_lm_loss(base, whole)[0].item(), rel=1e-5)
+
+
+def test_a_probe_measures_the_model_during_training_without_changing_what_it_learns():
+    """The probe runs every `probe_every` steps and after the last, in eval mode, its figures merged into that
+    step's history row; the losses and weights are those of a run without it (TPF against steps is read off the
+    run it describes, not off a different one)."""
+    from jf_core.decoding.jacobi import JacobiConfig, jacobi_decode
+
+    runs = []
+    for with_probe in (False, True):
+        model = TINY_MODELS["qwen2"]().train()
+        seen = []
+
+        def probe(m, seen=seen):
+            seen.append(m.training)
+            out = jacobi_decode(m, [[5, 6, 7]], JacobiConfig(block_size=4, max_new_tokens=8), eos_token_id=None,
+                                pad_token_id=0)  # fmt: skip
+            return {"probe_tpf_n4": out.stats.tpf}
+
+        result = train(
+            model,
+            batches(),
+            causal_lm_loss,
+            TrainConfig(steps=7, lr=3e-3, warmup_steps=1, log_every=2),
+            progress=False,
+            probe=probe if with_probe else None,
+            probe_every=3,
+        )
+        runs.append((result.history, {k: v.clone() for k, v in model.state_dict().items()}, seen, model.training))
+    (plain, plain_weights, _, _), (probed, probed_weights, seen, training_after) = runs
+    assert [r["loss"] for r in probed if "loss" in r] == [r["loss"] for r in plain]
+    assert all(torch.equal(plain_weights[k], probed_weights[k]) for k in plain_weights)
+    assert [r["step"] for r in probed if "probe_tpf_n4" in r] == [2.0, 5.0, 6.0]  # steps 3, 6 and the last (7)
+    assert seen == [False, False, False] and training_after is False  # eval mode while probing; train() ends in eval
+    assert all(r["probe_tpf_n4"] >= 1.0 for r in probed if "probe_tpf_n4" in r)

@@ -99,3 +99,57 @@ def test_embedded_source_and_unique_ids(tmp_path, tok):
     path = write_jsonl(tmp_path / "dup.jsonl", [{"id": 1, "prompt": "a"}, {"id": 1, "prompt": "b"}])
     with pytest.raises(PromptSourceError, match="not unique"):
         load_prompts(PromptSourceConfig(source=str(path), id_field="id"), tok)
+
+
+FIXTURE = __import__("pathlib").Path(__file__).parents[2] / "fixtures" / "word_problems.jsonl"
+SPLITS = {"train": 0.6, "calib": 0.1, "test": 0.3}
+
+
+def _split(tok, split: str, source=FIXTURE) -> set[str]:
+    cfg = PromptSourceConfig(source=str(source), text_field="question", hash_splits=SPLITS, split=split)
+    return {tok.decode(p.token_ids) for p in load_prompts(cfg, tok).items}
+
+
+def test_hash_splits_partition_a_file_by_its_text_whatever_the_order(tmp_path, tok):
+    """A file with no splits (GSM8K's test set) becomes train / calib / test by a hash of each question: disjoint,
+    together the whole file, and the same split for the same text when the file is shuffled."""
+    splits = {name: _split(tok, name) for name in SPLITS}
+    questions = {json.loads(line)["question"] for line in FIXTURE.open()}
+    assert all(splits.values()), splits  # every split has rows on this fixture (40 questions)
+    assert set.union(*splits.values()) == questions
+    assert sum(map(len, splits.values())) == len(questions)
+    shuffled = tmp_path / "shuffled.jsonl"
+    lines = FIXTURE.read_text().splitlines()
+    shuffled.write_text("\n".join(reversed(lines)) + "\n")
+    assert {name: _split(tok, name, shuffled) for name in SPLITS} == splits
+
+
+def test_hash_splits_are_checked(tok):
+    with pytest.raises(ValueError, match="hash_splits must be positive fractions summing to 1"):
+        PromptSourceConfig(source=str(FIXTURE), hash_splits={"train": 0.7, "test": 0.2})
+    cfg = PromptSourceConfig(source=str(FIXTURE), text_field="question", hash_splits=SPLITS, split="validation")
+    with pytest.raises(PromptSourceError, match="split 'validation' is not one of hash_splits"):
+        load_prompts(cfg, tok)
+
+
+def test_the_evaluation_holds_out_its_hash_split_of_the_prompt_file(tok):
+    """evaluation.split scores the benchmark rows of the prompt file in that split, and no others: none of them is
+    a training or calibration prompt."""
+    from jf_core.config import load_profile
+    from jf_core.evaluation.evaluate import eval_set
+    from jf_core.trajectory.prompts import PromptFormat
+
+    profile = load_profile(
+        "smollm2-135m",
+        prompts={"source": str(FIXTURE), "hash_splits": SPLITS, "chat_template": False, "limit": None},
+        evaluation={"num_prompts": 100},
+    )
+    assert profile.evaluation.source == str(FIXTURE)  # defaults to the prompt file
+    held_out = eval_set(profile.evaluation, tok, PromptFormat(chat_template=False))
+    questions = {item.record["question"] for item in held_out.items}
+    assert questions == _split(tok, "test")
+    assert not questions & (_split(tok, "train") | _split(tok, "calib"))
+    with pytest.raises(ValueError, match="is the training split"):
+        load_profile("smollm2-135m", evaluation={"split": "train"})
+    with pytest.raises(ValueError, match=r"needs prompts\.hash_splits naming it"):
+        load_profile("smollm2-135m", evaluation={"split": "holdout"})

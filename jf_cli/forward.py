@@ -1,0 +1,39 @@
+"""`jf bench forward --model DIR`: what one forward of a window of each width costs on this machine, and the TPF a
+Jacobi step at that width must reach to beat AR (jf_core/evaluation/forward_cost.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def cmd_bench_forward(args: argparse.Namespace) -> int:
+    from jf_cli.main import _model_and_tokenizer, set_threads
+    from jf_core.evaluation.forward_cost import window_cost
+
+    set_threads(args)
+    model, _ = _model_and_tokenizer(args.model)
+    cost = window_cost(model, args.widths, context=args.context, batch=args.batch_size, repeats=args.repeats)
+    print(f"{model.name_or_path}: batch {cost['batch']}, {cost['context']}-token context, {cost['threads']} threads")
+    print("| width | ms per forward | x width 1 (break-even TPF) |")
+    print("|---|---|---|")
+    for w in args.widths:
+        print(f"| {w} | {cost['ms'][w]:.1f} | {cost['ratio_to_width_1'][w]:.2f} |")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"model": model.name_or_path, **cost}, fh, indent=2)
+    return 0
+
+
+def register_bench(bench_sub) -> None:
+    from jf_cli.main import _positive, add_threads_option
+
+    p = bench_sub.add_parser("forward", help="the cost of one forward at each window width, and AR's break-even TPF")
+    p.add_argument("--model", help="local directory, hub id or models:/<name>@<alias> (default: the embedded model)")
+    p.add_argument("--widths", type=_positive("--widths"), nargs="+", default=[1, 16, 32, 64])
+    p.add_argument("--context", type=_positive("--context"), default=200, help="tokens in the KV cache")
+    p.add_argument("--batch-size", type=_positive("--batch-size"), default=1)
+    p.add_argument("--repeats", type=_positive("--repeats"), default=20, help="timed forwards per width (median)")
+    p.add_argument("--json", help="also write the figures here")
+    add_threads_option(p)
+    p.set_defaults(func=cmd_bench_forward)
