@@ -244,6 +244,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         space=space,
         repeats=args.repeats,
         progress=show,
+        say=lambda line: print(f"  {line}", file=sys.stderr),
     )
     report = {"calibration_prompts": len(prompts), "profile": profile.name, "trials": [asdict(t) for t in trials]}
     path = save_decode_config(args.model, best, extra=report)

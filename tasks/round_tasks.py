@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -23,17 +24,46 @@ from jf_core.config import Profile
 
 
 class ProgressArtifact:
-    """A Prefect progress artifact fed by `(done, total)` callbacks, updated at most every `every` seconds."""
+    """A Prefect progress artifact fed by `(done, total)` callbacks, updated at most every `every` seconds.
 
-    def __init__(self, description: str, every: float = 2.0) -> None:
+    With `say` (the run logger's `info`), also a line in the run's log, so in the terminal and the Prefect UI alike:
+    how far, the time so far and an estimate of what is left, at most every `say_every` seconds and at the end. A
+    real model on a CPU spends tens of minutes in one stage; a bar in the artifacts tab alone left the terminal
+    silent. The estimate counts only the work done in this attempt (a resumed stage starts from its committed
+    shards)."""
+
+    def __init__(
+        self,
+        description: str,
+        every: float = 2.0,
+        *,
+        say: Callable[[str], None] | None = None,
+        label: str | None = None,
+        say_every: float = 30.0,
+    ) -> None:
         self.id = create_progress_artifact(0.0, description=description)
-        self.every, self.last = every, 0.0
+        self.label, self.every, self.last = label or description, every, 0.0
+        self.say, self.say_every, self.said = say, say_every, time.monotonic()
+        self.started, self.first = time.monotonic(), None
 
     def __call__(self, done: int, total: int) -> None:
         now = time.monotonic()
         if done >= total or now - self.last >= self.every:
             self.last = now
             update_progress_artifact(self.id, 100.0 * done / max(1, total))
+        if self.first is None:
+            self.first = done - 1  # the first call reports one unit of this attempt
+        if self.say is not None and (done >= total or now - self.said >= self.say_every):
+            self.said = now
+            self.say(progress_line(self.label, done, total, now - self.started, done - self.first))
+
+
+def progress_line(what: str, done: int, total: int, elapsed: float, done_here: int) -> str:
+    """`what: 8/25, 190 s, about 400 s left`; the pace is that of the `done_here` units this attempt did."""
+    line = f"{what}: {done}/{total}, {elapsed:.0f} s"
+    if done_here > 0 and done < total:
+        line += f", about {elapsed / done_here * (total - done):.0f} s left"
+    return line
 
 
 def _cache_on(stage: str):
@@ -119,7 +149,11 @@ def trajectories(profile: Profile, model_in: str, root: str) -> dict:
     if (done := _reused(root, "trajectories", "trajectories")) is not None:
         return done
     paths = stages.RoundPaths(Path(root))
-    bar = ProgressArtifact(f"Jacobi trajectories of {model_in} at n={profile.trajectory.block_size} (shards)")
+    bar = ProgressArtifact(
+        f"Jacobi trajectories of {model_in} at n={profile.trajectory.block_size} (shards)",
+        say=get_run_logger().info,
+        label="trajectory shards",
+    )
     with gpu_slots(profile, "trajectories"):
         result = stages.stage_trajectories(profile, model_in, paths, progress=False, on_shard=bar)
     get_run_logger().info(
@@ -169,7 +203,7 @@ def train(profile: Profile, model_in: str, root: str) -> dict:
 @task(name="tune", task_run_name="autotune decode config", persist_result=True)
 def tune(profile: Profile, root: str) -> dict | None:
     model_dir = stages.RoundPaths(Path(root)).model
-    result = stages.stage_tune(profile, model_dir)
+    result = stages.stage_tune(profile, model_dir, progress=get_run_logger().info)
     if result is not None:
         b = result["best"]
         get_run_logger().info(

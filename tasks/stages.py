@@ -319,9 +319,10 @@ def tpf_probe(profile: Profile, model, tokenizer) -> Callable:
     return probe
 
 
-def stage_tune(profile: Profile, model_dir: Path) -> dict | None:
+def stage_tune(profile: Profile, model_dir: Path, progress: Callable[[str], None] | None = None) -> dict | None:
     """Autotune the model's decode config on calibration prompts, measure AR's crossover batch size, and write both
-    into the `jacobi_forcing` block of the model's config.json (when enabled)."""
+    into the `jacobi_forcing` block of the model's config.json (when enabled). `progress(line)` hears how far it is
+    (a grid of configurations takes minutes even on the toy)."""
     from jf_core.decoding.config_io import save_decode_config
     from jf_core.evaluation.tune import store_crossover, tune
     from jf_core.models import load_model, stop_tokens
@@ -331,18 +332,22 @@ def stage_tune(profile: Profile, model_dir: Path) -> dict | None:
     if not cfg.enabled:
         return None
     done = Path(model_dir) / "decode_tuning.json"
+    say = progress or log.info
     if done.is_file():
-        log.info("reusing tuned decode config of %s", model_dir)
+        say(f"reusing the tuned decode config of {model_dir}")
         return json.loads(done.read_text())
     model, tok = load_model(str(model_dir), **profile.model.decode_kwargs())
     prompts = calibration_prompts(profile.prompts, tok, cfg.prompts, profile.evaluation.calibration_split)
+    space, new_tokens = cfg.space(), profile.evaluation.max_new_tokens
+    grid = f"tuning {len(space.configs(new_tokens))} decode configs on {len(prompts)} prompts"
     best, trials = tune(
         model,
         prompts,
         **stop_tokens(model, tok),
-        max_new_tokens=profile.evaluation.max_new_tokens,
-        space=cfg.space(),
+        max_new_tokens=new_tokens,
+        space=space,
         repeats=cfg.repeats,
+        say=lambda line: say(f"{grid}: {line}"),
     )
     report = {"best": asdict(best), "calibration_prompts": len(prompts), "trials": [asdict(t) for t in trials]}
     save_decode_config(model_dir, best)
@@ -354,7 +359,7 @@ def stage_tune(profile: Profile, model_dir: Path) -> dict | None:
         model_dir,
         cfg.crossover_batch_sizes,
         repeats=cfg.repeats,
-        progress=lambda b, x, tpf: log.info("crossover: batch %d: Jacobi %.2fx AR (TPF %.2f)", b, x, tpf),
+        progress=lambda b, x, tpf: say(f"crossover: batch {b}: Jacobi {x:.2f}x AR (TPF {tpf:.2f})"),
     )
     write_json_atomic(done, report)  # last: its presence means the whole step is done
     return report

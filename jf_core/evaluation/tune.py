@@ -85,7 +85,10 @@ def tune(
     batch_size: int = 1,
     repeats: int = 1,
     progress: Callable[[int, int, TuneTrial], None] | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> tuple[JFDecodeConfig, list[TuneTrial]]:
+    """`progress(i, total, trial)` for each configuration once all are measured; `say(line)` while they run (the
+    configurations take turns batch by batch, so no trial is done before the last batch is)."""
     configs = space.configs(max_new_tokens)
     if not configs:
         raise ValueError("the tuning space is empty")
@@ -93,7 +96,7 @@ def tune(
         str(i): lambda ps, cfg=cfg: decode(model, ps, cfg, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
         for i, cfg in enumerate(configs)
     }
-    outputs = run_interleaved(decoders, prompts, batch_size, repeats=repeats)
+    outputs = run_interleaved(decoders, prompts, batch_size, repeats=repeats, progress=say)
     trials = []
     for i, cfg in enumerate(configs):
         stats = outputs[str(i)].stats

@@ -49,14 +49,21 @@ def test_the_tune_stage_stores_the_decode_config_and_the_ar_crossover_in_the_mod
     p = profile.model_copy(
         update={"evaluation": profile.evaluation.model_copy(update={"tune": tune, "max_new_tokens": 12})}
     )
-    report = stage_tune(p, model)
+    lines: list[str] = []
+    report = stage_tune(p, model, progress=lines.append)
+    # How far it is while the grid runs (its configurations take turns batch by batch), then the crossover.
+    grid = f"tuning {len(tune.space().configs(12))} decode configs on 2 prompts: "
+    assert any(line.startswith(f"{grid}batch 1/") for line in lines), lines
+    assert [line for line in lines if line.startswith("crossover: batch ")][-1].startswith("crossover: batch 2:")
     block = json.loads((model / "config.json").read_text())["jacobi_forcing"]
     assert block["decode"] == report["best"] and block["decode"]["max_new_tokens"] == 12
     assert block["crossover"]["batch_sizes"] == [1, 2] and block == {**block, **report["serving"]}
     assert block["hardware"].startswith("CPU") and block["dtype"] == "float32"
     assert model_fingerprint(model) == before  # tuning says how to decode the model; it is the same model
     assert json.loads((model / "decode_tuning.json").read_text()) == report
-    assert stage_tune(p, model) == report  # done once
+    again: list[str] = []
+    assert stage_tune(p, model, progress=again.append) == report  # done once
+    assert again == [f"reusing the tuned decode config of {model}"]
 
 
 def test_an_evaluation_runs_at_its_own_thread_count_and_gives_the_callers_back(profile, tmp_path):
