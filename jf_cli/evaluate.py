@@ -288,14 +288,20 @@ def register(sub, bench_sub) -> None:
     p.add_argument(
         "--model", help="directory, hub id, models:/<name>@<alias> or package:<name> (default: the profile's model)"
     )
-    p.add_argument("--benchmark", choices=["humaneval", "mbpp", "gsm8k", "math", "embedded"])
+    p.add_argument(
+        "--benchmark",
+        choices=["humaneval", "mbpp", "gsm8k", "math", "embedded"],
+        help="scored by execution (humaneval, mbpp) or by answer (default: the profile's)",
+    )
     p.add_argument("--source", help="local JSONL/JSONL.gz/Parquet or hub id (default: the benchmark's hub id)")
     p.add_argument("--template", help="prompt template, e.g. 'Question: {question}\\nAnswer:'")
     p.add_argument("--limit", type=_positive("--limit"), help="items to evaluate")
-    p.add_argument("--block-sizes", type=_positive("--block-sizes"), nargs="+")
-    p.add_argument("--max-new-tokens", type=_positive("--max-new-tokens"))
-    p.add_argument("--batch-size", type=_positive("--batch-size"))
-    p.add_argument("--repeats", type=_positive("--repeats"))
+    p.add_argument(
+        "--block-sizes", type=_positive("--block-sizes"), nargs="+", help="Jacobi n (default: the profile's)"
+    )
+    p.add_argument("--max-new-tokens", type=_positive("--max-new-tokens"), help="default: the profile's")
+    p.add_argument("--batch-size", type=_positive("--batch-size"), help="prompts decoded together")
+    p.add_argument("--repeats", type=_positive("--repeats"), help="timed runs per method, fastest kept")
     p.add_argument("--json", help="also write the per-method results here")
     p.set_defaults(func=cmd_eval)
 
@@ -304,24 +310,26 @@ def register(sub, bench_sub) -> None:
     p.add_argument(
         "--model", help="directory, hub id, models:/<name>@<alias> or package:<name> (default: the profile's model)"
     )
-    p.add_argument("--num-prompts", type=_positive("--num-prompts"), default=50)
-    p.add_argument("--batch-size", type=_positive("--batch-size"), default=1)
+    p.add_argument("--num-prompts", type=_positive("--num-prompts"), default=50, help="benchmark prompts")
+    p.add_argument("--batch-size", type=_positive("--batch-size"), default=1, help="prompts decoded together")
     p.add_argument(
         "--batch-sizes",
         type=_positive("--batch-sizes"),
         nargs="+",
         help="one table per batch size (e.g. 1 4 16 48), each with every method taking turns; --out gets batchB/",
     )
-    p.add_argument("--max-new-tokens", type=_positive("--max-new-tokens"), default=160)
-    p.add_argument("--block-sizes", type=_positive("--block-sizes"), nargs="+", default=[8, 16, 32, 64])
+    p.add_argument("--max-new-tokens", type=_positive("--max-new-tokens"), default=160, help="tokens per prompt")
+    p.add_argument(
+        "--block-sizes", type=_positive("--block-sizes"), nargs="+", default=[8, 16, 32, 64], help="Jacobi n"
+    )
     p.add_argument("--json", help="also write the results as JSON here")
     p.add_argument("--jf-model", help="a Jacobi Forcing model: adds its vanilla, recycling, multi-block and tuned rows")
     p.add_argument("--jf-block-size", type=_positive("--jf-block-size"), help="default: its decode config's n")
     p.add_argument(
         "--temperature", type=float, default=0.0, help="> 0: the --jf-model rows sample (TPF under sampling)"
     )
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0, help="with --temperature: keep the k most likely tokens (0: all)")
+    p.add_argument("--top-p", type=float, default=1.0, help="with --temperature: nucleus sampling")
     p.add_argument("--out", help="directory for bench.json, bench.md and the plots")
     p.add_argument("--repeats", type=_positive("--repeats"), default=3, help="runs per method, fastest kept")
     add_threads_option(p)
@@ -331,11 +339,17 @@ def register(sub, bench_sub) -> None:
     _common(p)
     p.add_argument("--model", required=True, help="model directory (the config goes into its config.json)")
     p.add_argument("--num-prompts", type=_positive("--num-prompts"), default=12, help="calibration prompts")
-    p.add_argument("--max-new-tokens", type=_positive("--max-new-tokens"), default=160)
-    p.add_argument("--block-sizes", type=int, nargs="+", default=[16, 32, 64])
-    p.add_argument("--num-blocks", type=int, nargs="+", default=[1, 2, 3])
-    p.add_argument("--pool-sizes", type=int, nargs="+", default=[0, 2, 4])
-    p.add_argument("--spawn-ratios", type=float, nargs="+", default=[0.5, 0.85])
+    p.add_argument("--max-new-tokens", type=_positive("--max-new-tokens"), default=160, help="tokens per prompt")
+    p.add_argument("--block-sizes", type=int, nargs="+", default=[16, 32, 64], help="candidate Jacobi n")
+    p.add_argument("--num-blocks", type=int, nargs="+", default=[1, 2, 3], help="candidate blocks in flight (K)")
+    p.add_argument("--pool-sizes", type=int, nargs="+", default=[0, 2, 4], help="candidate n-gram pool sizes (0: none)")
+    p.add_argument(
+        "--spawn-ratios",
+        type=float,
+        nargs="+",
+        default=[0.5, 0.85],
+        help="candidate r: a block's share accepted before the next starts",
+    )
     p.add_argument("--ngrams", type=int, nargs="+", default=[0, 8], help="recycled candidate lengths (0: n - 1)")
     p.add_argument(
         "--seed-drafts", type=int, nargs="+", choices=[0, 1], default=[0, 1], help="fresh drafts from recycled n-grams"

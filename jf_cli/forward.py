@@ -30,9 +30,9 @@ def register_bench(bench_sub) -> None:
 
     p = bench_sub.add_parser("forward", help="the cost of one forward at each window width, and AR's break-even TPF")
     p.add_argument("--model", help="local directory, hub id or models:/<name>@<alias> (default: the embedded model)")
-    p.add_argument("--widths", type=_positive("--widths"), nargs="+", default=[1, 16, 32, 64])
+    p.add_argument("--widths", type=_positive("--widths"), nargs="+", default=[1, 16, 32, 64], help="window widths")
     p.add_argument("--context", type=_positive("--context"), default=200, help="tokens in the KV cache")
-    p.add_argument("--batch-size", type=_positive("--batch-size"), default=1)
+    p.add_argument("--batch-size", type=_positive("--batch-size"), default=1, help="rows per forward")
     p.add_argument("--repeats", type=_positive("--repeats"), default=20, help="timed forwards per width (median)")
     p.add_argument("--json", help="also write the figures here")
     add_threads_option(p)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Iterator
 
 
 class UsageError(ValueError):
@@ -132,6 +133,28 @@ def set_threads(args: argparse.Namespace) -> None:
         torch.set_num_threads(args.threads)
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """Each option's default at the end of its help, unless the help already says it or there is none to say."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        nothing = default is None or default is False or default == argparse.SUPPRESS  # not `in`: 0 == False
+        if "default" in text or nothing or not action.option_strings:
+            return text
+        shown = " ".join(map(str, default)) if isinstance(default, list) else str(default)
+        return f"{text} (default: {shown.replace('%', '%%')})"  # argparse %-formats help strings
+
+
+def parsers(parser: argparse.ArgumentParser) -> Iterator[tuple[str, argparse.ArgumentParser]]:
+    """The parser and every subcommand's, depth first, each with its command line (`jf bench decode`)."""
+    yield parser.prog, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):  # aliases map to the same parser
+                yield from parsers(sub)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="jf", description="Jacobi Forcing: train a causal LM into its own parallel decoder."
@@ -144,11 +167,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("decode", help="Jacobi-decode one prompt and print the text and TPF")
     p.add_argument("--model", help="local directory, hub id or models:/<name>@<alias> (default: the embedded model)")
-    p.add_argument("--prompt", required=True)
+    p.add_argument("--prompt", required=True, help="the text to continue (with --chat: the user's message)")
     p.add_argument("--chat", action="store_true", help="send --prompt as a user message in the model's chat template")
     p.add_argument("--block-size", type=_positive("--block-size"), help="default: the model's decode config")
-    p.add_argument("--max-new-tokens", type=_positive("--max-new-tokens"), default=256)
-    p.add_argument("--draft-init", choices=["prompt_sample", "repeat_last", "random_vocab"])
+    p.add_argument("--max-new-tokens", type=_positive("--max-new-tokens"), default=256, help="tokens to generate")
+    p.add_argument(
+        "--draft-init",
+        choices=["prompt_sample", "repeat_last", "random_vocab"],
+        help="how a block's first draft is filled (default: the model's decode config)",
+    )
     p.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy; > 0: exact sampling")
     p.add_argument("--top-k", type=int, default=0, help="with --temperature: keep the k most likely tokens (0: all)")
     p.add_argument("--top-p", type=float, default=1.0, help="with --temperature: nucleus sampling")
@@ -175,6 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
     prompts.register(sub)
     serve.register(sub)
     serve.register_bench(bench_sub)
+    for _, each in parsers(parser):
+        each.formatter_class = HelpFormatter
     return parser
 
 

@@ -92,17 +92,24 @@ def register(sub) -> None:
     p = sub.add_parser("serve", help="serve a model over an OpenAI-compatible API (Ray Serve)")
     p.add_argument("model", help="checkpoint directory, hub id, models:/<name>@<alias> or package:<name>")
     p.add_argument("--name", help="the model id clients send (default: from MODEL)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--replicas", type=_positive("--replicas"), default=1)
+    p.add_argument(
+        "--host", default="127.0.0.1", help="the address to bind (another one opens the server to the network)"
+    )
+    p.add_argument("--port", type=int, default=8000, help="the HTTP port")
+    p.add_argument("--replicas", type=_positive("--replicas"), default=1, help="Ray Serve replicas of the model")
     p.add_argument("--max-batch", type=_positive("--max-batch"), default=16, help="requests decoded together")
     p.add_argument("--max-wait-ms", type=float, default=10.0, help="how long a request waits for company")
     p.add_argument(
         "--method", choices=["auto", "jacobi", "ar"], default="auto", help="auto: the model's measured dispatch"
     )
-    p.add_argument("--max-tokens-limit", type=_positive("--max-tokens-limit"), default=1024)
-    p.add_argument("--dtype", default="auto")
-    p.add_argument("--device", default="auto")
+    p.add_argument(
+        "--max-tokens-limit",
+        type=_positive("--max-tokens-limit"),
+        default=1024,
+        help="the most max_tokens a request may ask",
+    )
+    p.add_argument("--dtype", default="auto", help="float32, bfloat16, float16 or auto (the model's)")
+    p.add_argument("--device", default="auto", help="cpu, cuda or auto")
     p.set_defaults(func=cmd_serve)
 
 
@@ -115,10 +122,12 @@ def register_bench(bench_sub) -> None:
     p.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="override a profile field")
     p.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16, 64], help="concurrent clients per level")
     p.add_argument("--requests", type=_positive("--requests"), default=64, help="requests per level (>= clients)")
-    p.add_argument("--num-prompts", type=_positive("--num-prompts"), default=64)
+    p.add_argument(
+        "--num-prompts", type=_positive("--num-prompts"), default=64, help="distinct prompts the requests cycle through"
+    )
     p.add_argument("--max-tokens", type=_positive("--max-tokens"), help="default: the profile's max_new_tokens")
-    p.add_argument("--max-batch", type=_positive("--max-batch"), default=16)
-    p.add_argument("--max-wait-ms", type=float, default=10.0)
+    p.add_argument("--max-batch", type=_positive("--max-batch"), default=16, help="requests decoded together")
+    p.add_argument("--max-wait-ms", type=float, default=10.0, help="how long a request waits for company")
     p.add_argument("--repeats", type=_positive("--repeats"), default=1, help="runs per method and level, fastest kept")
     p.add_argument("--json", help="also write the results here")
     p.set_defaults(func=cmd_bench_serve)

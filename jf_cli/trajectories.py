@@ -98,23 +98,25 @@ def register(sub) -> None:
     traj = sub.add_parser("trajectories", help="generate and inspect Jacobi trajectories")
     traj_sub = traj.add_subparsers(dest="trajectories", required=True)
     p = traj_sub.add_parser("generate", help="collect trajectories over a Ray actor pool into Parquet shards")
-    p.add_argument("--profile", default="tiny")
-    p.add_argument("--out", required=True)
-    p.add_argument("--num-prompts", type=_positive("--num-prompts"))
+    p.add_argument("--profile", default="tiny", help="profile name or YAML path")
+    p.add_argument("--out", required=True, help="the trajectory store's directory (resumes the shards it holds)")
+    p.add_argument(
+        "--num-prompts", type=_positive("--num-prompts"), help="prompts to use (default: the profile's limit)"
+    )
     p.add_argument("--prompts", help="prompt source overriding the profile's (JSONL, Parquet, datasets dir or hub id)")
-    p.add_argument("--block-size", type=_positive("--block-size"))
-    p.add_argument("--batch-size", type=_positive("--batch-size"))
-    p.add_argument("--max-new-tokens", type=_positive("--max-new-tokens"))
-    p.add_argument("--workers", type=_positive("--workers"))
-    p.add_argument("--seed", type=int)
-    p.add_argument("--ray-address")
+    p.add_argument("--block-size", type=_positive("--block-size"), help="Jacobi block size n (default: the profile's)")
+    p.add_argument("--batch-size", type=_positive("--batch-size"), help="prompts decoded together per actor")
+    p.add_argument("--max-new-tokens", type=_positive("--max-new-tokens"), help="tokens per prompt")
+    p.add_argument("--workers", type=_positive("--workers"), help="Ray actors (default: the profile's)")
+    p.add_argument("--seed", type=int, help="seed of the initial drafts (default: the profile's)")
+    p.add_argument("--ray-address", help="join this Ray cluster (token auth) instead of starting a private one")
     p.set_defaults(func=cmd_generate)
     p = traj_sub.add_parser("show", help="how each block converged, drafts per iteration, and a summary")
-    p.add_argument("dir")
-    p.add_argument("--prompt-id")
+    p.add_argument("dir", help="a trajectory store's directory")
+    p.add_argument("--prompt-id", help="the prompt to show (default: the first)")
     p.set_defaults(func=cmd_show)
     p = traj_sub.add_parser("verify", help="read back with datasets and check every fixed point against greedy AR")
-    p.add_argument("dir")
+    p.add_argument("dir", help="a trajectory store's directory")
     p.set_defaults(func=cmd_verify)
 
 
@@ -122,9 +124,9 @@ def register_bench(bench_sub) -> None:
     from jf_cli.main import _positive
 
     p = bench_sub.add_parser("trajectories", help="trajectory collection throughput: batching and actor scaling")
-    p.add_argument("--profile", default="tiny")
-    p.add_argument("--num-prompts", type=_positive("--num-prompts"), default=64)
-    p.add_argument("--batch-size", type=_positive("--batch-size"), default=16)
+    p.add_argument("--profile", default="tiny", help="profile name or YAML path")
+    p.add_argument("--num-prompts", type=_positive("--num-prompts"), default=64, help="prompts per measurement")
+    p.add_argument("--batch-size", type=_positive("--batch-size"), default=16, help="the batch compared with batch 1")
     p.set_defaults(func=cmd_bench)
 
 

@@ -185,7 +185,8 @@ def train(profile: Profile, model_in: str, root: str) -> dict:
 
     def on_log(step: int, row: dict) -> None:
         bar(step + 1, steps)
-        if step % max(1, steps // 20) == 0:
+        # Twenty lines over the run, and every TPF probe (its steps need not fall on those twenty).
+        if step % max(1, steps // 20) == 0 or any(k.startswith("probe_") for k in row):
             logger.info("step %d/%d: %s", step, steps, ", ".join(f"{k} {v:.4g}" for k, v in row.items() if k != "step"))
 
     with gpu_slots(profile, "train"):

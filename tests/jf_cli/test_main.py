@@ -126,3 +126,26 @@ def test_ablate_lists_its_catalog_and_refuses_bad_choices_before_any_work(capsys
     code, out = run(capsys, "ablate", "--seeds", "1,1")
     assert code == 2 and "--seeds needs distinct seeds" in out.err
     assert not (tmp_path / "runs").exists()
+
+
+def test_every_option_of_every_command_says_what_it_does_and_its_default(capsys):
+    import argparse
+
+    from jf_cli.main import build_parser, parsers
+
+    undocumented = [
+        f"{prog} {'/'.join(a.option_strings) or a.dest}"
+        for prog, p in parsers(build_parser())
+        for a in p._actions
+        if not a.help and not isinstance(a, argparse._SubParsersAction)
+    ]
+    assert not undocumented, undocumented
+    code, out = run(capsys, "serve", "--help")
+    assert code == 0
+    help_text = " ".join(out.out.split())  # argparse wraps lines
+    assert "the HTTP port (default: 8000)" in help_text
+    assert "--name NAME the model id clients send (default: from MODEL)" in help_text  # said once, not twice
+    code, out = run(capsys, "tune", "--help")
+    assert "candidate Jacobi n (default: 16 32 64)" in " ".join(out.out.split())
+    code, out = run(capsys, "decode", "--help")
+    assert "same text) (default: 0)" in " ".join(out.out.split())  # a 0 default is shown (0 == False)
