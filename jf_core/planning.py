@@ -343,9 +343,17 @@ def check(profile: Profile) -> list[StagePlan]:
     return stages[:2]
 
 
+def count(n: int) -> str:
+    """A parameter count as people write it: 1.54B, 135.0M, 812.3K (the embedded model was "0.00B")."""
+    for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= scale:
+            return f"{n / scale:.{2 if unit == 'B' else 1}f}{unit}"
+    return str(n)
+
+
 def format_plan(profile: Profile, shape: ModelShape, source: str, stages: list[StagePlan]) -> str:
     lines = [
-        f"# Memory plan: {profile.name} ({shape.name}, {shape.params / 1e9:.2f}B parameters, {shape.layers} layers; "
+        f"# Memory plan: {profile.name} ({shape.name}, {count(shape.params)} parameters, {shape.layers} layers; "
         f"config from {source})",
         f"per GPU: {profile.compute.gpu_memory_gb:g} GB card, {USABLE:.0%} usable",
         "",

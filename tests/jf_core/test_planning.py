@@ -92,3 +92,9 @@ def test_cpu_profiles_have_nothing_to_plan_but_jf_plan_still_shows_them(capsys):
     assert main(["plan", "--profile", "tiny"]) == 0
     out = capsys.readouterr().out
     assert "embedded model's shape" in out and "## trajectories (this profile)" in out
+
+
+def test_parameter_counts_read_as_people_write_them():
+    from jf_core.planning import count
+
+    assert [count(n) for n in (1_543_714_304, 134_515_008, 812_345, 999)] == ["1.54B", "134.5M", "812.3K", "999"]
