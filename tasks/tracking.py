@@ -316,7 +316,10 @@ def register(
         info = log_model(report["model"], Path(tmp), fallback_decode=report["decode_config"])
     tags = {
         "round": Path(report["round_dir"]).name,
-        "n": str(report["block_size"]),
+        # Two block sizes, named apart: the trajectories' n the model was trained at, and the n its decode config
+        # (tuned, or the best measured) decodes with; a lone `n=16` beside a tuned n=64 read as a contradiction.
+        "train_block_size": str(report["block_size"]),
+        "decode_block_size": str(report["decode_config"]["block_size"]),
         "tpf": repr(float(report["headline_tpf"])),  # full precision: the gate compares against it
         "tps": f"{report['headline_tps']:.2f}",
         "speedup_vs_ar": f"{report['speedup_vs_ar']:.3f}",  # the headline: against our own AR, same model

@@ -10,6 +10,7 @@ import json
 import os
 import re
 import time
+from pathlib import Path
 
 import mlflow
 import pytest
@@ -75,6 +76,9 @@ def test_round_registers_reuses_and_gates(prefect_server, jf_env):
     assert str(champion.version) == "1" and float(champion.tags["tpf"]) == pytest.approx(
         summary["headline_tpf"], abs=1e-3
     )
+    report = json.loads((Path(summary["round_dir"]) / "report.json").read_text())
+    assert champion.tags["train_block_size"] == str(report["block_size"])
+    assert champion.tags["decode_block_size"] == str(report["decode_config"]["block_size"])
     run = client.get_run(summary["mlflow_run_id"])
     for key in ("accuracy", "tpf", "tps", "speedup_vs_ar", "loss", "tpf_n4", "tpf_n8"):
         assert key in run.data.metrics, key
@@ -154,7 +158,6 @@ def test_a_round_trains_with_fsdp2_on_two_ray_train_workers(prefect_server, jf_e
     """The same flow with training.strategy fsdp2 and 2 workers: Ray Train shards the model, writes sharded
     checkpoints, and rank 0's consolidated model is evaluated and registered like a one-process one."""
     import json
-    from pathlib import Path
 
     from jacobi_forcing.flows.round import jf_round
 
