@@ -12,6 +12,7 @@ import os
 import shutil
 import tempfile
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
@@ -185,7 +186,12 @@ def log_trajectory_input(client: MlflowClient, run_id: str, store: Path, report:
     if not manifest.is_file():
         manifest = store / "manifest.json"
     digest = hashlib.sha256(manifest.read_bytes()).hexdigest()[:16]
-    dataset = MetaDataset(resolve_dataset_source(str(manifest.parent)), name="trajectories", digest=digest)
+    with warnings.catch_warnings():
+        # MLflow registers one local-file source for the "" scheme and one for "file://", both named
+        # LocalArtifactDatasetSource, and warns on every local path that it cannot tell them apart: they are the same.
+        warnings.filterwarnings("ignore", message="The specified dataset source can be interpreted in multiple ways")
+        source = resolve_dataset_source(str(manifest.parent))
+    dataset = MetaDataset(source, name="trajectories", digest=digest)
     entity = dataset._to_mlflow_entity()
     client.log_inputs(run_id, datasets=[DatasetInput(entity, tags=[InputTag("mlflow.data.context", "training")])])
     client.log_artifact(run_id, str(manifest), "trajectories")
