@@ -144,7 +144,14 @@ def test_stack_deploy_run_register_gate_schedule(stack_env):
     assert not any(s == "Cached" for s in _task_states(stack_env, first).values())  # the killed run finished none
     _closed_by_the_rerun(client, first)
     v1 = client.get_model_version_by_alias("jf-tiny", "champion")
-    assert str(v1.version) == "1" and {"tpf", "tps", "accuracy", "n", "base_model"} <= set(v1.tags)
+    assert str(v1.version) == "1" and {
+        "tpf",
+        "tps",
+        "accuracy",
+        "train_block_size",
+        "decode_block_size",
+        "base_model",
+    } <= set(v1.tags)
     run = client.get_run(v1.run_id)
     assert {"tpf", "tps", "accuracy", "speedup_vs_ar", "loss"} <= set(run.data.metrics)
     assert {a.path for a in client.list_artifacts(v1.run_id, "plots")} == {
