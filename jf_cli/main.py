@@ -202,6 +202,9 @@ def build_parser() -> argparse.ArgumentParser:
     prompts.register(sub)
     serve.register(sub)
     serve.register_bench(bench_sub)
+    from jf_cli import vllm
+
+    vllm.register_bench(bench_sub)
     for _, each in parsers(parser):
         each.formatter_class = HelpFormatter
     return parser

