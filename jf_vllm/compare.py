@@ -101,14 +101,21 @@ def _vllm_engine(settings: Settings, method: str, max_num_seqs: int):
         speculative_config=spec,
         max_num_seqs=max_num_seqs,
         seed=0,
-        disable_log_stats=False,
+        per_request_spec_decode_metrics="summary",
         enforce_eager=settings.eager,
     )
 
 
-def _spec_counters(llm) -> tuple[int, int]:
-    values = {m.name: getattr(m, "value", 0) or 0 for m in llm.get_metrics()}
-    return int(values.get("vllm:spec_decode_num_accepted_tokens", 0)), int(values.get("vllm:spec_decode_num_drafts", 0))
+def _spec_counts(outputs) -> tuple[int, int]:
+    """Accepted draft tokens and verify steps with drafts, from vLLM's per-request spec-decode metrics (the
+    Prometheus counters are one registry per process and keep only the newest engine's, useless here)."""
+    accepted = steps = 0
+    for out in outputs:
+        metrics = out.outputs[0].spec_decode_metrics
+        if metrics is not None:
+            accepted += sum(j * count for j, count in enumerate(metrics.histogram))
+            steps += sum(metrics.histogram)
+    return accepted, steps
 
 
 def _vllm_runner(llm, settings: Settings) -> Callable[[list[list[int]]], tuple[list[list[int]], Turn]]:
@@ -117,13 +124,12 @@ def _vllm_runner(llm, settings: Settings) -> Callable[[list[list[int]]], tuple[l
     params = SamplingParams(temperature=0.0, max_tokens=settings.max_tokens, ignore_eos=settings.ignore_eos)
 
     def run(batch: list[list[int]]) -> tuple[list[list[int]], Turn]:
-        accepted0, drafts0 = _spec_counters(llm)
         start = time.perf_counter()
         outs = llm.generate([{"prompt_token_ids": ids} for ids in batch], params, use_tqdm=False)
         seconds = time.perf_counter() - start
-        accepted1, drafts1 = _spec_counters(llm)
         seqs = [list(o.outputs[0].token_ids) for o in outs]
-        return seqs, Turn(seconds, sum(map(len, seqs)), accepted1 - accepted0, drafts1 - drafts0)
+        accepted, drafts = _spec_counts(outs)
+        return seqs, Turn(seconds, sum(map(len, seqs)), accepted, drafts)
 
     return run
 

@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import tempfile
@@ -19,6 +18,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from jf_core.checksums import sha256_file
 from jf_core.trajectory.schema import (
     SCHEMA_VERSION,
     TRAJECTORY_SCHEMA,
@@ -43,14 +43,6 @@ class ShardInfo:
     prompts: int
     new_tokens: int
     seconds: float
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def shard_file(key: str) -> str:
@@ -94,7 +86,7 @@ def write_shard(
         key=key,
         file=final.name,
         rows=len(records),
-        sha256=_sha256(final),
+        sha256=sha256_file(final),
         prompts=prompts,
         new_tokens=new_tokens,
         seconds=seconds,
@@ -105,7 +97,7 @@ def read_shard(path: Path, *, expected_sha256: str | None = None, validate: bool
     """Read and check one shard; a foreign, corrupted or tampered file raises TrajectoryValidationError naming it."""
     if not path.is_file():
         raise TrajectoryValidationError(f"shard {path} does not exist")
-    if expected_sha256 is not None and _sha256(path) != expected_sha256:
+    if expected_sha256 is not None and sha256_file(path) != expected_sha256:
         raise TrajectoryValidationError(
             f"shard {path} does not match the manifest's content hash (changed or corrupted)"
         )
@@ -148,7 +140,7 @@ class TrajectoryStore:
         if info is None:
             return False
         path = self.root / info["file"]
-        return path.is_file() and _sha256(path) == info["sha256"]
+        return path.is_file() and sha256_file(path) == info["sha256"]
 
     def commit(self, info: ShardInfo) -> None:
         manifest = self.manifest()
