@@ -101,7 +101,8 @@ def _vllm_engine(settings: Settings, method: str, max_num_seqs: int):
         speculative_config=spec,
         max_num_seqs=max_num_seqs,
         seed=0,
-        per_request_spec_decode_metrics="summary",
+        # (vLLM refuses the per-request metrics without speculative decoding)
+        per_request_spec_decode_metrics="summary" if spec is not None else "none",
         enforce_eager=settings.eager,
     )
 
