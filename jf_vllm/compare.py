@@ -7,9 +7,9 @@ Jacobi plugin, vLLM's n-gram method, and this project's own AR and Jacobi decode
 ids). Each vLLM method gets one engine, built once and kept; "batch b" submits b prompts at a time, so b requests
 are in flight together as in our own decoders' batches. Rounds repeat the whole schedule: every method and batch size
 takes its turn in each round, so a drift in the machine's load lands on all of them alike. The result holds, per
-method and batch size, the tokens, the wall time per round, and the TPF: for vLLM, generated / (generated -
-accepted draft tokens) from its spec-decode counters (each request-step commits exactly one token that was not an
-accepted draft); for ours, tokens / forwards.
+method and batch size, the tokens, the wall time per round, and the TPF, tokens / forwards: for vLLM's speculative
+methods the forwards are counted in its worker process (worker_stats.py), for vLLM AR each token is one, for ours
+the decoder counts them.
 
 `jf bench vllm` (jf_cli) runs this in a subprocess from the main environment; the tests use it too.
 """
@@ -27,6 +27,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from jf_vllm.worker_stats import STATS_DIR_ENV
+
 VLLM_METHODS = ("vllm_ar", "vllm_jacobi", "vllm_ngram")
 OUR_METHODS = ("ours_ar", "ours_jacobi")
 METHODS = VLLM_METHODS + OUR_METHODS
@@ -36,8 +38,8 @@ METHODS = VLLM_METHODS + OUR_METHODS
 class Turn:
     seconds: float
     new_tokens: int
-    accepted: int = 0  # vLLM: accepted draft tokens; ours: tokens - forwards
-    drafts: int = 0  # vLLM: request-steps that verified drafts
+    forwards: int  # request-steps (a batch's forward counts once per request in it)
+    drafts: int = 0  # vLLM: request-steps that verified drafts (its per-request spec-decode metrics)
 
 
 @dataclass
@@ -55,9 +57,8 @@ class Cell:
 
     @property
     def tpf(self) -> float:
-        tokens = sum(t.new_tokens for t in self.turns)
-        forwards = tokens - sum(t.accepted for t in self.turns)
-        return tokens / forwards if forwards else float("nan")
+        forwards = sum(t.forwards for t in self.turns)
+        return sum(t.new_tokens for t in self.turns) / forwards if forwards else float("nan")
 
 
 @dataclass(frozen=True)
@@ -107,30 +108,32 @@ def _vllm_engine(settings: Settings, method: str, max_num_seqs: int):
     )
 
 
-def _spec_counts(outputs) -> tuple[int, int]:
-    """Accepted draft tokens and verify steps with drafts, from vLLM's per-request spec-decode metrics (the
-    Prometheus counters are one registry per process and keep only the newest engine's, useless here)."""
-    accepted = steps = 0
-    for out in outputs:
-        metrics = out.outputs[0].spec_decode_metrics
-        if metrics is not None:
-            accepted += sum(j * count for j, count in enumerate(metrics.histogram))
-            steps += sum(metrics.histogram)
-    return accepted, steps
+def _draft_steps(outputs) -> int:
+    """Request-steps that verified drafts, from vLLM's per-request spec-decode metrics."""
+    return sum(sum(o.outputs[0].spec_decode_metrics.histogram) for o in outputs if o.outputs[0].spec_decode_metrics)
 
 
-def _vllm_runner(llm, settings: Settings) -> Callable[[list[list[int]]], tuple[list[list[int]], Turn]]:
+def _worker_forwards(stats_dir: str) -> int:
+    from jf_vllm.worker_stats import read_all
+
+    return sum(s["forwards"] for s in read_all(stats_dir))
+
+
+def _vllm_runner(llm, settings: Settings, stats_dir: str, speculative: bool):
     from vllm import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=settings.max_tokens, ignore_eos=settings.ignore_eos)
 
     def run(batch: list[list[int]]) -> tuple[list[list[int]], Turn]:
+        # Only this engine runs now, so the change of the sum over every worker's counters is its own.
+        forwards0 = _worker_forwards(stats_dir)
         start = time.perf_counter()
         outs = llm.generate([{"prompt_token_ids": ids} for ids in batch], params, use_tqdm=False)
         seconds = time.perf_counter() - start
         seqs = [list(o.outputs[0].token_ids) for o in outs]
-        accepted, drafts = _spec_counts(outs)
-        return seqs, Turn(seconds, sum(map(len, seqs)), accepted, drafts)
+        tokens = sum(map(len, seqs))
+        forwards = _worker_forwards(stats_dir) - forwards0 if speculative else tokens
+        return seqs, Turn(seconds, tokens, forwards, _draft_steps(outs))
 
     return run
 
@@ -159,8 +162,7 @@ def _our_runner(settings: Settings, method: str):
             else:
                 out = decode(model, batch, config, ar_above_batch=above, **stops)
         seconds = time.perf_counter() - start
-        tokens = out.stats.new_tokens
-        return out.sequences, Turn(seconds, tokens, tokens - out.stats.forwards, 0)
+        return out.sequences, Turn(seconds, out.stats.new_tokens, out.stats.forwards)
 
     return run
 
@@ -180,13 +182,15 @@ def compare(
         raise ValueError("prompts: none given")
     if settings.ignore_eos and set(methods) & set(OUR_METHODS):
         raise ValueError("ignore_eos: only vLLM's methods can ignore EOS; drop ours_* from the methods")
+    # vLLM's workers inherit this and write their counters there (worker_stats.py); a caller may set its own.
+    stats_dir = os.environ.setdefault(STATS_DIR_ENV, tempfile.mkdtemp(prefix="jf-vllm-stats-"))
     engines, runners = [], {}
     for method in methods:
         say(f"loading {method}")
         if method in VLLM_METHODS:
             llm = _vllm_engine(settings, method, max(batch_sizes))
             engines.append(llm)
-            runners[method] = _vllm_runner(llm, settings)
+            runners[method] = _vllm_runner(llm, settings, stats_dir, speculative=method != "vllm_ar")
         else:
             runners[method] = _our_runner(settings, method)
     cells = {(m, b): Cell(m, b) for m in methods for b in batch_sizes}
@@ -196,14 +200,14 @@ def compare(
     for r in range(rounds):
         for b in batch_sizes:
             for method in methods:
-                cell, seqs, turn = cells[method, b], [], Turn(0.0, 0)
+                cell, seqs, turn = cells[method, b], [], Turn(0.0, 0, 0)
                 for i in range(0, len(prompts), b):
                     out, t = runners[method](prompts[i : i + b])
                     seqs += out
                     turn = Turn(
                         turn.seconds + t.seconds,
                         turn.new_tokens + t.new_tokens,
-                        turn.accepted + t.accepted,
+                        turn.forwards + t.forwards,
                         turn.drafts + t.drafts,
                     )
                 cell.turns.append(turn)

@@ -70,14 +70,21 @@ def _recording(rejection_sample):
 
 def _binding_rows(propose_draft_token_ids):
     from jf_vllm.proposer import JacobiProposer, rows_of
+    from jf_vllm.worker_stats import worker_stats
 
     signature = inspect.signature(propose_draft_token_ids)
+    stats = worker_stats()
 
     @functools.wraps(propose_draft_token_ids)
     def wrapper(self, *args, **kwargs):
-        if isinstance(getattr(self, "drafter", None), JacobiProposer):
-            bound = signature.bind(self, *args, **kwargs)
-            self.drafter.bind(rows_of(self, bound.arguments["spec_decode_metadata"]))
-        return propose_draft_token_ids(self, *args, **kwargs)
+        drafter = getattr(self, "drafter", None)
+        bound = signature.bind(self, *args, **kwargs)
+        if isinstance(drafter, JacobiProposer):
+            drafter.bind(rows_of(self, bound.arguments["spec_decode_metadata"]))
+        out = propose_draft_token_ids(self, *args, **kwargs)
+        if stats is not None:
+            stats.count(bound.arguments["sampled_token_ids"])
+            stats.write(drafter)
+        return out
 
     return wrapper

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +22,6 @@ from jf_vllm.drafting import JacobiDraftConfig, JacobiDrafter, Row, Verification
 log = logging.getLogger(__name__)
 
 PROPOSER_CLASS = "jf_vllm.proposer.JacobiProposer"
-# Where the proposer keeps its draft counters (DraftStats) for whoever started vLLM: the drafter lives in vLLM's
-# worker process, out of the caller's reach.
-STATS_ENV = "JF_VLLM_DRAFT_STATS"
 
 
 @dataclass(frozen=True)
@@ -104,7 +99,6 @@ class JacobiProposer:
                 vllm_num_speculative_tokens=self.num_speculative_tokens,
             )
         self._rows: list[RowMeta] | None = None
-        self._stats_path = os.environ.get(STATS_ENV) or None
         log.info("jf_vllm: Jacobi proposer, %s, schedule %s", self.config, spec.num_speculative_tokens_per_batch_size)
 
     def bind(self, rows: list[RowMeta]) -> None:
@@ -140,18 +134,8 @@ class JacobiProposer:
             )
             drafts.append(self.drafter.draft(row, limit))
         self.drafter.forget([meta.req_id for meta in rows])
-        if self._stats_path is not None:
-            _write_json(self._stats_path, {**asdict(self.drafter.stats), "pid": os.getpid()})
         return drafts
 
     # vLLM calls these on some proposers; a Jacobi drafter holds no weights and no KV cache.
     def load_model(self, *args, **kwargs) -> None:
         return None
-
-
-def _write_json(path: str, data: dict) -> None:
-    """Atomically: a reader sees the previous counters or these."""
-    fd, tmp = tempfile.mkstemp(prefix=".stats.", dir=os.path.dirname(os.path.abspath(path)))
-    with os.fdopen(fd, "w") as fh:
-        json.dump(data, fh)
-    os.replace(tmp, path)

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from jf_vllm.launch import SETUP, vllm_bin, vllm_env
+from jf_vllm.worker_stats import STATS_DIR_ENV, read_all
 
 pytestmark = pytest.mark.slow
 
@@ -31,19 +32,19 @@ def vllm_python() -> Path:
         pytest.skip(f"{err} (bash {SETUP})")
 
 
-def _compare(vllm_python, tmp_path, model, prompts, *args, stats=False) -> dict:
+def _compare(vllm_python, tmp_path, model, prompts, *args) -> dict:
     (tmp_path / "prompts.json").write_text(json.dumps(prompts))
     env = vllm_env()
-    if stats:
-        env["JF_VLLM_DRAFT_STATS"] = str(tmp_path / "stats.json")
+    (tmp_path / "stats").mkdir()
+    env[STATS_DIR_ENV] = str(tmp_path / "stats")
     cmd = [str(vllm_python), "-m", "jf_vllm.compare", "--model", str(model), "--eager", *args]
     cmd += ["--prompts", str(tmp_path / "prompts.json"), "--out", str(tmp_path / "out.json")]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     result = json.loads((tmp_path / "out.json").read_text())
     result["cells"] = {(r["method"], r["batch_size"]): r for r in result["rows"]}
-    if stats:
-        result["stats"] = json.loads((tmp_path / "stats.json").read_text())
+    # The Jacobi drafter's counters, written by the vLLM worker that ran it.
+    result["stats"] = [w for w in read_all(tmp_path / "stats") if "jacobi" in w]
     return result
 
 
@@ -83,7 +84,6 @@ def test_the_plugin_is_vllms_greedy_ar_on_the_embedded_model_and_runs_jf_cores_d
         "--max-tokens", "40",
         "--block-size", "8",
         "--ar-above-batch", "none",
-        stats=True,
     )  # fmt: skip
     cells = result["cells"]
     for b in (1, 4):
@@ -96,10 +96,10 @@ def test_the_plugin_is_vllms_greedy_ar_on_the_embedded_model_and_runs_jf_cores_d
     # engines' kernels in guesses past a rejection (which change a draft, never the text).
     assert cells["vllm_jacobi", 1]["tpf"] > 1.05
     assert cells["vllm_jacobi", 1]["tpf"] == pytest.approx(cells["ours_jacobi", 1]["tpf"], rel=0.02)
-    stats = result["stats"]
     # Counted in vLLM's worker process (not the one that started vLLM): the entry point loaded the patches there.
-    assert stats["pid"] != result["pid"]
-    assert stats["jacobi_updates"] > 0 and stats["inconsistent"] == 0
+    (worker,) = result["stats"]
+    assert worker["pid"] != result["pid"]
+    assert worker["jacobi"]["jacobi_updates"] > 0 and worker["jacobi"]["inconsistent"] == 0
 
 
 def test_the_plugin_is_vllms_greedy_ar_on_smollm2_chat_prompts(vllm_python, tmp_path, smollm2):
@@ -120,12 +120,12 @@ def test_the_plugin_is_vllms_greedy_ar_on_smollm2_chat_prompts(vllm_python, tmp_
         "--max-tokens", "24",
         "--block-size", "8",
         "--ar-above-batch", "none",
-        stats=True,
     )  # fmt: skip
     for b in (1, 4):
         assert result["cells"]["vllm_jacobi", b]["identical_to_vllm_ar"] == 1.0, f"batch {b}"
         assert result["cells"]["vllm_jacobi", b]["drafts"] > 0
-    assert result["stats"]["inconsistent"] == 0 and result["stats"]["jacobi_updates"] > 0
+    (worker,) = result["stats"]
+    assert worker["jacobi"]["inconsistent"] == 0 and worker["jacobi"]["jacobi_updates"] > 0
 
 
 def test_above_the_crossover_no_drafts_are_proposed(vllm_python, tmp_path, embedded_prompts):
@@ -143,8 +143,12 @@ def test_above_the_crossover_no_drafts_are_proposed(vllm_python, tmp_path, embed
         "--ar-above-batch", "1",
         "--ignore-eos",
     )  # fmt: skip
-    assert result["cells"]["vllm_jacobi", 1]["drafts"] > 0
-    assert result["cells"]["vllm_jacobi", 4]["drafts"] == 0
+    batches_of_4 = len(embedded_prompts) // 4
+    assert result["cells"]["vllm_jacobi", 1]["drafts"] >= 2 * len(embedded_prompts)  # several verify steps each
+    # The gate follows the batch of each step. vLLM's engine may step once on the first request before the other
+    # three have arrived, so a batch of 4 may verify one draft (that request's, proposed at batch size 1); after
+    # that none.
+    assert result["cells"]["vllm_jacobi", 4]["drafts"] <= batches_of_4
 
 
 REFUSED = """
