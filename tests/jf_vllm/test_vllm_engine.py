@@ -144,11 +144,11 @@ def test_above_the_crossover_no_drafts_are_proposed(vllm_python, tmp_path, embed
         "--ignore-eos",
     )  # fmt: skip
     batches_of_4 = len(embedded_prompts) // 4
-    assert result["cells"]["vllm_jacobi", 1]["drafts"] >= 2 * len(embedded_prompts)  # several verify steps each
+    assert result["cells"]["vllm_jacobi", 1]["drafts"] >= 4 * len(embedded_prompts)  # many verify steps each
     # The gate follows the batch of each step. vLLM's engine may step once on the first request before the other
-    # three have arrived, so a batch of 4 may verify one draft (that request's, proposed at batch size 1); after
-    # that none.
-    assert result["cells"]["vllm_jacobi", 4]["drafts"] <= batches_of_4
+    # three have arrived (twice on a loaded machine), so a batch of 4 may verify that request's drafts, proposed at
+    # batch size 1; once the batch is full, none.
+    assert result["cells"]["vllm_jacobi", 4]["drafts"] <= 2 * batches_of_4
 
 
 REFUSED = """
