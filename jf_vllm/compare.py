@@ -114,9 +114,9 @@ def _draft_steps(outputs) -> int:
 
 
 def _worker_forwards(stats_dir: str) -> int:
-    from jf_vllm.worker_stats import read_all
+    from jf_vllm.worker_stats import settled
 
-    return sum(s["forwards"] for s in read_all(stats_dir))
+    return sum(s["forwards"] for s in settled(stats_dir))
 
 
 def _vllm_runner(llm, settings: Settings, stats_dir: str, speculative: bool):
@@ -126,7 +126,7 @@ def _vllm_runner(llm, settings: Settings, stats_dir: str, speculative: bool):
 
     def run(batch: list[list[int]]) -> tuple[list[list[int]], Turn]:
         # Only this engine runs now, so the change of the sum over every worker's counters is its own.
-        forwards0 = _worker_forwards(stats_dir)
+        forwards0 = _worker_forwards(stats_dir) if speculative else 0
         start = time.perf_counter()
         outs = llm.generate([{"prompt_token_ids": ids} for ids in batch], params, use_tqdm=False)
         seconds = time.perf_counter() - start

@@ -83,8 +83,7 @@ def _binding_rows(propose_draft_token_ids):
             drafter.bind(rows_of(self, bound.arguments["spec_decode_metadata"]))
         out = propose_draft_token_ids(self, *args, **kwargs)
         if stats is not None:
-            stats.count(bound.arguments["sampled_token_ids"])
-            stats.write(drafter)
+            stats.count(bound.arguments["sampled_token_ids"], drafter)
         return out
 
     return wrapper
