@@ -48,25 +48,32 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_bench_serve(args: argparse.Namespace) -> int:
-    import json
-
-    from jacobi_forcing.infra.serve_app import ServeOptions
-    from jacobi_forcing.infra.serve_bench import bench_serve, check, format_table
+def bench_prompts(args: argparse.Namespace):
+    """The model's directory, its profile and tokenizer, and `--num-prompts` of the profile's evaluation prompts in
+    the model's prompt format (`jf bench serve` and `jf bench vllm`)."""
     from jf_cli.evaluate import _profile
+    from jf_cli.main import model_path
     from jf_core.evaluation.benchmarks import load_benchmark
     from jf_core.models import load_model
     from jf_core.trajectory.prompts import PromptFormat
 
     profile = _profile(args, {})
-    from jf_cli.main import model_path
-
     path = model_path(args.model, profile)
     cfg = profile.evaluation
     _, tok = load_model(path, dtype="float32", device="cpu")
     items = load_benchmark(cfg.benchmark, cfg.source, limit=args.num_prompts, template=cfg.template)
     fmt = PromptFormat.of(profile.prompts)
-    prompts = [fmt.render(item.prompt, tok) for item in items]
+    return path, profile, tok, [fmt.render(item.prompt, tok) for item in items]
+
+
+def cmd_bench_serve(args: argparse.Namespace) -> int:
+    import json
+
+    from jacobi_forcing.infra.serve_app import ServeOptions
+    from jacobi_forcing.infra.serve_bench import bench_serve, check, format_table
+
+    path, profile, _, prompts = bench_prompts(args)
+    cfg = profile.evaluation
     options = ServeOptions(
         model_path=path, name="bench", max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, max_tokens_limit=4096
     )

@@ -39,20 +39,11 @@ def serve_vllm(args: argparse.Namespace, path: str, name: str) -> int:
 
 
 def bench_prompts(args: argparse.Namespace) -> tuple[str, list[list[int]]]:
-    """The model's directory and the profile's evaluation prompts as token ids, in the model's prompt format."""
-    from jf_cli.evaluate import _profile
-    from jf_cli.main import model_path
-    from jf_core.evaluation.benchmarks import load_benchmark
-    from jf_core.models import load_model
-    from jf_core.trajectory.prompts import PromptFormat
+    """The model's directory and the profile's evaluation prompts as token ids (the same prompts as `jf bench
+    serve`), so that every method, in either environment, decodes the same ids."""
+    from jf_cli.serve import bench_prompts as prompt_texts
 
-    profile = _profile(args, {})
-    path = model_path(args.model, profile)
-    _, tok = load_model(path, dtype="float32", device="cpu")
-    cfg = profile.evaluation
-    items = load_benchmark(cfg.benchmark, cfg.source, limit=args.num_prompts, template=cfg.template)
-    fmt = PromptFormat.of(profile.prompts)
-    texts = [fmt.render(item.prompt, tok) for item in items]
+    path, _, tok, texts = prompt_texts(args)
     return path, [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
 
 

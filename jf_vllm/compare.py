@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from jf_vllm.launch import KV_CACHE_GIB
 from jf_vllm.worker_stats import STATS_DIR_ENV
 
 VLLM_METHODS = ("vllm_ar", "vllm_jacobi", "vllm_ngram")
@@ -71,11 +72,6 @@ class Settings:
     eager: bool = False  # vLLM without torch.compile (faster start; the tests)
     threads: int | None = None  # our decoders' torch threads (None: torch's default)
     ignore_eos: bool = False  # vLLM methods only: every request runs to max_tokens (the gating test's fixed batch)
-
-
-# vLLM's CPU backend otherwise reserves a fraction (0.92) of the machine's memory per engine, which fails beside
-# other processes; a few GiB hold every KV cache these comparisons need, and three engines fit side by side.
-KV_CACHE_GIB = "2"
 
 
 def _vllm_engine(settings: Settings, method: str, max_num_seqs: int):

@@ -11,7 +11,8 @@ from jf_vllm.spec_config import speculative_config
 
 VENV_ENV = "JF_VLLM_VENV"
 SETUP = "scripts/setup_vllm.sh"
-# See compare.KV_CACHE_GIB: the CPU backend would otherwise reserve most of the machine's memory.
+# vLLM's CPU backend otherwise reserves a fraction (0.92) of the machine's memory per engine, which fails beside
+# other processes; a few GiB hold every KV cache the server and the comparisons need (three engines side by side).
 KV_CACHE_GIB = "2"
 
 

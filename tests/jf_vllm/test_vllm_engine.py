@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from jacobi_forcing.infra.stack import free_port
 from jf_vllm.launch import SETUP, vllm_bin, vllm_env
 from jf_vllm.worker_stats import STATS_DIR_ENV, read_all
 
@@ -181,12 +181,6 @@ def test_an_unsupported_vllm_is_refused_by_name_without_breaking_vllm_and_the_en
     assert "jacobi_forcing=jf_vllm.plugin:register" in proc.stdout
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_jf_serve_with_vllm_answers_the_openai_client_with_vllms_greedy_text(vllm_python, tmp_path, embedded):
     from openai import OpenAI
 
@@ -196,7 +190,7 @@ def test_jf_serve_with_vllm_answers_the_openai_client_with_vllms_greedy_text(vll
 
     model, tok = embedded
     model_dir = ensure_embedded()
-    port = _free_port()
+    port = free_port()
     log = (tmp_path / "serve.log").open("w")
     server = subprocess.Popen(
         [str(Path(sys.executable).parent / "jf"), "serve", str(model_dir), "--engine", "vllm", "--port", str(port),
