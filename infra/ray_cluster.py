@@ -133,7 +133,8 @@ def ray_session(ray_address: str | None = None, *, num_cpus: int | None = None) 
     # bypassed the caller's (jf run unwinds SIGTERM like Ctrl-C) and orphaned its Prefect server (issue 16).
     on_main = threading.current_thread() is threading.main_thread()
     sigterm = signal.getsignal(signal.SIGTERM) if on_main else None
-    init = functools.partial(_init_keeping_sigterm, sigterm) if on_main else ray.init
+    guard = _RaySafeSigterm(sigterm) if callable(sigterm) else None
+    init = functools.partial(_init_keeping_sigterm, guard or sigterm) if on_main else ray.init
     token_dir: Path | None = None
     address = ray_address or os.environ.get("RAY_ADDRESS")
     before = set(_children(os.getpid()))
@@ -155,6 +156,10 @@ def ray_session(ray_address: str | None = None, *, num_cpus: int | None = None) 
             ray_roots = set(_children(os.getpid())) - before
             session = RaySession(ctx.address_info["gcs_address"], private=True, loopback=True, token_path=token)
         yield session
+    except KeyboardInterrupt as err:
+        if guard is not None and guard.raised is not None:
+            raise guard.raised from err  # the caller's own signal (Prefect's TerminationSignal), now that it is safe
+        raise
     finally:
         # Also when interrupted inside ray.init: what it had started by then is everything new below this process.
         spawned = _descendants(ray_roots if ray_roots is not None else set(_children(os.getpid())) - before)
@@ -168,28 +173,108 @@ def ray_session(ray_address: str | None = None, *, num_cpus: int | None = None) 
             shutil.rmtree(token_dir, ignore_errors=True)
 
 
+class _RaySafeSigterm:
+    """The caller's SIGTERM handler, made safe to run inside Ray's C code.
+
+    Ray's driver checks for signals inside `ray.get` (`_raylet.check_signals`) and turns a KeyboardInterrupt or a
+    SystemExit into its own status; any other exception escapes a C function that cannot pass it on, and comes out
+    as `SystemError: ... returned a result with an exception set`. Prefect's SIGTERM bridge raises TerminationSignal
+    during a flow run: a `kill` during a round's trajectories became a SystemError, Prefect retried the task, and
+    `jf run` finished the whole round (seen in CI). So such an exception is kept aside and a KeyboardInterrupt
+    raised in its place; `ray_session` raises the kept one once it is out of Ray's code."""
+
+    def __init__(self, handler):
+        self.handler = handler
+        self.raised: BaseException | None = None
+
+    def __call__(self, signum, frame):
+        try:
+            self.handler(signum, frame)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as err:
+            self.raised = err
+            raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}") from err
+
+
 def _init_keeping_sigterm(sigterm, **kwargs):
-    """`ray.init` on the main thread, with SIGTERM handled in Python by the caller's handler once it returns.
+    """`ray.init` on the main thread, with SIGTERM handled in Python by the caller's handler once it returns, and a
+    SIGTERM or Ctrl-C that arrives inside `ray.init` never lost.
 
     The driver's core worker puts abseil's failure-signal handler in front of SIGTERM. That handler passes the
     signal on, but first arms a 3-second alarm that aborts the process (SIGABRT), so any cleanup slower than that
     (closing the flow run, shutting Ray down, stopping the Prefect server) was cut short and orphaned what it had
-    not stopped yet. Installing a Python handler after `ray.init` takes abseil off SIGTERM. A SIGTERM that arrives
-    inside `ray.init` meets Ray's handler (sys.exit): its alarm is cancelled and the caller's handler runs, as it
-    would have a moment later."""
+    not stopped yet. Installing a Python handler after `ray.init` takes abseil off SIGTERM.
+
+    Inside `ray.init` a signal's Python handler (Ray's `sys.exit`, or Ctrl-C's KeyboardInterrupt) may run in the
+    middle of a C function, which then fails with `SystemError: ... returned a result with an exception set`: an
+    ordinary exception, which Prefect retried, and `jf run` finished the whole round after its SIGTERM. So which
+    signals arrived is read from Python's wakeup fd (written by its C-level handler, whatever the Python handler
+    did) rather than from the exception, and either signal unwinds as the caller's handler would have."""
     import ray
 
-    try:
-        ctx = ray.init(**kwargs)
-    except SystemExit:
-        signal.alarm(0)  # abseil's abort timer, armed if the SIGTERM went through its handler
-        if callable(sigterm):
-            signal.signal(signal.SIGTERM, sigterm)
-            sigterm(signal.SIGTERM, None)  # `jf run`'s raises KeyboardInterrupt: the caller unwinds as from Ctrl-C
-        raise
+    with _signals_seen() as seen:
+        try:
+            ctx = ray.init(**kwargs)
+        except BaseException as err:
+            arrived = seen()
+            if signal.SIGTERM in arrived or isinstance(err, SystemExit):
+                _unwind_sigterm(sigterm, err)
+            if signal.SIGINT in arrived and not isinstance(err, KeyboardInterrupt):
+                raise KeyboardInterrupt("signal SIGINT") from err
+            raise
+        arrived = seen()
     # Ray's Python handler when the caller has none of its own: reinstalling it is what takes abseil off SIGTERM.
     signal.signal(signal.SIGTERM, sigterm if callable(sigterm) else signal.getsignal(signal.SIGTERM))
+    # A handler whose exception a C function swallowed whole: the caller's `finally` shuts this Ray down.
+    if signal.SIGTERM in arrived:
+        _unwind_sigterm(sigterm, None)
+    if signal.SIGINT in arrived:
+        raise KeyboardInterrupt("signal SIGINT")
     return ctx
+
+
+def _unwind_sigterm(sigterm, err: BaseException | None):
+    """What the caller's SIGTERM handler does (`jf run`'s raises KeyboardInterrupt), else what Ray's does."""
+    signal.alarm(0)  # abseil's abort timer, armed if the SIGTERM went through its handler
+    if callable(sigterm):
+        signal.signal(signal.SIGTERM, sigterm)
+        try:
+            sigterm(signal.SIGTERM, None)
+        except BaseException as unwound:
+            raise unwound from err
+    elif sigterm != signal.SIG_IGN:
+        raise SystemExit(signal.SIGTERM) from err
+    if err is not None:  # a handler that lets the program go on: ray.init's own failure stands
+        raise err
+
+
+@contextlib.contextmanager
+def _signals_seen() -> Iterator:
+    """Python's wakeup fd pointed at a pipe of ours for the block; yields a function returning the set of signals
+    whose C-level handler ran meanwhile. The previous wakeup fd is put back and gets the bytes it missed."""
+    read_end, write_end = socket.socketpair()
+    for end in (read_end, write_end):
+        end.setblocking(False)
+    previous = signal.set_wakeup_fd(write_end.fileno(), warn_on_full_buffer=False)
+    received = bytearray()
+
+    def seen() -> set[int]:
+        with contextlib.suppress(BlockingIOError):
+            while chunk := read_end.recv(4096):
+                received.extend(chunk)
+        return set(received)
+
+    try:
+        yield seen
+    finally:
+        seen()
+        signal.set_wakeup_fd(previous)
+        if previous != -1 and received:
+            with contextlib.suppress(OSError):
+                os.write(previous, bytes(received))
+        read_end.close()
+        write_end.close()
 
 
 def _parents() -> dict[int, int]:

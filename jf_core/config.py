@@ -83,9 +83,14 @@ class ComputeConfig(_Strict):
     ray_address: str | None = None  # None: RAY_ADDRESS if set, else a private loopback Ray (infra/ray_cluster.py)
     max_restarts: int = Field(2, ge=0)
     max_task_retries: int = Field(2, ge=0)
-    # torch's CPU threads for training and evaluation in the flow's process. None: the CPUs other processes leave
-    # free, re-measured during training (jf_core/threads.py); a number pins it (bitwise-reproducible CPU runs).
+    # torch's CPU threads for training and evaluation in the flow's process. None: every CPU this process may use
+    # for training, the CPUs other processes leave free for evaluation (jf_core/threads.py).
     threads: int | None = Field(None, ge=1)
+    # Training on CPU: false keeps one thread count for the whole run, so the same command gives the same model
+    # whatever else the machine runs (threads split a gradient's sums, and the order changes its last bits: 1 and 2
+    # threads trained different models). True follows the CPUs other processes leave free: faster beside other
+    # work, but the model then depends on the load. Decoding gives the same tokens on any count.
+    adaptive_threads: bool = False
     # GPU stages hold this many slots of a Prefect global concurrency limit of this name, one per GPU they occupy
     # (tasks/gpu_slots.py); null: no limit. Leases are renewed while a stage runs; a dead worker's lapse after this.
     gpu_limit: str | None = "gpu"

@@ -12,6 +12,13 @@ its cgroup quota) set torch's intra-op threads. The training loop asks it every 
 seconds, so a loop pays a clock read per step. Decoding benchmarks take one count at the start instead
 (`choose_threads`): their methods take turns, and changing the count between turns would bias the ratios.
 
+**Reproducibility.** A training step's result depends on the thread count: threads split a gradient's sums, and
+the order changes their last bits, which thousands of steps amplify (the embedded model trained on 1 and on 2
+threads ends with different weights). So training keeps one count unless asked to adapt (`training_governor`):
+the same command then gives the same model whatever else the machine runs. Decoding does not depend on it (greedy
+Jacobi and AR gave identical tokens and forward counts on 1 and 2 threads; tests/jf_core/test_threads.py), so
+evaluation takes the free CPUs and only its speed follows the load.
+
 Linux only (/proc/stat); elsewhere the governor keeps torch's count. A count set by the user (`compute.threads`,
 `--threads`) is never changed."""
 
@@ -129,6 +136,14 @@ class ThreadGovernor:
 
         torch.set_num_threads(count)
         self.changes.append((step, count))
+
+    @classmethod
+    def for_training(cls, threads: int | None = None, adaptive: bool = False) -> ThreadGovernor:
+        """Training's threads: `threads`, else every CPU this process may use, kept for the whole run (the model
+        does not depend on the load); `adaptive` follows the free CPUs instead (faster beside other work)."""
+        if adaptive and threads is None:
+            return cls()
+        return cls(fixed=threads or cpu_budget())
 
     def record(self) -> dict:
         counts = [n for _, n in self.changes]

@@ -257,9 +257,10 @@ def _train_here(profile: Profile, model_in: str, paths: RoundPaths, *, progress:
         dense_mask=attention != "flex_attention",
     )
     objective = t.objective()
-    # On CPU the thread count follows the cores other processes leave free (jf_core/threads.py); compute.threads
-    # pins it. On GPU the count hardly matters and is left alone.
-    threads = ThreadGovernor(fixed=profile.compute.threads) if device.type == "cpu" else None
+    # On CPU one thread count for the whole run, so the model does not follow the machine's load (jf_core/threads.py);
+    # on GPU the count hardly matters and is left alone.
+    c = profile.compute
+    threads = ThreadGovernor.for_training(c.threads, c.adaptive_threads) if device.type == "cpu" else None
     if t.lean_loss:
         check_lean_head(model, next(jf_batches(examples, 1, tok.pad_token_id, seed=t.seed, variant=t.mask)), t.mask)
     result = train(

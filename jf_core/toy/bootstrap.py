@@ -74,7 +74,7 @@ def bootstrap(
         cfg.train,
         progress=progress,
         on_log=on_log,
-        threads=ThreadGovernor(),  # a bootstrap beside other work slows down by its share, not 30x (issue 16)
+        threads=ThreadGovernor.for_training(),  # one count throughout: the embedded model must not follow the load
     )
     model.eval()
 

@@ -21,10 +21,13 @@ def ar_batches(
 ) -> Iterator[dict[str, torch.Tensor]]:
     """Endless shuffled epochs of right-padded batches of similar lengths: a shuffled pool of 32 batches is sorted
     by length and cut into batches, which are then shuffled, so padding (compute spent on nothing) stays small."""
+    if len(examples) < batch_size:
+        raise ValueError(f"ar_batches: {len(examples)} examples cannot fill one batch of batch_size={batch_size}")
     encoded = [encode_example(tokenizer, e) for e in examples]
     rng = random.Random(seed)
     order = list(range(len(encoded)))
-    pool = 32 * batch_size
+    # A pool of whole batches, no larger than the examples (a pool larger than them yielded nothing, forever).
+    pool = min(32 * batch_size, len(order) // batch_size * batch_size)
     while True:
         rng.shuffle(order)
         batches = []

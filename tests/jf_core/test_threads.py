@@ -101,3 +101,69 @@ def test_a_users_count_is_set_once_and_never_changed(restore_threads):
         spinner.wait()
     assert torch.get_num_threads() == 1
     assert governor.record()["policy"] == "fixed" and governor.changes == [(0, 1)]
+
+
+def _train_embedded_recipe(governor: ThreadGovernor, steps: int = 30) -> dict[str, torch.Tensor]:
+    """A few steps of the embedded model's bootstrap recipe (same model, data and optimizer), its final weights."""
+    from dataclasses import replace
+
+    from jf_core.toy.bootstrap import BootstrapConfig
+    from jf_core.toy.data import ar_batches
+    from jf_core.toy.model import build_model
+    from jf_core.toy.task import make_split
+    from jf_core.toy.tokenizer import build_tokenizer
+    from jf_core.training.trainer import causal_lm_loss, train
+
+    cfg = BootstrapConfig()
+    torch.manual_seed(cfg.seed)
+    tok = build_tokenizer()
+    model = build_model(cfg.model, len(tok), tok.pad_token_id, tok.eos_token_id, cfg.seed)
+    batches = ar_batches(tok, make_split("train", 1000, cfg.task), cfg.batch_size, cfg.seed)
+    loop = replace(cfg.train, steps=steps, warmup_steps=5, log_every=1000)
+    train(model, batches, causal_lm_loss, loop, progress=False, threads=governor)
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+@linux
+@pytest.mark.skipif(cpu_budget() < 2, reason="needs 2 CPUs for a count the load could change")
+def test_training_gives_the_same_weights_alone_and_beside_a_busy_process(restore_threads):
+    """The same command gives the same model whatever else runs: training keeps one thread count. (The adaptive
+    governor beside a spinner takes 1 thread, and 1 and 2 threads sum gradients in different orders.)"""
+    alone = _train_embedded_recipe(ThreadGovernor.for_training())
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        governor = ThreadGovernor.for_training()
+        busy = _train_embedded_recipe(governor)
+    finally:
+        spinner.kill()
+        spinner.wait()
+    assert governor.record()["policy"] == "fixed" and governor.record()["min"] == cpu_budget()
+    assert alone.keys() == busy.keys()
+    assert all(torch.equal(alone[k], busy[k]) for k in alone), "training followed the machine's load"
+
+
+def test_for_training_pins_unless_asked_to_adapt():
+    assert ThreadGovernor.for_training().fixed == cpu_budget()
+    assert ThreadGovernor.for_training(3).fixed == 3
+    assert ThreadGovernor.for_training(3, adaptive=True).fixed == 3  # a user's count wins
+    assert ThreadGovernor.for_training(adaptive=True).fixed is None
+
+
+def test_decoding_gives_the_same_tokens_and_forwards_on_any_thread_count(embedded, restore_threads):
+    """Why evaluation may take the free CPUs: its figures (accuracy, TPF, identity with AR) do not move with them."""
+    from jf_core.decoding.ar import ar_decode
+    from jf_core.decoding.config_io import decode
+    from jf_core.decoding.jacobi import JacobiConfig
+    from jf_core.toy.task import make_split
+
+    model, tok = embedded
+    prompts = [tok(e.prompt)["input_ids"] for e in make_split("test", 24)]
+    ids = {"eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id}
+    runs = []
+    for count in (1, 2):
+        torch.set_num_threads(count)
+        jacobi = decode(model, prompts, JacobiConfig(block_size=16, max_new_tokens=96), **ids)
+        ar = ar_decode(model, prompts, max_new_tokens=96, **ids)
+        runs.append((jacobi.sequences, jacobi.stats.sequences, ar.sequences))  # not its timings
+    assert runs[0] == runs[1]
