@@ -18,7 +18,8 @@ def _seeds(text: str) -> list[int]:
 
 
 def cmd_ablate(args: argparse.Namespace) -> int:
-    from jf_cli.orchestrate import _prefect_env, parse_overrides, sigterm_unwinds
+    from jf_cli.common import parse_overrides
+    from jf_cli.orchestrate import _prefect_env, sigterm_unwinds
     from jf_core.ablation import VARIANTS, AblationConfig
 
     if args.list:

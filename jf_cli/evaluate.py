@@ -15,22 +15,14 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from jf_cli.common import UsageError, add_threads_option, args_profile, model_path, positive, set_threads
+
 
 def _say(message: str) -> None:
     print(f"  {message}", file=sys.stderr)
 
 
-def _profile(args: argparse.Namespace, evaluation: dict):
-    from jf_cli.orchestrate import parse_overrides
-    from jf_core.config import load_profile
-
-    overrides = parse_overrides(args.set or [])
-    overrides.setdefault("evaluation", {}).update({k: v for k, v in evaluation.items() if v is not None})
-    return load_profile(args.profile, **overrides)
-
-
 def _load(profile, model: str | None):
-    from jf_cli.main import model_path
     from jf_core.models import load_model
 
     path = model_path(model, profile)
@@ -67,9 +59,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from jf_core.evaluation.evaluate import evaluate_profile
 
     limit = args.limit
-    profile = _profile(
+    profile = args_profile(
         args,
-        {
+        evaluation={
             "benchmark": args.benchmark,
             "source": args.source,
             "template": args.template,
@@ -83,8 +75,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
     )
     e = profile.evaluation
     load_benchmark(e.benchmark, e.source, limit=1, template=e.template)  # a bad benchmark file, before any model
-    from jf_cli.main import model_path
-
     model = model_path(args.model, profile)
     result = evaluate_profile(model, profile, progress=_say)
     _report(result, args, {"model": model, "profile": profile.name})
@@ -94,7 +84,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def cmd_bench_decode(args: argparse.Namespace) -> int:
     import torch
 
-    from jf_cli.main import set_threads
     from jf_core.decoding.config_io import load_decode_config
     from jf_core.decoding.multiblock import JFDecodeConfig
     from jf_core.evaluation.evaluate import evaluate_model
@@ -105,9 +94,9 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
     set_threads(args)
     sampling = _sampling(args)  # before anything loads: a bad flag is named at once
     n = args.num_prompts
-    profile = _profile(
+    profile = args_profile(
         args,
-        {
+        evaluation={
             "num_prompts": n,
             "speed_prompts": n,
             "batch_size": args.batch_size,
@@ -186,8 +175,6 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
 
 def _sampling(args: argparse.Namespace):
     """`--temperature` > 0: the JF model's rows sample (exactly; the base model's rows stay greedy)."""
-    from jf_cli.main import UsageError
-
     if not getattr(args, "temperature", 0):
         return None
     if not args.jf_model:
@@ -201,7 +188,6 @@ def _sampling(args: argparse.Namespace):
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from jf_cli.main import set_threads
     from jf_core.config import TuneConfig
     from jf_core.decoding.config_io import save_decode_config
     from jf_core.evaluation.tune import store_crossover, tune
@@ -211,7 +197,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if not (Path(args.model) / "config.json").is_file():
         raise ValueError(f"--model {args.model} is not a model directory (the decode config is saved beside it)")
     set_threads(args)
-    profile = _profile(args, {})
+    profile = args_profile(args)
     _, model, tok = _load(profile, args.model)
     prompts = calibration_prompts(profile.prompts, tok, args.num_prompts, profile.evaluation.calibration_split)
     space = TuneConfig(
@@ -281,8 +267,6 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub, bench_sub) -> None:
-    from jf_cli.main import _positive, add_threads_option
-
     p = sub.add_parser("eval", help="accuracy next to TPF and TPS, every method taking turns, as a round evaluates")
     _common(p)
     p.add_argument(
@@ -295,13 +279,11 @@ def register(sub, bench_sub) -> None:
     )
     p.add_argument("--source", help="local JSONL/JSONL.gz/Parquet or hub id (default: the benchmark's hub id)")
     p.add_argument("--template", help="prompt template, e.g. 'Question: {question}\\nAnswer:'")
-    p.add_argument("--limit", type=_positive("--limit"), help="items to evaluate")
-    p.add_argument(
-        "--block-sizes", type=_positive("--block-sizes"), nargs="+", help="Jacobi n (default: the profile's)"
-    )
-    p.add_argument("--max-new-tokens", type=_positive("--max-new-tokens"), help="default: the profile's")
-    p.add_argument("--batch-size", type=_positive("--batch-size"), help="prompts decoded together")
-    p.add_argument("--repeats", type=_positive("--repeats"), help="timed runs per method, fastest kept")
+    p.add_argument("--limit", type=positive("--limit"), help="items to evaluate")
+    p.add_argument("--block-sizes", type=positive("--block-sizes"), nargs="+", help="Jacobi n (default: the profile's)")
+    p.add_argument("--max-new-tokens", type=positive("--max-new-tokens"), help="default: the profile's")
+    p.add_argument("--batch-size", type=positive("--batch-size"), help="prompts decoded together")
+    p.add_argument("--repeats", type=positive("--repeats"), help="timed runs per method, fastest kept")
     p.add_argument("--json", help="also write the per-method results here")
     p.set_defaults(func=cmd_eval)
 
@@ -310,36 +292,34 @@ def register(sub, bench_sub) -> None:
     p.add_argument(
         "--model", help="directory, hub id, models:/<name>@<alias> or package:<name> (default: the profile's model)"
     )
-    p.add_argument("--num-prompts", type=_positive("--num-prompts"), default=50, help="benchmark prompts")
-    p.add_argument("--batch-size", type=_positive("--batch-size"), default=1, help="prompts decoded together")
+    p.add_argument("--num-prompts", type=positive("--num-prompts"), default=50, help="benchmark prompts")
+    p.add_argument("--batch-size", type=positive("--batch-size"), default=1, help="prompts decoded together")
     p.add_argument(
         "--batch-sizes",
-        type=_positive("--batch-sizes"),
+        type=positive("--batch-sizes"),
         nargs="+",
         help="one table per batch size (e.g. 1 4 16 48), each with every method taking turns; --out gets batchB/",
     )
-    p.add_argument("--max-new-tokens", type=_positive("--max-new-tokens"), default=160, help="tokens per prompt")
-    p.add_argument(
-        "--block-sizes", type=_positive("--block-sizes"), nargs="+", default=[8, 16, 32, 64], help="Jacobi n"
-    )
+    p.add_argument("--max-new-tokens", type=positive("--max-new-tokens"), default=160, help="tokens per prompt")
+    p.add_argument("--block-sizes", type=positive("--block-sizes"), nargs="+", default=[8, 16, 32, 64], help="Jacobi n")
     p.add_argument("--json", help="also write the results as JSON here")
     p.add_argument("--jf-model", help="a Jacobi Forcing model: adds its vanilla, recycling, multi-block and tuned rows")
-    p.add_argument("--jf-block-size", type=_positive("--jf-block-size"), help="default: its decode config's n")
+    p.add_argument("--jf-block-size", type=positive("--jf-block-size"), help="default: its decode config's n")
     p.add_argument(
         "--temperature", type=float, default=0.0, help="> 0: the --jf-model rows sample (TPF under sampling)"
     )
     p.add_argument("--top-k", type=int, default=0, help="with --temperature: keep the k most likely tokens (0: all)")
     p.add_argument("--top-p", type=float, default=1.0, help="with --temperature: nucleus sampling")
     p.add_argument("--out", help="directory for bench.json, bench.md and the plots")
-    p.add_argument("--repeats", type=_positive("--repeats"), default=3, help="runs per method, fastest kept")
+    p.add_argument("--repeats", type=positive("--repeats"), default=3, help="runs per method, fastest kept")
     add_threads_option(p)
     p.set_defaults(func=cmd_bench_decode)
 
     p = sub.add_parser("tune", help="search (n, K, pool_size, r) for the best TPS here; save the model's decode config")
     _common(p)
     p.add_argument("--model", required=True, help="model directory (the config goes into its config.json)")
-    p.add_argument("--num-prompts", type=_positive("--num-prompts"), default=12, help="calibration prompts")
-    p.add_argument("--max-new-tokens", type=_positive("--max-new-tokens"), default=160, help="tokens per prompt")
+    p.add_argument("--num-prompts", type=positive("--num-prompts"), default=12, help="calibration prompts")
+    p.add_argument("--max-new-tokens", type=positive("--max-new-tokens"), default=160, help="tokens per prompt")
     p.add_argument("--block-sizes", type=int, nargs="+", default=[16, 32, 64], help="candidate Jacobi n")
     p.add_argument("--num-blocks", type=int, nargs="+", default=[1, 2, 3], help="candidate blocks in flight (K)")
     p.add_argument("--pool-sizes", type=int, nargs="+", default=[0, 2, 4], help="candidate n-gram pool sizes (0: none)")
@@ -362,7 +342,7 @@ def register(sub, bench_sub) -> None:
         help="adaptive width: slots per expected accepted token (0: full windows)",
     )
     p.add_argument("--width-margins", type=int, nargs="+", default=[2], help="adaptive width: slots beyond that")
-    p.add_argument("--repeats", type=_positive("--repeats"), default=2, help="runs per candidate, fastest kept")
+    p.add_argument("--repeats", type=positive("--repeats"), default=2, help="runs per candidate, fastest kept")
     p.add_argument(
         "--crossover-batch-sizes",
         type=int,

@@ -6,13 +6,14 @@ from __future__ import annotations
 import argparse
 import json
 
+from jf_cli.common import add_threads_option, model_and_tokenizer, positive, set_threads
+
 
 def cmd_bench_forward(args: argparse.Namespace) -> int:
-    from jf_cli.main import _model_and_tokenizer, set_threads
     from jf_core.evaluation.forward_cost import window_cost
 
     set_threads(args)
-    model, _ = _model_and_tokenizer(args.model)
+    model, _ = model_and_tokenizer(args.model)
     cost = window_cost(model, args.widths, context=args.context, batch=args.batch_size, repeats=args.repeats)
     print(f"{model.name_or_path}: batch {cost['batch']}, {cost['context']}-token context, {cost['threads']} threads")
     print("| width | ms per forward | x width 1 (break-even TPF) |")
@@ -26,14 +27,12 @@ def cmd_bench_forward(args: argparse.Namespace) -> int:
 
 
 def register_bench(bench_sub) -> None:
-    from jf_cli.main import _positive, add_threads_option
-
     p = bench_sub.add_parser("forward", help="the cost of one forward at each window width, and AR's break-even TPF")
     p.add_argument("--model", help="local directory, hub id or models:/<name>@<alias> (default: the embedded model)")
-    p.add_argument("--widths", type=_positive("--widths"), nargs="+", default=[1, 16, 32, 64], help="window widths")
-    p.add_argument("--context", type=_positive("--context"), default=200, help="tokens in the KV cache")
-    p.add_argument("--batch-size", type=_positive("--batch-size"), default=1, help="rows per forward")
-    p.add_argument("--repeats", type=_positive("--repeats"), default=20, help="timed forwards per width (median)")
+    p.add_argument("--widths", type=positive("--widths"), nargs="+", default=[1, 16, 32, 64], help="window widths")
+    p.add_argument("--context", type=positive("--context"), default=200, help="tokens in the KV cache")
+    p.add_argument("--batch-size", type=positive("--batch-size"), default=1, help="rows per forward")
+    p.add_argument("--repeats", type=positive("--repeats"), default=20, help="timed forwards per width (median)")
     p.add_argument("--json", help="also write the figures here")
     add_threads_option(p)
     p.set_defaults(func=cmd_bench_forward)

@@ -22,30 +22,7 @@ import json
 import sys
 from collections.abc import Iterator
 
-
-class UsageError(ValueError):
-    """A bad command-line value: printed as `jf: error: ...` with exit status 2, no traceback."""
-
-
-def model_path(model: str | None, profile=None) -> str:
-    """Every command's model, named one way: a directory, a hub id, `models:/<name>@<alias>` or `/<version>` (the
-    registered checkpoint, downloaded once per version), `package:<distribution>` (its GGUF, imported once) or
-    `embedded`; None: the profile's model (the embedded one without a profile)."""
-    from jf_core.config import ModelConfig
-
-    if model is not None and model.startswith("models:/"):
-        from jacobi_forcing.tasks.tracking import resolve_model
-
-        return resolve_model(model, profile)
-    if model is None:
-        return (profile.model if profile is not None else ModelConfig()).resolve()
-    return ModelConfig(path=model).resolve()
-
-
-def _model_and_tokenizer(model: str | None):
-    from jf_core.models import load_model
-
-    return load_model(model_path(model))
+from jf_cli.common import UsageError, model_and_tokenizer, positive
 
 
 def cmd_bootstrap(args: argparse.Namespace) -> int:
@@ -72,7 +49,7 @@ def cmd_decode(args: argparse.Namespace) -> int:
 
     if not args.prompt.strip():
         raise UsageError("--prompt is empty")
-    model, tokenizer = _model_and_tokenizer(args.model)
+    model, tokenizer = model_and_tokenizer(args.model)
     cfg = load_decode_config(
         model.name_or_path, block_size=args.block_size, max_new_tokens=args.max_new_tokens, draft_init=args.draft_init
     )
@@ -103,34 +80,6 @@ def cmd_decode(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 0
-
-
-def _positive(name: str):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"{name} must be >= 1, got {value}")
-        return value
-
-    return parse
-
-
-def add_threads_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--threads",
-        type=_positive("--threads"),
-        help="torch intra-op threads for every method (default: torch's); small CPU models often run faster on 1",
-    )
-
-
-def set_threads(args: argparse.Namespace) -> None:
-    if getattr(args, "threads", None):
-        import torch
-
-        torch.set_num_threads(args.threads)
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -169,8 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="local directory, hub id or models:/<name>@<alias> (default: the embedded model)")
     p.add_argument("--prompt", required=True, help="the text to continue (with --chat: the user's message)")
     p.add_argument("--chat", action="store_true", help="send --prompt as a user message in the model's chat template")
-    p.add_argument("--block-size", type=_positive("--block-size"), help="default: the model's decode config")
-    p.add_argument("--max-new-tokens", type=_positive("--max-new-tokens"), default=256, help="tokens to generate")
+    p.add_argument("--block-size", type=positive("--block-size"), help="default: the model's decode config")
+    p.add_argument("--max-new-tokens", type=positive("--max-new-tokens"), default=256, help="tokens to generate")
     p.add_argument(
         "--draft-init",
         choices=["prompt_sample", "repeat_last", "random_vocab"],

@@ -9,29 +9,8 @@ import os
 import signal
 from pathlib import Path
 
+from jf_cli.common import parse_overrides
 from jf_core.paths import jf_home
-
-
-def parse_overrides(items: list[str]) -> dict[str, dict]:
-    """`section.key=value` or deeper (`evaluation.tune.prompts=4`) -> {section: {key: ...}}; the value parsed as
-    JSON when it parses, else kept as text."""
-    out: dict[str, dict] = {}
-    for item in items:
-        path, sep, raw = item.partition("=")
-        keys = path.split(".")
-        if not sep or len(keys) < 2 or not all(keys):
-            raise ValueError(f"--set expects section.key=value, got {item!r}")
-        try:
-            value = json.loads(raw)
-        except json.JSONDecodeError:
-            value = raw
-        node = out
-        for depth, key in enumerate(keys[:-1]):
-            node = node.setdefault(key, {})
-            if not isinstance(node, dict):
-                raise ValueError(f"--set {item!r}: {'.'.join(keys[: depth + 1])} was set to a value, not fields")
-        node[keys[-1]] = value
-    return out
 
 
 def _prefect_env() -> None:
@@ -98,7 +77,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"registry: {reg['model_name']} version {reg['version']}, gate {verdict}")
     for gate_check in reg.get("gate_checks") or []:  # a reused registration carries its verdict only
         print(f"  {'ok  ' if gate_check['passed'] else 'FAIL'} {gate_check['name']}: {gate_check['reason']}")
-    uri = tracking_uri(load_profile(args.profile, **overrides).registry)
+    uri = tracking_uri(profile.registry)
     print(
         "\nwhere to look:\n"
         f"  round directory  {summary['round_dir']}\n"

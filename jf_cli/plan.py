@@ -7,11 +7,10 @@ import argparse
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from jf_cli.orchestrate import parse_overrides
-    from jf_core.config import load_profile
+    from jf_cli.common import args_profile
     from jf_core.planning import format_plan, plan
 
-    profile = load_profile(args.profile, **parse_overrides(args.set or []))
+    profile = args_profile(args)
     shape, source, stages = plan(profile)
     print(format_plan(profile, shape, source, stages))
     return 0 if all(s.fits for s in stages[:2]) else 1

@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import argparse
 
+from jf_cli.common import args_profile, positive
+
 
 def cmd_prepare(args: argparse.Namespace) -> int:
     from transformers import AutoTokenizer
 
-    from jf_cli.orchestrate import parse_overrides
-    from jf_core.config import load_profile
     from jf_core.trajectory.prepare import prepare_prompts
 
-    profile = load_profile(args.profile, **parse_overrides(args.set or []))
+    profile = args_profile(args)
     fields = {
         "source": args.source,
         "split": args.split,
@@ -42,11 +42,9 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
 
 def cmd_add(args: argparse.Namespace) -> int:
-    from jf_cli.orchestrate import parse_overrides
-    from jf_core.config import load_profile
     from jf_core.trajectory.prompt_store import add_prompt_file
 
-    profile = load_profile(args.profile, **parse_overrides(args.set or []))
+    profile = args_profile(args)
     collection = args.collection or profile.name
     added = add_prompt_file(args.file, collection, profile.prompts)
     print(f"{added.rows} prompts {'stored' if added.new else 'already stored'} at {added.uri}")
@@ -64,8 +62,6 @@ def cmd_add(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    from jf_cli.main import _positive
-
     prompts = sub.add_parser("prompts", help="prepare prompt datasets for trajectories")
     psub = prompts.add_subparsers(dest="prompts", required=True)
     p = psub.add_parser("prepare", help="filter by token length, drop duplicates, hold out a calibration split")
@@ -76,10 +72,10 @@ def register(sub) -> None:
     p.add_argument("--text-field", help="the prompt text's field")
     p.add_argument("--messages-field", help="a chat-messages field instead")
     p.add_argument("--id-field", help="a field with unique ids (default: the row number)")
-    p.add_argument("--min-prompt-tokens", type=_positive("--min-prompt-tokens"), help="drop shorter prompts")
-    p.add_argument("--max-prompt-tokens", type=_positive("--max-prompt-tokens"), help="drop longer prompts")
-    p.add_argument("--limit", type=_positive("--limit"), help="rows to read")
-    p.add_argument("--calibration", type=_positive("--calibration"), default=200, help="prompts held out")
+    p.add_argument("--min-prompt-tokens", type=positive("--min-prompt-tokens"), help="drop shorter prompts")
+    p.add_argument("--max-prompt-tokens", type=positive("--max-prompt-tokens"), help="drop longer prompts")
+    p.add_argument("--limit", type=positive("--limit"), help="rows to read")
+    p.add_argument("--calibration", type=positive("--calibration"), default=200, help="prompts held out")
     p.add_argument("--tokenizer", help="tokenizer directory or hub id (default: the profile's model)")
     p.add_argument("--seed", type=int, default=0, help="the calibration split's hash seed")
     p.add_argument("--out", required=True, help="the store's directory")

@@ -9,6 +9,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from jf_cli.common import bench_prompts, model_path, positive
+
 
 def served_name(model: str) -> str:
     """What clients send as `model`: the registered name, a directory's name, or the hub id."""
@@ -18,8 +20,6 @@ def served_name(model: str) -> str:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from jf_cli.main import model_path
-
     path = model_path(args.model)
     name = args.name or served_name(args.model)
     if args.engine == "vllm":
@@ -46,24 +46,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"warning: listening on {args.host}: nothing here authenticates clients", file=sys.stderr)
     run(options, host=args.host, port=args.port, replicas=args.replicas, ready=ready)
     return 0
-
-
-def bench_prompts(args: argparse.Namespace):
-    """The model's directory, its profile and tokenizer, and `--num-prompts` of the profile's evaluation prompts in
-    the model's prompt format (`jf bench serve` and `jf bench vllm`)."""
-    from jf_cli.evaluate import _profile
-    from jf_cli.main import model_path
-    from jf_core.evaluation.benchmarks import load_benchmark
-    from jf_core.models import load_model
-    from jf_core.trajectory.prompts import PromptFormat
-
-    profile = _profile(args, {})
-    path = model_path(args.model, profile)
-    cfg = profile.evaluation
-    _, tok = load_model(path, dtype="float32", device="cpu")
-    items = load_benchmark(cfg.benchmark, cfg.source, limit=args.num_prompts, template=cfg.template)
-    fmt = PromptFormat.of(profile.prompts)
-    return path, profile, tok, [fmt.render(item.prompt, tok) for item in items]
 
 
 def cmd_bench_serve(args: argparse.Namespace) -> int:
@@ -100,8 +82,6 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    from jf_cli.main import _positive
-
     p = sub.add_parser("serve", help="serve a model over an OpenAI-compatible API (Ray Serve, or vLLM)")
     p.add_argument("model", help="checkpoint directory, hub id, models:/<name>@<alias> or package:<name>")
     p.add_argument(
@@ -116,8 +96,8 @@ def register(sub) -> None:
         "--host", default="127.0.0.1", help="the address to bind (another one opens the server to the network)"
     )
     p.add_argument("--port", type=int, default=8000, help="the HTTP port")
-    p.add_argument("--replicas", type=_positive("--replicas"), default=1, help="Ray Serve replicas (ray engine)")
-    p.add_argument("--max-batch", type=_positive("--max-batch"), default=16, help="requests decoded together")
+    p.add_argument("--replicas", type=positive("--replicas"), default=1, help="Ray Serve replicas (ray engine)")
+    p.add_argument("--max-batch", type=positive("--max-batch"), default=16, help="requests decoded together")
     p.add_argument("--max-wait-ms", type=float, default=10.0, help="how long a request waits for company")
     p.add_argument(
         "--method",
@@ -127,7 +107,7 @@ def register(sub) -> None:
     )
     p.add_argument(
         "--max-tokens-limit",
-        type=_positive("--max-tokens-limit"),
+        type=positive("--max-tokens-limit"),
         default=1024,
         help="the most max_tokens a request may ask",
     )
@@ -137,20 +117,18 @@ def register(sub) -> None:
 
 
 def register_bench(bench_sub) -> None:
-    from jf_cli.main import _positive
-
     p = bench_sub.add_parser("serve", help="load-test the server: dispatch vs forced Jacobi vs forced AR, loopback")
     p.add_argument("model", help="checkpoint directory, hub id, models:/<name>@<alias> or package:<name>")
     p.add_argument("--profile", default="tiny", help="its evaluation benchmark and prompt format give the prompts")
     p.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="override a profile field")
     p.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16, 64], help="concurrent clients per level")
-    p.add_argument("--requests", type=_positive("--requests"), default=64, help="requests per level (>= clients)")
+    p.add_argument("--requests", type=positive("--requests"), default=64, help="requests per level (>= clients)")
     p.add_argument(
-        "--num-prompts", type=_positive("--num-prompts"), default=64, help="distinct prompts the requests cycle through"
+        "--num-prompts", type=positive("--num-prompts"), default=64, help="distinct prompts the requests cycle through"
     )
-    p.add_argument("--max-tokens", type=_positive("--max-tokens"), help="default: the profile's max_new_tokens")
-    p.add_argument("--max-batch", type=_positive("--max-batch"), default=16, help="requests decoded together")
+    p.add_argument("--max-tokens", type=positive("--max-tokens"), help="default: the profile's max_new_tokens")
+    p.add_argument("--max-batch", type=positive("--max-batch"), default=16, help="requests decoded together")
     p.add_argument("--max-wait-ms", type=float, default=10.0, help="how long a request waits for company")
-    p.add_argument("--repeats", type=_positive("--repeats"), default=1, help="runs per method and level, fastest kept")
+    p.add_argument("--repeats", type=positive("--repeats"), default=1, help="runs per method and level, fastest kept")
     p.add_argument("--json", help="also write the results here")
     p.set_defaults(func=cmd_bench_serve)

@@ -6,6 +6,8 @@ import argparse
 import json
 from collections import Counter
 
+from jf_cli.common import positive
+
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from jacobi_forcing.tasks.trajectories import generate_trajectories
@@ -93,21 +95,19 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    from jf_cli.main import _positive
-
     traj = sub.add_parser("trajectories", help="generate and inspect Jacobi trajectories")
     traj_sub = traj.add_subparsers(dest="trajectories", required=True)
     p = traj_sub.add_parser("generate", help="collect trajectories over a Ray actor pool into Parquet shards")
     p.add_argument("--profile", default="tiny", help="profile name or YAML path")
     p.add_argument("--out", required=True, help="the trajectory store's directory (resumes the shards it holds)")
     p.add_argument(
-        "--num-prompts", type=_positive("--num-prompts"), help="prompts to use (default: the profile's limit)"
+        "--num-prompts", type=positive("--num-prompts"), help="prompts to use (default: the profile's limit)"
     )
     p.add_argument("--prompts", help="prompt source overriding the profile's (JSONL, Parquet, datasets dir or hub id)")
-    p.add_argument("--block-size", type=_positive("--block-size"), help="Jacobi block size n (default: the profile's)")
-    p.add_argument("--batch-size", type=_positive("--batch-size"), help="prompts decoded together per actor")
-    p.add_argument("--max-new-tokens", type=_positive("--max-new-tokens"), help="tokens per prompt")
-    p.add_argument("--workers", type=_positive("--workers"), help="Ray actors (default: the profile's)")
+    p.add_argument("--block-size", type=positive("--block-size"), help="Jacobi block size n (default: the profile's)")
+    p.add_argument("--batch-size", type=positive("--batch-size"), help="prompts decoded together per actor")
+    p.add_argument("--max-new-tokens", type=positive("--max-new-tokens"), help="tokens per prompt")
+    p.add_argument("--workers", type=positive("--workers"), help="Ray actors (default: the profile's)")
     p.add_argument("--seed", type=int, help="seed of the initial drafts (default: the profile's)")
     p.add_argument("--ray-address", help="join this Ray cluster (token auth) instead of starting a private one")
     p.set_defaults(func=cmd_generate)
@@ -121,12 +121,10 @@ def register(sub) -> None:
 
 
 def register_bench(bench_sub) -> None:
-    from jf_cli.main import _positive
-
     p = bench_sub.add_parser("trajectories", help="trajectory collection throughput: batching and actor scaling")
     p.add_argument("--profile", default="tiny", help="profile name or YAML path")
-    p.add_argument("--num-prompts", type=_positive("--num-prompts"), default=64, help="prompts per measurement")
-    p.add_argument("--batch-size", type=_positive("--batch-size"), default=16, help="the batch compared with batch 1")
+    p.add_argument("--num-prompts", type=positive("--num-prompts"), default=64, help="prompts per measurement")
+    p.add_argument("--batch-size", type=positive("--batch-size"), default=16, help="the batch compared with batch 1")
     p.set_defaults(func=cmd_bench)
 
 

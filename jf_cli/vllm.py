@@ -13,6 +13,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from jf_cli.common import positive
+
 
 def serve_vllm(args: argparse.Namespace, path: str, name: str) -> int:
     from jf_vllm.launch import serve_argv, vllm_env
@@ -41,7 +43,7 @@ def serve_vllm(args: argparse.Namespace, path: str, name: str) -> int:
 def bench_prompts(args: argparse.Namespace) -> tuple[str, list[list[int]]]:
     """The model's directory and the profile's evaluation prompts as token ids (the same prompts as `jf bench
     serve`), so that every method, in either environment, decodes the same ids."""
-    from jf_cli.serve import bench_prompts as prompt_texts
+    from jf_cli.common import bench_prompts as prompt_texts
 
     path, _, tok, texts = prompt_texts(args)
     return path, [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
@@ -106,18 +108,16 @@ def cmd_bench_vllm(args: argparse.Namespace) -> int:
 
 
 def register_bench(bench_sub) -> None:
-    from jf_cli.main import _positive
-
     p = bench_sub.add_parser(
         "vllm", help="vLLM AR, vLLM + Jacobi plugin, vLLM n-gram, our AR and our Jacobi, taking turns (vLLM's env)"
     )
     p.add_argument("model", help="checkpoint directory, models:/<name>@<alias>, package:<name> or embedded")
     p.add_argument("--profile", default="tiny", help="its evaluation benchmark and prompt format give the prompts")
     p.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="override a profile field")
-    p.add_argument("--num-prompts", type=_positive("--num-prompts"), default=64, help="prompts per turn")
+    p.add_argument("--num-prompts", type=positive("--num-prompts"), default=64, help="prompts per turn")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 16], help="requests in flight together")
-    p.add_argument("--rounds", type=_positive("--rounds"), default=2, help="times every method takes its turn")
-    p.add_argument("--max-tokens", type=_positive("--max-tokens"), default=64, help="new tokens per prompt at most")
+    p.add_argument("--rounds", type=positive("--rounds"), default=2, help="times every method takes its turn")
+    p.add_argument("--max-tokens", type=positive("--max-tokens"), default=64, help="new tokens per prompt at most")
     p.add_argument(
         "--methods",
         default="vllm_ar,vllm_jacobi,vllm_ngram,ours_ar,ours_jacobi",

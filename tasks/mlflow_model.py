@@ -15,6 +15,7 @@ are what the model's greedy AR decoding writes, sampled ones what its AR sampler
 from __future__ import annotations
 
 import mlflow
+import pandas as pd
 from mlflow.pyfunc import PythonModel
 
 
@@ -24,9 +25,9 @@ class JacobiForcingModel(PythonModel):
 
         self.engine = Engine.load(context.artifacts["checkpoint"], name="jacobi-forcing")
 
-    # No type hints on purpose: MLflow would infer the signature from them and take the params' defaults from the
-    # input example; the logged signature (tasks/tracking.py) states them.
-    def predict(self, context, model_input, params=None):
+    # DataFrame is the one input hint MLflow infers nothing from: a hint it can read would replace the logged
+    # signature (tasks/tracking.py: params with their defaults), and none at all made it warn at every load.
+    def predict(self, context, model_input: pd.DataFrame, params=None):
         """Prompts (a list of strings, or a one-column DataFrame as `mlflow models serve` passes) -> completions."""
         from jf_core.decoding.sampling import Sampling
         from jf_core.serving.engine import Request

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -96,7 +97,7 @@ def test_tokenizer_without_eos(tiny_dir, capsys):
 def test_set_overrides_parse_json_values_and_name_bad_ones():
     import pytest
 
-    from jf_cli.orchestrate import parse_overrides
+    from jf_cli.common import parse_overrides
 
     assert parse_overrides(["training.steps=40", "model.path=/x/y", "evaluation.block_sizes=[16, 32]"]) == {
         "training": {"steps": 40},
@@ -149,3 +150,23 @@ def test_every_option_of_every_command_says_what_it_does_and_its_default(capsys)
     assert "candidate Jacobi n (default: 16 32 64)" in " ".join(out.out.split())
     code, out = run(capsys, "decode", "--help")
     assert "same text) (default: 0)" in " ".join(out.out.split())  # a 0 default is shown (0 == False)
+
+
+def test_the_cli_modules_import_without_a_cycle():
+    """Subcommand modules take what they share from jf_cli.common, never from jf_cli.main (which imports them)."""
+    import ast
+
+    root = Path(__file__).resolve().parents[2] / "jf_cli"
+    arrows: dict[str, set[str]] = {}
+    for path in root.glob("*.py"):
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):  # module-level and function-local imports alike
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("jf_cli"):
+                found |= {a.name for a in node.names} if node.module == "jf_cli" else {node.module.split(".")[1]}
+        arrows[path.stem] = found - {path.stem}
+
+    def reaches(start: str, goal: str, seen: set[str]) -> bool:
+        return any(d == goal or (d not in seen and reaches(d, goal, seen | {d})) for d in arrows.get(start, ()))
+
+    assert arrows["main"], "the graph was read"
+    assert [m for m in arrows if reaches(m, m, {m})] == []

@@ -125,7 +125,7 @@ def test_models_uris_resolve_to_the_checkpoint_and_bad_ones_are_named(registered
     with pytest.raises(ValueError, match="has no version '7'"):
         tracking.resolve_model("models:/jf-test/7", registered["profile"])
     # Every command names a model the same way (jf decode, eval, bench, serve): the CLI's one resolver
-    from jf_cli.main import model_path
+    from jf_cli.common import model_path
 
     assert model_path("models:/jf-test@champion") == str(path)  # MLFLOW_TRACKING_URI: the registry above
     assert model_path(str(registered["model_dir"])) == str(registered["model_dir"])

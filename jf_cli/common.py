@@ -1,0 +1,110 @@
+"""What every `jf` subcommand shares: its error type, how it names a model, and its integer and thread options.
+
+The subcommand modules import these from here, never from `jf_cli.main` (which imports them: a cycle)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+class UsageError(ValueError):
+    """A bad command-line value: printed as `jf: error: ...` with exit status 2, no traceback."""
+
+
+def model_path(model: str | None, profile=None) -> str:
+    """Every command's model, named one way: a directory, a hub id, `models:/<name>@<alias>` or `/<version>` (the
+    registered checkpoint, downloaded once per version), `package:<distribution>` (its GGUF, imported once) or
+    `embedded`; None: the profile's model (the embedded one without a profile)."""
+    from jf_core.config import ModelConfig
+
+    if model is not None and model.startswith("models:/"):
+        from jacobi_forcing.tasks.tracking import resolve_model
+
+        return resolve_model(model, profile)
+    if model is None:
+        return (profile.model if profile is not None else ModelConfig()).resolve()
+    return ModelConfig(path=model).resolve()
+
+
+def model_and_tokenizer(model: str | None):
+    from jf_core.models import load_model
+
+    return load_model(model_path(model))
+
+
+def positive(name: str):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{name} must be >= 1, got {value}")
+        return value
+
+    return parse
+
+
+def add_threads_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--threads",
+        type=positive("--threads"),
+        help="torch intra-op threads for every method (default: torch's); small CPU models often run faster on 1",
+    )
+
+
+def set_threads(args: argparse.Namespace) -> None:
+    if getattr(args, "threads", None):
+        import torch
+
+        torch.set_num_threads(args.threads)
+
+
+def parse_overrides(items: list[str]) -> dict[str, dict]:
+    """`section.key=value` or deeper (`evaluation.tune.prompts=4`) -> {section: {key: ...}}; the value parsed as
+    JSON when it parses, else kept as text."""
+    out: dict[str, dict] = {}
+    for item in items:
+        path, sep, raw = item.partition("=")
+        keys = path.split(".")
+        if not sep or len(keys) < 2 or not all(keys):
+            raise ValueError(f"--set expects section.key=value, got {item!r}")
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        node = out
+        for depth, key in enumerate(keys[:-1]):
+            node = node.setdefault(key, {})
+            if not isinstance(node, dict):
+                raise ValueError(f"--set {item!r}: {'.'.join(keys[: depth + 1])} was set to a value, not fields")
+        node[keys[-1]] = value
+    return out
+
+
+def args_profile(args: argparse.Namespace, **sections: dict):
+    """The profile a command runs on: `--profile` with its `--set` overrides, then the command's own options
+    (`sections`: {section: {key: value}}, a None value left out)."""
+    from jf_core.config import load_profile
+
+    overrides = parse_overrides(getattr(args, "set", None) or [])
+    for section, values in sections.items():
+        overrides.setdefault(section, {}).update({k: v for k, v in values.items() if v is not None})
+    return load_profile(args.profile, **overrides)
+
+
+def bench_prompts(args: argparse.Namespace):
+    """The model's directory, its profile and tokenizer, and `--num-prompts` of the profile's evaluation prompts in
+    the model's prompt format (`jf bench serve` and `jf bench vllm`)."""
+    from jf_core.evaluation.benchmarks import load_benchmark
+    from jf_core.models import load_model
+    from jf_core.trajectory.prompts import PromptFormat
+
+    profile = args_profile(args)
+    path = model_path(args.model, profile)
+    cfg = profile.evaluation
+    _, tok = load_model(path, dtype="float32", device="cpu")
+    items = load_benchmark(cfg.benchmark, cfg.source, limit=args.num_prompts, template=cfg.template)
+    fmt = PromptFormat.of(profile.prompts)
+    return path, profile, tok, [fmt.render(item.prompt, tok) for item in items]
