@@ -130,7 +130,7 @@ def ray_session(ray_address: str | None = None, *, num_cpus: int | None = None) 
         return
     saved = {key: os.environ.get(key) for key in _SETTINGS}
     # ray.init installs its own SIGTERM handler (sys.exit) and ray.shutdown leaves it there: a later SIGTERM then
-    # bypassed the caller's (jf run unwinds SIGTERM like Ctrl-C) and orphaned its Prefect server (issue 16).
+    # bypassed the caller's (jf run unwinds SIGTERM like Ctrl-C) and orphaned its Prefect server.
     on_main = threading.current_thread() is threading.main_thread()
     sigterm = signal.getsignal(signal.SIGTERM) if on_main else None
     guard = _RaySafeSigterm(sigterm) if callable(sigterm) else None

@@ -25,7 +25,7 @@ def _prefect_env() -> None:
 
 def sigterm_unwinds() -> None:
     """SIGTERM (`kill`, a scheduler stopping the job) unwinds like Ctrl-C. Python's default dies on the spot, which
-    skipped every cleanup and left the temporary Prefect server and the round's Ray running (issue 16); as a
+    skipped every cleanup and left the temporary Prefect server and the round's Ray running; as a
     KeyboardInterrupt, the flow run is closed, the Ray session shuts its processes down and Prefect's exit hooks stop
     the server."""
 

@@ -5,7 +5,7 @@ steps on the same prompts from the same model with the same seeds (`training.see
 schedule's draws), so the only difference between two rows is the variant. Variants that change the trajectories
 (`trajectory.draft_init`) collect their own; the others share one trajectory store.
 
-`VARIANTS` is the catalog issue 17 asked for; `PAPER` holds the paper's figures for the rows it has (arXiv
+`VARIANTS` is the catalog of variants; `PAPER` holds the paper's figures for the rows it has (arXiv
 2512.14681, Table 4: HumanEval accuracy / iterations per token at 10k examples; iterations per token = 1 / TPF).
 """
 

@@ -1,9 +1,9 @@
-"""CPU thread counts that degrade gracefully when the machine is shared.
+"""CPU thread counts: one count per training run (its model must not follow the load), the free CPUs for decoding.
 
 torch's intra-op pool splits each op over its threads and waits at a barrier for the slowest. When another process
-holds a core, one of our threads is descheduled and every op waits for it. Measured on the 2-core dev machine
-(issue 16): a training step of the embedded model ran 5.3 steps/s alone on torch's 2 threads, 1.95 beside one busy
-process, but 3.3 on 1 thread. So the right count is the number of CPUs nobody else is using, and that changes
+holds a core, one of our threads is descheduled and every op waits for it. Measured on a 2-core machine: a
+training step of the embedded model ran 5.3 steps/s alone on torch's 2 threads, 1.95 beside one busy
+process, but 3.3 on 1 thread. So the fastest count is the number of CPUs nobody else is using, and that changes
 while a round runs (a test suite starts, a benchmark ends).
 
 `ThreadGovernor` measures it from the kernel's counters: the CPU time all processes used since the last look,

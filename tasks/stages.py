@@ -169,7 +169,7 @@ def stage_pack(profile: Profile, paths: RoundPaths) -> dict:
         "examples": stats.examples,
         "blocks": stats.blocks,
         "dropped_blocks": dict(stats.dropped_blocks),
-        "noise": ratio_profile(records, schedule),  # what the schedule made of these answers (issue 17)
+        "noise": ratio_profile(records, schedule),  # what the schedule made of these answers
     }
     write_json_atomic(paths.packed / DONE, result)
     return result
