@@ -1,11 +1,14 @@
-"""Bootstrap training speed on a shared CPU: torch's default thread count against the thread governor.
+"""Bootstrap training speed on a shared CPU under each thread policy of `ThreadGovernor.for_training`.
+
+`fixed` is the default (every CPU this process may use, for the whole run: the model does not follow the load),
+`fixed-1` is `compute.threads: 1`, `adaptive` is `compute.adaptive_threads: true` (the free CPUs, re-measured).
 
 Each measurement is a fresh process training the embedded model's bootstrap recipe (its model, data and batch size)
 for `--steps` steps, alone or beside 1 or 2 busy processes (a Python spin loop each). The two policies take turns
 inside each condition, and the whole grid repeats `--repeats` times; the table gives the median steps/s and the
 ratio to the same policy alone. Run it with nothing else on the machine.
 
-    .venv/bin/python bench/cpu_threads.py --steps 120 --repeats 2
+    .venv/bin/python bench/cpu_threads.py --steps 120 --repeats 2 [--busy 0 1 2]
 """
 
 from __future__ import annotations
@@ -17,8 +20,7 @@ import subprocess
 import sys
 import time
 
-POLICIES = ("torch-default", "governed")
-CONDITIONS = (0, 1, 2)  # busy processes beside the training
+POLICIES = ("fixed", "fixed-1", "adaptive")
 
 WORKER = """
 import json, sys, time
@@ -36,7 +38,11 @@ cfg = BootstrapConfig()
 tok = build_tokenizer()
 model = build_model(cfg.model, len(tok), tok.pad_token_id, tok.eos_token_id, 0)
 times = {}
-governor = ThreadGovernor(fixed=torch.get_num_threads()) if policy == "torch-default" else ThreadGovernor()
+governor = {
+    "fixed": ThreadGovernor.for_training(),
+    "fixed-1": ThreadGovernor.for_training(1),
+    "adaptive": ThreadGovernor.for_training(adaptive=True),
+}[policy]
 result = train(
     model,
     ar_batches(tok, make_split("train", 8_000, cfg.task), cfg.batch_size, 0),
@@ -69,10 +75,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=120)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--busy", type=int, nargs="+", default=[0, 1, 2], help="busy processes beside the training")
     args = ap.parse_args()
     runs: dict[tuple[str, int], list[dict]] = {}
     for r in range(args.repeats):
-        for busy in CONDITIONS:
+        for busy in args.busy:
             for policy in POLICIES if r % 2 == 0 else POLICIES[::-1]:
                 got = measure(policy, busy, args.steps)
                 runs.setdefault((policy, busy), []).append(got)
@@ -81,7 +88,7 @@ def main() -> None:
     print("|---|---|---|---|---|")
     for policy in POLICIES:
         alone = statistics.median(x["steps_per_s"] for x in runs[(policy, 0)])
-        for busy in CONDITIONS:
+        for busy in args.busy:
             rates = [x["steps_per_s"] for x in runs[(policy, busy)]]
             used = sorted({n for x in runs[(policy, busy)] for _, n in x["threads"]["changes"]})
             med = statistics.median(rates)

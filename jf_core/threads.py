@@ -106,6 +106,7 @@ class ThreadGovernor:
     budget: int = field(default_factory=cpu_budget)
     every_s: float = 2.0
     changes: list[tuple[int, int]] = field(default_factory=list)  # (step, threads) each time the count changed
+    contended_at: int | None = None  # the first step at which others held CPUs a fixed count needed
     _last: _Sample | None = None
 
     def start(self, step: int = 0) -> int:
@@ -113,6 +114,7 @@ class ThreadGovernor:
 
         if self.fixed is not None:
             self._set(step, self.fixed)
+            self._last = _sample()  # a fixed count is still watched: its user is told when others slow it down
             return self.fixed
         self.budget = max(1, self.budget)
         self._set(step, choose_threads(budget=self.budget))
@@ -121,15 +123,33 @@ class ThreadGovernor:
 
     def tick(self, step: int) -> None:
         """Called once per training step; re-measures when `every_s` has passed."""
-        if self.fixed is not None or self._last is None or time.monotonic() - self._last.wall < self.every_s:
+        if self._last is None or time.monotonic() - self._last.wall < self.every_s:
             return
         now = _sample()
         if now is None:
             return
-        count = threads_for(others_load(self._last, now), self.budget)
+        load = others_load(self._last, now)
+        count = threads_for(load, self.budget)
         self._last = now
-        if count != self.changes[-1][1]:
+        if self.fixed is not None:
+            if count < self.fixed and self.contended_at is None:
+                self.contended_at = step
+                self._warn_contended(load)
+        elif count != self.changes[-1][1]:
             self._set(step, count)
+
+    def _warn_contended(self, load: float) -> None:
+        import warnings
+
+        warnings.warn(
+            f"other processes are using {load:.1f} of the {self.budget} CPUs this training may use: it keeps its "
+            f"{self.fixed} threads, so that its model does not depend on the load, and every step now waits for "
+            "the thread they preempt (several times slower). Beside other work, compute.threads set to the CPUs "
+            "left free is faster and still gives the same model on every run with that setting; "
+            "compute.adaptive_threads=true follows the free CPUs as they change, and the model then follows the load.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
     def _set(self, step: int, count: int) -> None:
         import torch
@@ -154,4 +174,5 @@ class ThreadGovernor:
             "final": counts[-1] if counts else None,
             "min": min(counts) if counts else None,
             "changes": [list(c) for c in self.changes],
+            "contended_at": self.contended_at,
         }

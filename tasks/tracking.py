@@ -145,7 +145,7 @@ def thread_params(threads: dict) -> dict[str, object]:
     """The round's thread counts as flat params (`threads.train_policy`, `threads.train_initial`, ...)."""
     train = threads.get("train") or {}
     out: dict[str, object] = {
-        f"train_{k}": train[k] for k in ("policy", "budget", "initial", "final", "min") if k in train
+        f"train_{k}": train[k] for k in ("policy", "budget", "initial", "final", "min", "contended_at") if k in train
     }
     out.update({k: v for k, v in threads.items() if k != "train" and v is not None})
     return out

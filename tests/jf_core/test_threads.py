@@ -86,6 +86,7 @@ def test_the_governor_gives_a_thread_to_a_busy_neighbour_and_takes_it_back(resto
         "final": 2,
         "min": 1,
         "changes": None,
+        "contended_at": None,
     }
 
 
@@ -126,6 +127,7 @@ def _train_embedded_recipe(governor: ThreadGovernor, steps: int = 30) -> dict[st
 
 @linux
 @pytest.mark.skipif(cpu_budget() < 2, reason="needs 2 CPUs for a count the load could change")
+@pytest.mark.filterwarnings("ignore:other processes are using")  # the slowdown it is told about
 def test_training_gives_the_same_weights_alone_and_beside_a_busy_process(restore_threads):
     """The same command gives the same model whatever else runs: training keeps one thread count. (The adaptive
     governor beside a spinner takes 1 thread, and 1 and 2 threads sum gradients in different orders.)"""
@@ -167,3 +169,22 @@ def test_decoding_gives_the_same_tokens_and_forwards_on_any_thread_count(embedde
         ar = ar_decode(model, prompts, max_new_tokens=96, **ids)
         runs.append((jacobi.sequences, jacobi.stats.sequences, ar.sequences))  # not its timings
     assert runs[0] == runs[1]
+
+
+@linux
+@pytest.mark.skipif(cpu_budget() < 2, reason="needs 2 CPUs for others to take one")
+def test_a_fixed_count_beside_a_busy_process_is_kept_and_its_user_told(restore_threads):
+    governor = ThreadGovernor(fixed=2, budget=2, every_s=0.5)
+    governor.start()
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.2)
+        governor._last = _sample()  # measure from here: the spinner's whole interval
+        time.sleep(0.8)
+        with pytest.warns(RuntimeWarning, match="compute.threads set to the CPUs left free"):
+            governor.tick(step=7)
+    finally:
+        spinner.kill()
+        spinner.wait()
+    assert torch.get_num_threads() == 2 and governor.changes == [(0, 2)]
+    assert governor.record()["contended_at"] == 7
