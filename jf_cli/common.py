@@ -1,4 +1,5 @@
-"""What every `jf` subcommand shares: its error type, how it names a model, and its integer and thread options.
+"""What the `jf` subcommands share: the error type, how a model is named, the integer and thread options, `--set`
+parsing, the profile a command runs on, and the prompts `jf bench serve` and `jf bench vllm` send.
 
 The subcommand modules import these from here, never from `jf_cli.main` (which imports them: a cycle)."""
 

@@ -14,7 +14,7 @@ seconds, so a loop pays a clock read per step. Decoding benchmarks take one coun
 
 **Reproducibility.** A training step's result depends on the thread count: threads split a gradient's sums, and
 the order changes their last bits, which thousands of steps amplify (the embedded model trained on 1 and on 2
-threads ends with different weights). So training keeps one count unless asked to adapt (`training_governor`):
+threads ends with different weights). So training keeps one count unless asked to adapt (`ThreadGovernor.for_training`):
 the same command then gives the same model whatever else the machine runs. Decoding does not depend on it (greedy
 Jacobi and AR gave identical tokens and forward counts on 1 and 2 threads; tests/jf_core/test_threads.py), so
 evaluation takes the free CPUs and only its speed follows the load.
