@@ -6,14 +6,15 @@ from prefect import flow, get_run_logger, task
 
 
 @task(name="bootstrap-embedded-model", retries=1)
-def bootstrap_embedded() -> str:
-    from jf_core.toy.bootstrap import ensure_embedded_model
+def bootstrap_embedded(threads: int | None = None) -> str:
+    from jf_core.toy.bootstrap import BootstrapConfig, ensure_embedded_model
 
-    return str(ensure_embedded_model())
+    return str(ensure_embedded_model(BootstrapConfig(threads=threads)))
 
 
 @flow(name="jf-bootstrap", log_prints=True)
-def jf_bootstrap() -> str:
-    path = bootstrap_embedded()
+def jf_bootstrap(threads: int | None = None) -> str:
+    """`threads`: torch CPU threads for the training (None: every CPU this process may use); part of the model's key."""
+    path = bootstrap_embedded(threads)
     get_run_logger().info("embedded model at %s", path)
     return path

@@ -23,9 +23,10 @@ def model_path(model: str | None, profile=None) -> str:
         from jacobi_forcing.tasks.tracking import resolve_model
 
         return resolve_model(model, profile)
+    threads = profile.compute.threads if profile is not None else None
     if model is None:
-        return (profile.model if profile is not None else ModelConfig()).resolve()
-    return ModelConfig(path=model).resolve()
+        return (profile.model if profile is not None else ModelConfig()).resolve(threads)
+    return ModelConfig(path=model).resolve(threads)
 
 
 def model_and_tokenizer(model: str | None):

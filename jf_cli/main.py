@@ -28,7 +28,7 @@ from jf_cli.common import UsageError, model_and_tokenizer, positive
 def cmd_bootstrap(args: argparse.Namespace) -> int:
     from jf_core.toy.bootstrap import BootstrapConfig, bootstrap, embedded_model_dir
 
-    cfg = BootstrapConfig()
+    cfg = BootstrapConfig(threads=args.threads)
     out = embedded_model_dir(cfg)
     if (out / "bootstrap.json").is_file() and not args.force:
         report = json.loads((out / "bootstrap.json").read_text())
@@ -112,6 +112,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bootstrap", help="train and cache the embedded default model")
     p.add_argument("--force", action="store_true", help="retrain even when cached")
+    p.add_argument(
+        "--threads",
+        type=positive("--threads"),
+        help="torch CPU threads, kept for the whole training (default: every CPU this process may use); the count is "
+        "part of the cached model's key, since 1 and 2 threads train models that differ in their last bits",
+    )
     p.set_defaults(func=cmd_bootstrap)
 
     p = sub.add_parser("decode", help="Jacobi-decode one prompt and print the text and TPF")

@@ -30,7 +30,8 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     }
     source = profile.prompts.model_copy(update={k: v for k, v in fields.items() if v is not None})
     tokenizer = AutoTokenizer.from_pretrained(
-        args.tokenizer or profile.model.resolve(), trust_remote_code=profile.model.trust_remote_code
+        args.tokenizer or profile.model.resolve(profile.compute.threads),
+        trust_remote_code=profile.model.trust_remote_code,
     )
     report = prepare_prompts(source, tokenizer, args.out, calibration=args.calibration, seed=args.seed)
     print(

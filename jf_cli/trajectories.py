@@ -142,7 +142,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from jf_core.trajectory.prompts import load_prompts
 
     profile = load_profile(args.profile, prompts={"limit": args.num_prompts})
-    model_path = profile.model.resolve()
+    model_path = profile.model.resolve(profile.compute.threads)
     model, tokenizer = load_model(model_path, dtype=profile.model.dtype)
     torch.set_num_threads(1)
     t = profile.trajectory

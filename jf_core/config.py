@@ -43,13 +43,14 @@ class ModelConfig(_Strict):
             "lm_head_fp32": self.lm_head_fp32,
         }
 
-    def resolve(self) -> str:
-        """The model's location, bootstrapping the embedded default when asked for it, and importing the GGUF an
+    def resolve(self, train_threads: int | None = None) -> str:
+        """The model's location, bootstrapping the embedded default when asked for it (training on `train_threads`,
+        the profile's compute.threads: the count is part of what the embedded model is), and importing the GGUF an
         installed package holds (`package:<name>`, once, under $JF_HOME/models) when that is asked for."""
         if self.path == "embedded":
-            from jf_core.toy.bootstrap import ensure_embedded_model
+            from jf_core.toy.bootstrap import BootstrapConfig, ensure_embedded_model
 
-            return str(ensure_embedded_model())
+            return str(ensure_embedded_model(BootstrapConfig(threads=train_threads)))
         from jf_core.model_import import PACKAGE_SCHEME, ensure_package_model
 
         if self.path.startswith(PACKAGE_SCHEME):

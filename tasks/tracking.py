@@ -458,7 +458,7 @@ def resolve_model(uri: str, profile: Profile | None = None) -> str:
     if not uri.startswith("models:/"):
         if profile is None:
             return uri
-        return profile.model.model_copy(update={"path": uri}).resolve()
+        return profile.model.model_copy(update={"path": uri}).resolve(profile.compute.threads)
     store = tracking_uri(profile.registry if profile is not None else RegistryConfig())
     mlflow.set_tracking_uri(store)
     client = MlflowClient(store, store)

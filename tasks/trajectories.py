@@ -126,7 +126,7 @@ def generate_trajectories(
     from jf_core.models import check_tokenizer
 
     started = time.perf_counter()
-    model_path = profile.model.resolve()
+    model_path = profile.model.resolve(profile.compute.threads)
     tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=profile.model.trust_remote_code)
     check_tokenizer(tokenizer, model_path)
     context = getattr(

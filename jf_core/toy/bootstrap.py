@@ -17,7 +17,7 @@ import torch
 from jf_core.checkpoint import save_checkpoint
 from jf_core.decoding.ar import ar_decode
 from jf_core.paths import jf_home
-from jf_core.threads import ThreadGovernor
+from jf_core.threads import ThreadGovernor, cpu_budget
 from jf_core.toy.data import ar_batches
 from jf_core.toy.evaluate import evaluate
 from jf_core.toy.model import ToyModelConfig, build_model
@@ -37,9 +37,16 @@ class BootstrapConfig:
     test_size: int = 500
     batch_size: int = 32
     seed: int = 0
+    # torch CPU threads for training, kept for the whole run. None: every CPU this process may use. Part of the key:
+    # threads split a gradient's sums, so 1 and 2 threads train models that differ in their last bits.
+    threads: int | None = None
+
+    def train_threads(self) -> int:
+        return self.threads or cpu_budget()
 
     def key(self) -> str:
-        blob = json.dumps({"recipe": RECIPE_VERSION, **asdict(self)}, sort_keys=True, default=str)
+        fields = {**asdict(self), "threads": self.train_threads()}
+        blob = json.dumps({"recipe": RECIPE_VERSION, **fields}, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
@@ -74,7 +81,8 @@ def bootstrap(
         cfg.train,
         progress=progress,
         on_log=on_log,
-        threads=ThreadGovernor.for_training(),  # one count throughout: the embedded model must not follow the load
+        # one count throughout: the embedded model must not follow the machine's load
+        threads=ThreadGovernor.for_training(cfg.train_threads()),
     )
     model.eval()
 
@@ -93,7 +101,7 @@ def bootstrap(
         "parameters": sum(p.numel() for p in model.parameters()),
         "final_loss": result.history[-1]["loss"],
         "threads": result.threads,
-        "config": asdict(cfg),
+        "config": {**asdict(cfg), "threads": cfg.train_threads()},
         "loss_curve": [(int(r["step"]), r["loss"]) for r in result.history],
     }
     save_checkpoint(
