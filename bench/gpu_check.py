@@ -92,7 +92,7 @@ def random_prompts(vocab: int, count: int, low: int = 16, high: int = 64, seed: 
 
 
 def decoder(model, cfg):
-    from jf_core.decoding.config_io import decode
+    from jf_core.decoding import decode
 
     return lambda ps: decode(model, ps, cfg, **STOP)
 

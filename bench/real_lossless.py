@@ -28,8 +28,8 @@ from pathlib import Path
 
 import torch
 
+from jf_core.decoding import decode
 from jf_core.decoding.ar import ar_decode
-from jf_core.decoding.config_io import decode
 from jf_core.decoding.jacobi import JacobiConfig
 from jf_core.decoding.multiblock import JFDecodeConfig
 from jf_core.decoding.sampling import Sampling

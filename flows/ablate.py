@@ -21,10 +21,12 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
 from jacobi_forcing.flows.round import load
-from jacobi_forcing.tasks import round_tasks, stages, tracking
+from jacobi_forcing.tasks import mlflow_runs, round_tasks
 from jacobi_forcing.tasks.reporting import artifact_key
 from jf_core import ablation
 from jf_core.config import Profile, ProfileOverrides, overrides_dict
+from jf_core.round.paths import eval_path, round_paths
+from jf_core.round.stages import noise_profile
 
 # What an ablation measures by default: accuracy and TPF at two block sizes. The tuner and the speed benchmark
 # (wall-clock TPS) answer other questions and would cost most of each run's time; overrides may turn them back on.
@@ -35,18 +37,16 @@ def _run(prof: Profile, model_in: str, variant: str, seed: int, decode, client, 
     """One (variant, seed): the stages, then its child MLflow run; returns its row for `ablation.summarize`.
     `decode`: the multi-block config the model is also measured with (stored as its decode config, as the round's
     tuner stores its choice)."""
-    from jf_core.decoding.config_io import save_decode_config, saved_decode_config
+    from jf_core.model_dir import save_decode_config, saved_decode_config
 
-    paths = stages.round_paths(prof, model_in)
+    paths = round_paths(prof, model_in)
     root = str(paths.root)
     _, packed, trained = round_tasks.train_chain(prof, model_in, paths)
     model = str(paths.model)
     if saved_decode_config(model) != asdict(decode):
         save_decode_config(model, decode)
-    result = round_tasks.cached(
-        round_tasks.evaluate, stages.eval_path(prof, model), prof, model, f"{variant}, seed {seed}"
-    )
-    noise = packed.get("noise") or stages.noise_profile(prof, paths)  # packs from before the measurement existed
+    result = round_tasks.cached(round_tasks.evaluate, eval_path(prof, model), prof, model, f"{variant}, seed {seed}")
+    noise = packed.get("noise") or noise_profile(prof, paths)  # packs from before the measurement existed
     row = {
         "variant": variant,
         "seed": seed,
@@ -58,21 +58,21 @@ def _run(prof: Profile, model_in: str, variant: str, seed: int, decode, client, 
         "round_dir": root,
     }
     tags = {"jf.variant": variant, "jf.seed": str(seed), "prefect.flow_run_id": str(flow_run.id or "")}
-    run_id = tracking.start_run(client, experiment, f"{variant} (seed {seed})", parent=parent, tags=tags)
-    tracking.log_params(client, run_id, prof)
-    metrics = {
-        "accuracy": result["accuracy"],
-        "train_seconds": trained["train_seconds"],
-        "picked_noise_mean": noise["picked_mean"],
-        "picked_noise_above_half": noise["picked_above_half"],
-        "blocks_per_answer": noise["blocks_per_answer"]["mean"],
-        **{f"tpf_n{n}": v for n, v in result["tpf"].items()},
-        "tpf_multiblock": row["multiblock_tpf"],
-    }
-    for key, value in metrics.items():
-        client.log_metric(run_id, key, float(value))
-    client.log_dict(run_id, row, "ablation/run.json")
-    client.set_terminated(run_id, "FINISHED")
+    name = f"{variant} (seed {seed})"
+    with mlflow_runs.mlflow_run(client, experiment, name, profile=prof, parent=parent, tags=tags) as run_id:
+        mlflow_runs.log_params(client, run_id, prof)
+        metrics = {
+            "accuracy": result["accuracy"],
+            "train_seconds": trained["train_seconds"],
+            "picked_noise_mean": noise["picked_mean"],
+            "picked_noise_above_half": noise["picked_above_half"],
+            "blocks_per_answer": noise["blocks_per_answer"]["mean"],
+            **{f"tpf_n{n}": v for n, v in result["tpf"].items()},
+            "tpf_multiblock": row["multiblock_tpf"],
+        }
+        for key, value in metrics.items():
+            client.log_metric(run_id, key, float(value))
+        client.log_dict(run_id, row, "ablation/run.json")
     return row
 
 
@@ -125,16 +125,15 @@ def jf_ablate(
                 raise ValueError(f"ablation variant {name!r}: {err}") from None
     _equal_compute(runs)
     decode = spec.multiblock_config(base.evaluation.max_new_tokens)
-    client, experiment = tracking.connect(base)
+    client, experiment = mlflow_runs.connect(base)
     tags = {"prefect.flow_run_id": str(flow_run.id or ""), "jf.profile": base.name, "jf.kind": "ablation"}
-    parent = tracking.start_run(client, experiment, f"jf-ablate {base.name}", tags=tags)
-    try:
-        tracking.log_params(client, parent, base)
+    with mlflow_runs.mlflow_run(
+        client, experiment, f"jf-ablate {base.name}", profile=base, tags=tags, logger=logger
+    ) as parent:
+        mlflow_runs.log_params(client, parent, base)
         client.log_dict(parent, spec.model_dump(mode="json"), "ablation/config.json")
         model_in = round_tasks.resolve_model(model or base.model.path, base)
-        input_eval = round_tasks.cached(
-            round_tasks.evaluate, stages.eval_path(base, model_in), base, model_in, "input model"
-        )
+        input_eval = round_tasks.cached(round_tasks.evaluate, eval_path(base, model_in), base, model_in, "input model")
         rows = []
         for i, ((name, seed), prof) in enumerate(runs.items(), start=1):
             logger.info("run %d/%d: %s, seed %d", i, len(runs), name, seed)
@@ -152,10 +151,6 @@ def jf_ablate(
 
         client.log_figure(parent, ablation_bars(summary), "plots/ablation.png")
         client.log_metric(parent, "seconds", seconds)
-        client.set_terminated(parent, "FINISHED")
-    except BaseException:
-        client.set_terminated(parent, "FAILED")
-        raise
     answers = rows[0]["noise"]["blocks_per_answer"]
     note = (
         f"\n{len(runs)} runs ({len(spec.catalog())} variants x {len(spec.seeds)} seeds) of "

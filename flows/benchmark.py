@@ -15,7 +15,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
 from jacobi_forcing.flows.round import load
-from jacobi_forcing.tasks import round_tasks, tracking
+from jacobi_forcing.tasks import mlflow_runs, round_tasks
 from jacobi_forcing.tasks.reporting import artifact_key, markdown_table
 from jf_core.config import ProfileOverrides
 
@@ -37,13 +37,14 @@ def jf_benchmark(
         **{f"tpf_n{n}": v for n, v in result["tpf"].items()},
         **{f"tps_{name}": v for name, v in result["tps"].items()},
     }
-    client, experiment = tracking.connect(prof)
+    client, experiment = mlflow_runs.connect(prof)
     tags = {"prefect.flow_run_id": str(flow_run.id or ""), "jf.profile": prof.name, "jf.benchmarked_model": model}
-    run_id = tracking.start_run(client, experiment, f"benchmark {model}", tags=tags)
-    for k, v in metrics.items():
-        client.log_metric(run_id, k, float(v))
-    client.log_dict(run_id, result, "eval/benchmark.json")
-    client.set_terminated(run_id, "FINISHED")
+    with mlflow_runs.mlflow_run(
+        client, experiment, f"benchmark {model}", profile=prof, tags=tags, logger=logger
+    ) as run_id:
+        for k, v in metrics.items():
+            client.log_metric(run_id, k, float(v))
+        client.log_dict(run_id, result, "eval/benchmark.json")
     if (m := VERSION_URI.match(model)) is not None:
         summary = {"mlflow_run_id": run_id, **{k: round(float(v), 4) for k, v in metrics.items()}}
         client.set_model_version_tag(m["name"], m["version"], "jf.benchmark", json.dumps(summary))

@@ -7,7 +7,7 @@ from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
 from jacobi_forcing.flows.round import jf_round, load
-from jacobi_forcing.tasks import tracking
+from jacobi_forcing.tasks import mlflow_runs
 from jf_core.config import ProfileOverrides, merge_overrides, overrides_dict
 
 
@@ -22,12 +22,12 @@ def jf_progressive(profile: str = "tiny", overrides: ProfileOverrides | None = N
     prof = load(profile, overrides)
     if not prof.rounds:
         raise ValueError(f"profile {prof.name!r} lists no rounds")
-    client, experiment = tracking.connect(prof)
-    parent = tracking.start_run(
-        client, experiment, f"jf-progressive {prof.name}", tags={"prefect.flow_run_id": str(flow_run.id or "")}
-    )
+    client, experiment = mlflow_runs.connect(prof)
+    tags = {"prefect.flow_run_id": str(flow_run.id or "")}
     summaries: list[dict] = []
-    try:
+    with mlflow_runs.mlflow_run(
+        client, experiment, f"jf-progressive {prof.name}", profile=prof, tags=tags, logger=get_run_logger()
+    ) as parent:
         for i in range(len(prof.rounds)):
             summary = jf_round(
                 profile,
@@ -40,8 +40,4 @@ def jf_progressive(profile: str = "tiny", overrides: ProfileOverrides | None = N
             get_run_logger().info(
                 "round %d (n=%d): accuracy %.3f, TPF %s", i, summary["block_size"], summary["accuracy"], summary["tpf"]
             )
-        client.set_terminated(parent, "FINISHED")
-    except BaseException:
-        client.set_terminated(parent, "FAILED")
-        raise
     return summaries

@@ -16,10 +16,12 @@ from pathlib import Path
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
-from jacobi_forcing.tasks import reporting, round_tasks, stages, tracking
+from jacobi_forcing.tasks import mlflow_runs, reporting, round_tasks
 from jf_core import planning
 from jf_core.config import Profile, ProfileOverrides, load_profile, overrides_dict
-from jf_core.serving.artifact import lineage_base
+from jf_core.model_dir import lineage_base
+from jf_core.round.paths import eval_path, round_paths, write_json_atomic
+from jf_core.round.report import round_report
 from jf_core.trajectory.prompts import PromptSourceError
 
 
@@ -69,54 +71,44 @@ def jf_round(
         raise PromptSourceError(f"new_prompts: prompt file {new_prompts} does not exist")
     planning.check(prof)  # a GPU profile that cannot fit is refused here, naming the stage and the knob
     logger = get_run_logger()
-    client, experiment = tracking.connect(prof)
-    for stale in tracking.reap(client, experiment, round_tasks.flow_run_state):  # left RUNNING by a dead run
+    client, experiment = mlflow_runs.connect(prof)
+    for stale in mlflow_runs.reap(client, experiment, round_tasks.flow_run_state):  # left RUNNING by a dead run
         logger.warning("closed MLflow run %s as FAILED: its flow run had ended without closing it", stale)
     n = prof.trajectory.block_size
     tags = {"prefect.flow_run_id": str(flow_run.id or ""), "jf.profile": prof.name}
-    parent = parent_run_id or tracking.start_run(client, experiment, f"jf-round {prof.name}", tags=tags)
-    run_id = tracking.start_run(client, experiment, f"round n={n}", parent=parent, tags={**tags, "jf.n": str(n)})
-    url = tracking.run_url(prof, experiment, run_id)
-    logger.info("MLflow run %s%s", run_id, f" ({url})" if url else "")
-    try:
-        tracking.log_params(client, run_id, prof)
+    runs = {"client": client, "experiment_id": experiment, "profile": prof, "logger": logger}
+    with (
+        mlflow_runs.mlflow_run(name=f"jf-round {prof.name}", tags=tags, adopt=parent_run_id, **runs) as parent,
+        mlflow_runs.mlflow_run(name=f"round n={n}", parent=parent, tags={**tags, "jf.n": str(n)}, **runs) as run_id,
+    ):
+        url = mlflow_runs.run_url(prof, experiment, run_id)
+        logger.info("MLflow run %s%s", run_id, f" ({url})" if url else "")
+        mlflow_runs.log_params(client, run_id, prof)
         model_in = round_tasks.resolve_model(model or prof.model.path, prof)
-        paths = stages.round_paths(prof, model_in)
+        paths = round_paths(prof, model_in)
         root = str(paths.root)
         logger.info("round directory %s", root)
         cached = round_tasks.cached
         traj, packed, trained = round_tasks.train_chain(prof, model_in, paths)
         round_tasks.tune(prof, root, wait_for=[trained])
-        base = cached(round_tasks.evaluate, stages.eval_path(prof, model_in), prof, model_in, "input model")
+        base = cached(round_tasks.evaluate, eval_path(prof, model_in), prof, model_in, "input model")
         jf_model = str(paths.model)
         label = f"{prof.training.method_name} model"
-        jf = cached(round_tasks.evaluate, stages.eval_path(prof, jf_model), prof, jf_model, label)
+        jf = cached(round_tasks.evaluate, eval_path(prof, jf_model), prof, jf_model, label)
         origin = lineage_base(model_in)  # the gate holds every round to the chain's original base model
         lineage = None
         if origin != model_in:
             origin_path = round_tasks.resolve_model(origin, prof)
-            at = stages.eval_path(prof, origin_path)
+            at = eval_path(prof, origin_path)
             lineage = (origin, cached(round_tasks.evaluate, at, prof, origin_path, "lineage base model"))
-        report = stages.round_report(
+        report = round_report(
             prof, model_in, paths, {"trajectories": traj, "pack": packed, "train": trained}, base, jf, lineage
         )
-        stages.write_json_atomic(paths.root / "report.json", report)
+        write_json_atomic(paths.root / "report.json", report)
         champion = round_tasks.champion_figures(prof, report["eval_key"])
         registry = round_tasks.register(prof, run_id, report, history or [], champion)
         registry["model_name"] = prof.model_name
         reporting.publish(report, registry, url)
-        client.set_terminated(run_id, "FINISHED")
-        if parent_run_id is None:
-            client.set_terminated(parent, "FINISHED")
-    except BaseException:
-        try:
-            tracking.check_reachable(tracking.tracking_uri(prof.registry), timeout=5)  # not minutes of retries
-            client.set_terminated(run_id, "FAILED")
-            if parent_run_id is None:
-                client.set_terminated(parent, "FAILED")
-        except Exception as err:  # MLflow itself may be what failed: keep the original error
-            logger.warning("could not close the MLflow runs as FAILED (%s); the next round's reaper will", err)
-        raise
     summary = {k: v for k, v in report.items() if k not in ("loss_curve", "base_eval", "eval", "training")}
     summary["registry"] = registry
     summary["mlflow_run_id"] = run_id

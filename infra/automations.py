@@ -5,7 +5,7 @@ A worker or node killed mid-round (SIGKILL, an OOM kill, a lost machine) leaves 
 nothing is left to report its end. Flow runs emit heartbeat events (every `HEARTBEAT_SECONDS`, set in the worker's
 environment by `jf stack up`); this proactive automation marks a run `Crashed` when neither a heartbeat nor a
 terminal state followed its last heartbeat within `MISSED_AFTER_SECONDS` (Prefect's documented zombie-run recipe).
-Its MLflow runs are then closed `FAILED` by the next round (`tracking.reap`).
+Its MLflow runs are then closed `FAILED` by the next round (`mlflow_runs.reap`).
 
 Cancelling is the worker's job: it stops the process and reports `Cancelled`. With the worker gone (the run's
 machine lost), `prefect flow-run cancel` would leave the run `Cancelling` forever; the second automation ends a

@@ -99,7 +99,7 @@ def build(args: dict):
     replicas = int(args.pop("replicas", 1))
     path = str(args.pop("model_path"))
     if path.startswith("models:/"):
-        from jacobi_forcing.tasks.tracking import resolve_model
+        from jacobi_forcing.tasks.model_package import resolve_model
 
         path = resolve_model(path)
     args.setdefault("name", Path(path).name)

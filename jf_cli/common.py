@@ -20,7 +20,7 @@ def model_path(model: str | None, profile=None) -> str:
     from jf_core.config import ModelConfig
 
     if model is not None and model.startswith("models:/"):
-        from jacobi_forcing.tasks.tracking import resolve_model
+        from jacobi_forcing.tasks.model_package import resolve_model
 
         return resolve_model(model, profile)
     threads = profile.compute.threads if profile is not None else None

@@ -56,7 +56,7 @@ def _report(result: dict, args: argparse.Namespace, meta: dict) -> None:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from jf_core.evaluation.benchmarks import load_benchmark
-    from jf_core.evaluation.evaluate import evaluate_profile
+    from jf_core.round.stages import stage_evaluate
 
     limit = args.limit
     profile = args_profile(
@@ -76,7 +76,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     e = profile.evaluation
     load_benchmark(e.benchmark, e.source, limit=1, template=e.template)  # a bad benchmark file, before any model
     model = model_path(args.model, profile)
-    result = evaluate_profile(model, profile, progress=_say)
+    # The round's evaluation stage, measured afresh: a round that meets this model and profile reuses it.
+    result = stage_evaluate(profile, model, progress=_say, reuse=False)
     _report(result, args, {"model": model, "profile": profile.name})
     return 0
 
@@ -84,7 +85,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def cmd_bench_decode(args: argparse.Namespace) -> int:
     import torch
 
-    from jf_core.decoding.config_io import load_decode_config
+    from jf_core.decoding import load_decode_config
     from jf_core.decoding.multiblock import JFDecodeConfig
     from jf_core.evaluation.evaluate import evaluate_model
     from jf_core.evaluation.speed import hf_generate_decoder, jf_methods
@@ -118,7 +119,7 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
     }
     same: dict[str, str] = {}
     if args.jf_model:
-        from jf_core.serving.artifact import read_block
+        from jf_core.model_dir import read_block
 
         jf_model, jf_tok = load_model(args.jf_model, **profile.model.decode_kwargs())
         saved = load_decode_config(args.jf_model)
@@ -188,28 +189,29 @@ def _sampling(args: argparse.Namespace):
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from jf_core.config import TuneConfig
-    from jf_core.decoding.config_io import save_decode_config
-    from jf_core.evaluation.tune import store_crossover, tune
-    from jf_core.models import stop_tokens
-    from jf_core.trajectory.prompts import calibration_prompts
+    from jf_core.round.stages import stage_tune
 
     if not (Path(args.model) / "config.json").is_file():
         raise ValueError(f"--model {args.model} is not a model directory (the decode config is saved beside it)")
     set_threads(args)
-    profile = args_profile(args)
-    _, model, tok = _load(profile, args.model)
-    prompts = calibration_prompts(profile.prompts, tok, args.num_prompts, profile.evaluation.calibration_split)
-    space = TuneConfig(
-        block_sizes=args.block_sizes,
-        num_blocks=args.num_blocks,
-        pool_sizes=args.pool_sizes,
-        spawn_ratios=args.spawn_ratios,
-        ngrams=args.ngrams,
-        seed_drafts=[bool(x) for x in args.seed_drafts],
-        width_scales=args.width_scales,
-        width_margins=args.width_margins,
-    ).space()
+    seeded = None if args.seed_drafts is None else [bool(x) for x in args.seed_drafts]
+    tune = {
+        "enabled": True,
+        "prompts": args.num_prompts,
+        "block_sizes": args.block_sizes,
+        "num_blocks": args.num_blocks,
+        "pool_sizes": args.pool_sizes,
+        "spawn_ratios": args.spawn_ratios,
+        "ngrams": args.ngrams,
+        "seed_drafts": seeded,
+        "width_scales": args.width_scales,
+        "width_margins": args.width_margins,
+        "repeats": args.repeats,
+        "crossover_batch_sizes": args.crossover_batch_sizes,
+    }
+    profile = args_profile(args, evaluation={"max_new_tokens": args.max_new_tokens})
+    tune = {**profile.evaluation.tune.model_dump(), **{k: v for k, v in tune.items() if v is not None}}
+    profile = args_profile(args, evaluation={"max_new_tokens": args.max_new_tokens, "tune": tune})
 
     def show(i: int, total: int, t) -> None:
         c = t.config
@@ -222,34 +224,17 @@ def cmd_tune(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
 
-    best, trials = tune(
-        model,
-        prompts,
-        **stop_tokens(model, tok),
-        max_new_tokens=args.max_new_tokens,
-        space=space,
-        repeats=args.repeats,
-        progress=show,
-        say=lambda line: print(f"  {line}", file=sys.stderr),
-    )
-    report = {"calibration_prompts": len(prompts), "profile": profile.name, "trials": [asdict(t) for t in trials]}
-    path = save_decode_config(args.model, best, extra=report)
-    win = next(t for t in trials if t.config == asdict(best))
+    # The round's tune stage, run again on this model.
+    report = stage_tune(profile, Path(args.model), progress=_say, reuse=False, on_trial=show)
+    best = report["best"]
+    win = next(t for t in report["trials"] if t["config"] == best)
+    path = Path(args.model) / "config.json"
     print(
-        f"best: n={best.block_size} K={best.num_blocks} pool={best.pool_size} r={best.spawn_ratio} "
-        f"seeded={best.seed_drafts}: TPS {win.tps:.1f}, TPF {win.tpf:.2f}; saved {path}"
+        f"best: n={best['block_size']} K={best['num_blocks']} pool={best['pool_size']} r={best['spawn_ratio']} "
+        f"seeded={best['seed_drafts']}: TPS {win['tps']:.1f}, TPF {win['tpf']:.2f}; saved {path}"
     )
-    if args.crossover_batch_sizes:
-        block = store_crossover(
-            model,
-            tok,
-            prompts,
-            best,
-            args.model,
-            args.crossover_batch_sizes,
-            repeats=args.repeats,
-            progress=lambda b, x, tpf: print(f"  batch {b}: Jacobi {x:.2f}x AR (TPF {tpf:.2f})", file=sys.stderr),
-        )
+    block = report["serving"]
+    if block is not None:
         sizes, speedups = block["crossover"]["batch_sizes"], block["crossover"]["speedup_vs_ar"]
         pairs = zip(sizes, speedups, strict=True)
         print("crossover (Jacobi TPS / AR TPS): " + ", ".join(f"b{b} {x:.2f}x" for b, x in pairs))
@@ -315,40 +300,66 @@ def register(sub, bench_sub) -> None:
     add_threads_option(p)
     p.set_defaults(func=cmd_bench_decode)
 
-    p = sub.add_parser("tune", help="search (n, K, pool_size, r) for the best TPS here; save the model's decode config")
+    p = sub.add_parser(
+        "tune",
+        help="search (n, K, pool_size, r) for the best TPS here; save the model's decode config (the round's tune "
+        "stage, on the profile's evaluation.tune unless an option below says otherwise)",
+    )
     _common(p)
+    prof = "the profile's evaluation.tune"
     p.add_argument("--model", required=True, help="model directory (the config goes into its config.json)")
-    p.add_argument("--num-prompts", type=positive("--num-prompts"), default=12, help="calibration prompts")
-    p.add_argument("--max-new-tokens", type=positive("--max-new-tokens"), default=160, help="tokens per prompt")
-    p.add_argument("--block-sizes", type=int, nargs="+", default=[16, 32, 64], help="candidate Jacobi n")
-    p.add_argument("--num-blocks", type=int, nargs="+", default=[1, 2, 3], help="candidate blocks in flight (K)")
-    p.add_argument("--pool-sizes", type=int, nargs="+", default=[0, 2, 4], help="candidate n-gram pool sizes (0: none)")
+    p.add_argument(
+        "--num-prompts", type=positive("--num-prompts"), help=f"calibration prompts (default: {prof}.prompts)"
+    )
+    p.add_argument(
+        "--max-new-tokens",
+        type=positive("--max-new-tokens"),
+        help="tokens per prompt (default: the profile's evaluation.max_new_tokens)",
+    )
+    p.add_argument("--block-sizes", type=int, nargs="+", help=f"candidate Jacobi n (default: {prof}.block_sizes)")
+    p.add_argument(
+        "--num-blocks", type=int, nargs="+", help=f"candidate blocks in flight, K (default: {prof}.num_blocks)"
+    )
+    p.add_argument(
+        "--pool-sizes", type=int, nargs="+", help=f"candidate n-gram pool sizes, 0: none (default: {prof}.pool_sizes)"
+    )
     p.add_argument(
         "--spawn-ratios",
         type=float,
         nargs="+",
-        default=[0.5, 0.85],
-        help="candidate r: a block's share accepted before the next starts",
+        help=f"candidate r: a block's share accepted before the next starts (default: {prof}.spawn_ratios)",
     )
-    p.add_argument("--ngrams", type=int, nargs="+", default=[0, 8], help="recycled candidate lengths (0: n - 1)")
     p.add_argument(
-        "--seed-drafts", type=int, nargs="+", choices=[0, 1], default=[0, 1], help="fresh drafts from recycled n-grams"
+        "--ngrams", type=int, nargs="+", help=f"recycled candidate lengths, 0: n - 1 (default: {prof}.ngrams)"
+    )
+    p.add_argument(
+        "--seed-drafts",
+        type=int,
+        nargs="+",
+        choices=[0, 1],
+        help=f"fresh drafts from recycled n-grams (default: {prof}.seed_drafts)",
     )
     p.add_argument(
         "--width-scales",
         type=float,
         nargs="+",
-        default=[0.0, 2.0],
-        help="adaptive width: slots per expected accepted token (0: full windows)",
+        help=f"adaptive width: slots per expected accepted token, 0: full windows (default: {prof}.width_scales)",
     )
-    p.add_argument("--width-margins", type=int, nargs="+", default=[2], help="adaptive width: slots beyond that")
-    p.add_argument("--repeats", type=positive("--repeats"), default=2, help="runs per candidate, fastest kept")
+    p.add_argument(
+        "--width-margins",
+        type=int,
+        nargs="+",
+        help=f"adaptive width: slots beyond that (default: {prof}.width_margins)",
+    )
+    p.add_argument(
+        "--repeats", type=positive("--repeats"), help=f"runs per candidate, fastest kept (default: {prof}.repeats)"
+    )
     p.add_argument(
         "--crossover-batch-sizes",
         type=int,
         nargs="*",
-        default=[1, 2, 4, 8, 16, 32],
-        help="batch sizes where AR and the winner take turns; the crossover goes into the model (none: skip)",
+        help="batch sizes where AR and the winner take turns; the crossover goes into the model (the flag alone: "
+        f"skip; default: {prof}.crossover_batch_sizes)",
     )
     add_threads_option(p)
     p.set_defaults(func=cmd_tune)

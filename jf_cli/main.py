@@ -44,7 +44,7 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
 
 
 def cmd_decode(args: argparse.Namespace) -> int:
-    from jf_core.decoding.config_io import decode, load_decode_config
+    from jf_core.decoding import decode, load_decode_config
     from jf_core.models import stop_tokens
 
     if not args.prompt.strip():

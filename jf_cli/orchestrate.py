@@ -49,8 +49,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         gpu_limit.ensure(name=profile.compute.gpu_limit)  # this host's GPUs, unless the server already has one
     from jacobi_forcing.flows.round import jf_round
+    from jacobi_forcing.tasks.mlflow_runs import tracking_uri
     from jacobi_forcing.tasks.reporting import markdown_table, metrics_rows, resumed_note
-    from jacobi_forcing.tasks.tracking import tracking_uri
 
     if args.progressive:
         from jacobi_forcing.flows.progressive import jf_progressive

@@ -238,20 +238,6 @@ class TuneConfig(_Strict):
     # model's jacobi_forcing block); empty to skip.
     crossover_batch_sizes: list[int] = [1, 2, 4, 8, 16, 32]
 
-    def space(self):
-        from jf_core.evaluation.tune import TuneSpace
-
-        return TuneSpace(
-            tuple(self.block_sizes),
-            tuple(self.num_blocks),
-            tuple(self.pool_sizes),
-            tuple(self.spawn_ratios),
-            tuple(self.ngrams),
-            tuple(self.seed_drafts),
-            tuple(self.width_scales),
-            tuple(self.width_margins),
-        )
-
 
 class EvalConfig(_Strict):
     """The evaluation of a model (jf_core/evaluation/evaluate.py); prompts are rendered with the profile's prompt

@@ -5,7 +5,7 @@ Real pretrained weights reach machines without a model hub as GGUF files inside 
 turns one file into what every stage loads with `load_model`: safetensors in the dtype asked for, the tokenizer with
 its chat template, a generation config naming every EOS id, `provenance.json` (the source file and its sha256, the
 quantization types, the package and its version) and the directory's checksums. The directory is written under a
-temporary name and renamed (jf_core/checkpoint.py), so an import that fails leaves nothing behind.
+temporary name and renamed (jf_core/model_dir.py), so an import that fails leaves nothing behind.
 
 Refused by name before any weight is read: a file that is not GGUF, an architecture transformers cannot map to a
 model class, a quantization type the `gguf` package cannot dequantize. The `gguf` and `accelerate` packages come
@@ -148,7 +148,7 @@ def import_gguf(
     not a path) holds, into `out_dir` (atomically). Returns the directory and its provenance record."""
     import torch
 
-    from jf_core.checkpoint import save_model_dir
+    from jf_core.model_dir import save_model_dir
 
     if dtype not in ("float32", "bfloat16", "float16"):
         raise ModelImportError(f"--dtype must be float32, bfloat16 or float16, got {dtype!r}")

@@ -165,28 +165,3 @@ def stop_tokens(model: torch.nn.Module, tokenizer) -> dict:
 def check_tokenizer(tokenizer, where: str) -> None:
     if tokenizer.eos_token_id is None:
         raise ModelLoadError(f"the tokenizer of {where!r} has no eos token: decoding could never stop")
-
-
-NOT_THE_MODEL = {"done.json", "decode_config.json", "decode_tuning.json", "bootstrap.json", "provenance.json"}
-
-
-def model_fingerprint(model_dir: str | Path) -> str:
-    """A content hash of a saved model directory's weights, config and tokenizer (sha256 over file contents).
-
-    Files about the model rather than of it (its training summary, decode config) do not count."""
-    import hashlib
-
-    from jf_core.serving.artifact import without_block
-
-    digest = hashlib.sha256()
-    directory = Path(model_dir)
-    for f in sorted(directory.iterdir()):
-        if f.suffix in {".safetensors", ".json"} and f.is_file() and f.name not in NOT_THE_MODEL:
-            digest.update(f.name.encode())
-            if f.name == "config.json":  # canonical, and without the jacobi_forcing block: how to decode it
-                digest.update(without_block(f.read_text()))  # is not what the model is
-                continue
-            with f.open("rb") as fh:
-                for chunk in iter(lambda: fh.read(1 << 20), b""):
-                    digest.update(chunk)
-    return digest.hexdigest()[:16]

@@ -137,10 +137,10 @@ def _vllm_runner(llm, settings: Settings, stats_dir: str, speculative: bool):
 def _our_runner(settings: Settings, method: str):
     import torch
 
+    from jf_core.decoding import decode, load_decode_config
     from jf_core.decoding.ar import ar_decode
-    from jf_core.decoding.config_io import decode, load_decode_config
+    from jf_core.model_dir import read_block
     from jf_core.models import load_model, stop_tokens
-    from jf_core.serving.artifact import read_block
 
     if settings.threads:
         torch.set_num_threads(settings.threads)

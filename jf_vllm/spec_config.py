@@ -7,9 +7,9 @@ above this batch size our AR beat Jacobi on the hardware it was tuned on) become
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from jf_core.model_dir import read_block
 from jf_vllm.proposer import PROPOSER_CLASS
 
 DEFAULT_BLOCK_SIZE = 16
@@ -19,7 +19,7 @@ def stored_block(model_dir: str | Path) -> dict:
     path = Path(model_dir) / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: not a model directory (no config.json)")
-    return dict(json.loads(path.read_text()).get("jacobi_forcing") or {})
+    return dict(read_block(model_dir) or {})
 
 
 def speculative_config(

@@ -26,7 +26,7 @@ class JacobiForcingModel(PythonModel):
         self.engine = Engine.load(context.artifacts["checkpoint"], name="jacobi-forcing")
 
     # DataFrame is the one input hint MLflow infers nothing from: a hint it can read would replace the logged
-    # signature (tasks/tracking.py: params with their defaults), and none at all made it warn at every load.
+    # signature (tasks/model_package.py: params with their defaults), and none at all made it warn at every load.
     def predict(self, context, model_input: pd.DataFrame, params=None):
         """Prompts (a list of strings, or a one-column DataFrame as `mlflow models serve` passes) -> completions."""
         from jf_core.decoding.sampling import Sampling

@@ -1,4 +1,4 @@
-"""Prefect tasks of a round: thin wrappers over tasks/stages.py and tasks/tracking.py that pass paths and URIs.
+"""Prefect tasks of a round: thin wrappers over jf_core/round/ and the MLflow modules that pass paths and URIs.
 
 Reuse is two-layered. Every stage skips work whose `done.json` marker exists (so a retry or re-run never redoes a
 finished stage), and the tasks are cached by their content-addressed output directory, so Prefect shows a finished
@@ -18,9 +18,14 @@ from pathlib import Path
 from prefect import get_run_logger, task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
-from jacobi_forcing.tasks import events, stages, tracking
+from jacobi_forcing.tasks import events, mlflow_runs, model_package, registry
 from jacobi_forcing.tasks.gpu_slots import gpu_slots
+from jacobi_forcing.tasks.train_distributed import train_distributed
+from jacobi_forcing.tasks.trajectories import stage_trajectories
 from jf_core.config import Profile
+from jf_core.model_dir import DONE
+from jf_core.round.paths import EVAL_FORMAT, RoundPaths, eval_path, finished
+from jf_core.round.stages import stage_evaluate, stage_pack, stage_train, stage_tune
 
 
 class ProgressArtifact:
@@ -99,11 +104,11 @@ def _stage_task(stage: str, run_name, retries: int = 0):
 
 def cached(task_fn, output: Path, *args, **kwargs):
     """Call a stage task, serving Prefect's cached record only while the stage's output is really on disk."""
-    done = (output / stages.DONE).is_file() or (output.is_file() and output.suffix == ".json")
+    done = (output / DONE).is_file() or (output.is_file() and output.suffix == ".json")
     return task_fn.with_options(refresh_cache=not done)(*args, **kwargs)
 
 
-def train_chain(prof: Profile, model_in: str, paths: stages.RoundPaths) -> tuple[dict, dict, dict]:
+def train_chain(prof: Profile, model_in: str, paths: RoundPaths) -> tuple[dict, dict, dict]:
     """A round's training stages, each reused while its output is on disk: trajectories -> pack -> train. Shared by
     `jf-round` and `jf-ablate`, whose runs are rounds without the tuner and the registry."""
     root = str(paths.root)
@@ -115,8 +120,8 @@ def train_chain(prof: Profile, model_in: str, paths: stages.RoundPaths) -> tuple
 
 def _reused(root: str, stage: str, what: str) -> dict | None:
     """The finished stage's result when its marker exists (logged to the run), else None."""
-    out = getattr(stages.RoundPaths(Path(root)), stage)
-    done = stages.finished(out)
+    out = getattr(RoundPaths(Path(root)), stage)
+    done = finished(out)
     if done is not None:
         get_run_logger().info("reusing finished %s at %s", what, out)
     return done
@@ -139,7 +144,7 @@ def flow_run_state(flow_run_id: str) -> str | None:
 
 @task(name="resolve-model", task_run_name="resolve model {uri}", retries=2, retry_delay_seconds=5)
 def resolve_model(uri: str, profile: Profile) -> str:
-    path = tracking.resolve_model(uri, profile)
+    path = model_package.resolve_model(uri, profile)
     get_run_logger().info("starting model %s -> %s", uri, path)
     return path
 
@@ -148,14 +153,14 @@ def resolve_model(uri: str, profile: Profile) -> str:
 def trajectories(profile: Profile, model_in: str, root: str) -> dict:
     if (done := _reused(root, "trajectories", "trajectories")) is not None:
         return done
-    paths = stages.RoundPaths(Path(root))
+    paths = RoundPaths(Path(root))
     bar = ProgressArtifact(
         f"Jacobi trajectories of {model_in} at n={profile.trajectory.block_size} (shards)",
         say=get_run_logger().info,
         label="trajectory shards",
     )
     with gpu_slots(profile, "trajectories"):
-        result = stages.stage_trajectories(profile, model_in, paths, progress=False, on_shard=bar)
+        result = stage_trajectories(profile, model_in, paths, progress=False, on_shard=bar)
     get_run_logger().info(
         "%d prompts -> %d block rows in %.0f s (%.0f tokens/s)",
         result["prompts"],
@@ -170,7 +175,7 @@ def trajectories(profile: Profile, model_in: str, root: str) -> dict:
 def pack(profile: Profile, root: str) -> dict:
     if (done := _reused(root, "packed", "packed examples")) is not None:
         return done
-    result = stages.stage_pack(profile, stages.RoundPaths(Path(root)))
+    result = stage_pack(profile, RoundPaths(Path(root)))
     get_run_logger().info("packed %d examples of %d blocks", result["examples"], result["blocks"])
     return result
 
@@ -190,7 +195,8 @@ def train(profile: Profile, model_in: str, root: str) -> dict:
             logger.info("step %d/%d: %s", step, steps, ", ".join(f"{k} {v:.4g}" for k, v in row.items() if k != "step"))
 
     with gpu_slots(profile, "train"):
-        result = stages.stage_train(profile, model_in, stages.RoundPaths(Path(root)), progress=False, on_log=on_log)
+        paths = RoundPaths(Path(root))
+        result = stage_train(profile, model_in, paths, progress=False, on_log=on_log, launch=train_distributed)
     bar(steps, steps)
     if result.get("resumed_from_step"):
         logger.warning(
@@ -203,8 +209,8 @@ def train(profile: Profile, model_in: str, root: str) -> dict:
 
 @task(name="tune", task_run_name="autotune decode config", persist_result=True)
 def tune(profile: Profile, root: str) -> dict | None:
-    model_dir = stages.RoundPaths(Path(root)).model
-    result = stages.stage_tune(profile, model_dir, progress=get_run_logger().info)
+    model_dir = RoundPaths(Path(root)).model
+    result = stage_tune(profile, model_dir, progress=get_run_logger().info)
     if result is not None:
         b = result["best"]
         get_run_logger().info(
@@ -220,8 +226,8 @@ def tune(profile: Profile, root: str) -> dict | None:
 def _eval_key(_ctx, params: dict) -> str:
     # The format is part of the key: a record cached before evaluations carried `output_stats` (read by the gate)
     # is never served; the stage then redoes such an evaluation.
-    where = stages.eval_path(params["profile"], params["model_path"])
-    return hashlib.sha256(f"{stages.EVAL_FORMAT}:{where}".encode()).hexdigest()
+    where = eval_path(params["profile"], params["model_path"])
+    return hashlib.sha256(f"{EVAL_FORMAT}:{where}".encode()).hexdigest()
 
 
 @task(name="evaluate", task_run_name="evaluate {label}", persist_result=True, cache_key_fn=_eval_key)
@@ -229,7 +235,7 @@ def evaluate(profile: Profile, model_path: str, label: str) -> dict:
     logger = get_run_logger()
     with gpu_slots(profile, "evaluate"):
         # Its progress in the flow run's log: a real model on a CPU evaluates for tens of minutes.
-        result = stages.stage_evaluate(profile, model_path, progress=lambda line: logger.info("%s: %s", label, line))
+        result = stage_evaluate(profile, model_path, progress=lambda line: logger.info("%s: %s", label, line))
     tpf = ", ".join(f"n={n}: {v:.2f}" for n, v in result["tpf"].items())
     logger.info("%s: accuracy %.3f, TPF %s", label, result["accuracy"], tpf)
     return result
@@ -241,16 +247,16 @@ def champion_figures(profile: Profile, eval_key: str) -> dict | None:
     else measured now (a champion from before the gate recorded figures, or an evaluation config that changed)."""
     from jf_core.evaluation.gate import Figures
 
-    client, _ = tracking.connect(profile)
-    current, figures = tracking.champion_figures(client, profile.model_name, eval_key)
+    client, _ = mlflow_runs.connect(profile)
+    current, figures = registry.champion_figures(client, profile.model_name, eval_key)
     if figures is not None:
         return asdict(figures)
     if current is None:
         return None
     get_run_logger().info("champion version %s has no figures on this evaluation: evaluating it", current.version)
-    path = tracking.resolve_model(f"models:/{profile.model_name}/{current.version}", profile)
+    path = model_package.resolve_model(f"models:/{profile.model_name}/{current.version}", profile)
     with gpu_slots(profile, "evaluate"):
-        return asdict(Figures.of(stages.stage_evaluate(profile, path), eval_key))
+        return asdict(Figures.of(stage_evaluate(profile, path), eval_key))
 
 
 @task(name="register", task_run_name="log and register {profile.name}")
@@ -258,10 +264,10 @@ def register(profile: Profile, run_id: str, report: dict, history: list[dict], c
     from jf_core.evaluation.gate import Figures
     from jf_core.evaluation.plots import round_figures
 
-    client, _ = tracking.connect(profile)
-    tracking.log_round(client, run_id, report, round_figures(report, history))
+    client, _ = mlflow_runs.connect(profile)
+    mlflow_runs.log_round(client, run_id, report, round_figures(report, history))
     champion_at = None if champion is None else Figures(**champion)
-    version, decision, champion_moved = tracking.register(client, run_id, profile, report, champion_at)
+    version, decision, champion_moved = registry.register(client, run_id, profile, report, champion_at)
     logger = get_run_logger()
     logger.info(
         "registered %s version %s: gate %s (%s)",

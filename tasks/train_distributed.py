@@ -28,108 +28,52 @@ from pathlib import Path
 
 from jacobi_forcing.infra.ray_cluster import loopback_torch_config, ray_session
 from jf_core.config import Profile
+from jf_core.model_dir import DONE
 
 CHAOS_ENV = "JF_CHAOS_KILL_WORKER"  # test hook: "rank:step:marker" - that worker dies after that step, once
 PROGRESS = "progress.json"  # rank 0's last logged row, for the driver (Prefect progress, logs)
 
 
 def _worker_loop(config: dict) -> None:
+    """One Ray Train worker: its place in the group, then the round's one training driver."""
     import ray.train
     import torch
-    from ray.train.torch import prepare_model
 
-    from jf_core.checkpoint import save_model_dir
-    from jf_core.models import ModelSpec, load_model
-    from jf_core.serving.artifact import lineage
-    from jf_core.training.jf_data import jf_batches, read_packed_share
-    from jf_core.training.losses import check_lean_head, training_attention
-    from jf_core.training.parallel import Distributed, enable_activation_checkpointing, shard_fsdp2
-    from jf_core.training.trainer import train
+    from jf_core.round.training import train_round
 
     profile = Profile.model_validate(config["profile"])
-    t = profile.training
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     torch.set_num_threads(max(1, int(config["threads"])))
     device = ray.train.torch.get_device()
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    attention = training_attention(device)
-    compute = ModelSpec(config["model_in"], dtype=profile.model.dtype, device=device.type).resolved_dtype()
-    # fp32 master weights on every strategy; compute runs in the model's dtype.
-    model, tok = load_model(config["model_in"], dtype="float32", device="cpu", attn_implementation=attention)
-    mine = read_packed_share(config["packed"], rank, world)
-    if t.lean_loss:  # a property of the architecture: checked on the plain model, before wrapping or sharding
-        check_lean_head(model, next(jf_batches(mine, 1, tok.pad_token_id, seed=t.seed, variant=t.mask)), t.mask)
-    parallel = Distributed(t.strategy)
-    if t.strategy == "fsdp2":
-        wrapped = shard_fsdp2(model, compute, t.activation_checkpointing, t.cpu_offload)  # shards on the device
-    else:
-        if t.activation_checkpointing:
-            enable_activation_checkpointing(model)
-        wrapped = prepare_model(model, parallel_strategy="ddp")
-    batches = jf_batches(
-        mine,
-        t.batch_size,
-        tok.pad_token_id,
-        seed=t.seed + rank,
-        variant=t.mask,
-        dense_mask=attention != "flex_attention",
-    )
     kill = os.environ.get(CHAOS_ENV, "").split(":") if os.environ.get(CHAOS_ENV) else None
     progress = Path(config["checkpoints"]) / PROGRESS
+    steps = profile.training.steps
 
     def on_log(step: int, row: dict) -> None:
         if rank == 0:
             tmp = progress.with_name(f".{PROGRESS}.tmp")
-            tmp.write_text(json.dumps({**row, "step": step, "steps": t.steps}))
+            tmp.write_text(json.dumps({**row, "step": step, "steps": steps}))
             os.replace(tmp, progress)
         if kill and int(kill[0]) == rank and int(kill[1]) == step and not os.path.exists(kill[2]):
             Path(kill[2]).write_text(f"rank {rank} died after step {step}")
             os._exit(1)  # as abruptly as a lost node: no cleanup, no goodbye to the process group
 
-    result = train(
-        wrapped,
-        batches,
-        t.objective(),
-        t.loop(log_every=1, compute_dtype=str(compute).removeprefix("torch.")),
+    summary = train_round(
+        profile,
+        config["model_in"],
+        Path(config["packed"]),
+        Path(config["checkpoints"]),
+        Path(config["out"]),
+        device=device,
+        rank=rank,
+        world=world,
+        log_every=1,
         on_log=on_log,
-        progress=False,
-        checkpoint_dir=Path(config["checkpoints"]),
-        checkpoint_every=t.every(),
-        parallel=parallel,
     )
-    state = parallel.full_state_dict(wrapped)  # every worker takes part in the gather
-    if rank == 0:
-        summary = {
-            "steps": result.steps,
-            "train_seconds": result.seconds,
-            "model_in": config["model_in"],
-            "strategy": t.strategy,
-            "workers": world,
-            "resumed_from_step": result.resumed_from,
-            "history": result.history,
-        }
-        save_model_dir(
-            _plain_model(model.config),
-            Path(config["out"]),
-            tokenizer=tok,
-            state_dict=state,
-            dtype=compute,
-            extra_files={"done.json": json.dumps(summary, indent=2)},
-            block={"lineage": lineage(config["model_in"])},
-        )
-    ray.train.report({"step": result.steps, "rank": rank})
-
-
-def _plain_model(config):
-    """An unsharded, unwrapped model of this config without allocating weights: it only carries save_pretrained
-    for the gathered state (saving through an FSDP2-sharded model would meet its DTensors)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(config)
+    ray.train.report({"step": summary["steps"], "rank": rank})
 
 
 def train_distributed(
@@ -179,7 +123,7 @@ def train_distributed(
         result = trainer.fit()
     if result.error is not None:
         raise RuntimeError(f"distributed training ({profile.training.strategy}) failed: {result.error}")
-    return json.loads((paths.model / "done.json").read_text())
+    return json.loads((paths.model / DONE).read_text())
 
 
 class _ProgressWatcher:

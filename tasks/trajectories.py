@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -24,9 +25,13 @@ from tqdm.auto import tqdm
 
 from jacobi_forcing.infra.ray_cluster import ray_session
 from jf_core.config import Profile
+from jf_core.model_dir import DONE
+from jf_core.round.paths import RoundPaths, finished, model_identity, write_json_atomic
 from jf_core.trajectory.collect import CollectConfig
 from jf_core.trajectory.prompts import PromptItem, load_prompts
 from jf_core.trajectory.store import ShardInfo, TrajectoryStore
+
+log = logging.getLogger("jf.stages")
 
 CHAOS_ENV = "JF_CHAOS_DIE_ONCE"  # test hook: path of a marker file; the first shard call that creates it dies
 
@@ -55,13 +60,6 @@ def shard_key(model_hash: str, items: list[PromptItem], cfg: CollectConfig) -> s
         sort_keys=True,
     )
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
-
-
-def model_identity(path: str) -> str:
-    from jf_core.models import model_fingerprint
-
-    local = Path(path).expanduser()
-    return model_fingerprint(local) if local.is_dir() else hashlib.sha256(path.encode()).hexdigest()[:16]
 
 
 class TrajectoryWorker:
@@ -233,14 +231,35 @@ def _run_pool(
         bar = tqdm(
             total=len(payloads), desc="trajectory shards", unit="shard", disable=not progress, dynamic_ncols=True
         )
-        for info in pool.map_unordered(lambda actor, payload: actor.run_shard.remote(*payload), payloads):
+        # Counted here, not by bar.n: a disabled tqdm (progress=False, as the flow runs it) counts nothing.
+        shards = pool.map_unordered(lambda actor, payload: actor.run_shard.remote(*payload), payloads)
+        for committed, info in enumerate(shards, start=1):
             store.commit(ShardInfo(**info))
             tokens += info["new_tokens"]
             bar.update(1)
             if on_shard is not None:
-                on_shard(already + bar.n, already + len(payloads))
+                on_shard(already + committed, already + len(payloads))
             bar.set_postfix(tokens_per_s=f"{tokens / (time.perf_counter() - t0):.0f}")
         bar.close()
         for leftover in store.root.glob(".shard-*.tmp"):
             leftover.unlink()  # partial files of calls that died; their shards were rewritten under the real name
         return tokens, time.perf_counter() - t0
+
+
+def stage_trajectories(
+    profile: Profile,
+    model_in: str,
+    paths: RoundPaths,
+    *,
+    progress: bool = True,
+    on_shard: Callable[[int, int], None] | None = None,
+) -> dict:
+    """Jacobi trajectories of `model_in` over the profile's prompts (Ray actor pool; resumes by shard)."""
+    if (done := finished(paths.trajectories)) is not None:
+        log.info("reusing finished trajectories at %s (%s rows)", paths.trajectories, done["rows"])
+        return done
+    round_profile = profile.model_copy(update={"model": profile.model.model_copy(update={"path": model_in})})
+    summary = generate_trajectories(round_profile, paths.trajectories, progress=progress, on_shard=on_shard)
+    result = {**asdict(summary), "tokens_per_second": summary.tokens_per_second}
+    write_json_atomic(paths.trajectories / DONE, result)
+    return result

@@ -77,7 +77,7 @@ def model_dir(make: Callable[[Path], None]) -> Callable[[Path], object]:
 
 def registry(uri: str) -> Callable[[Path], object]:
     def run(tmp: Path):
-        from jacobi_forcing.tasks.tracking import resolve_model
+        from jacobi_forcing.tasks.model_package import resolve_model
         from jf_core.config import load_profile
 
         store = f"sqlite:///{tmp / 'mlflow.db'}"

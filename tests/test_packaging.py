@@ -70,8 +70,8 @@ def test_the_installed_wheel_runs_without_the_checkout(wheel, tmp_path):
     code = f"""
 import importlib.util, sys
 sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in type(f).__module__.lower()]
-import jacobi_forcing.tasks.tracking, jacobi_forcing.flows.round, jacobi_forcing.infra.serve_app, jf_cli.main, jf_core
-for m in (jacobi_forcing.tasks.tracking, jacobi_forcing.flows.round, jacobi_forcing.infra.serve_app, jf_core):
+import jacobi_forcing.tasks.registry, jacobi_forcing.flows.round, jacobi_forcing.infra.serve_app, jf_cli.main, jf_core
+for m in (jacobi_forcing.tasks.registry, jacobi_forcing.flows.round, jacobi_forcing.infra.serve_app, jf_core):
     assert m.__file__.startswith({str(target)!r}), m.__file__
 assert importlib.util.find_spec("tasks") is None and importlib.util.find_spec("infra") is None
 from jf_core.config import load_profile

@@ -60,8 +60,8 @@ def test_every_decoder_is_exact_on_real_weights_in_fp32(loaded):
     """Greedy Jacobi, multi-block, recycling and adaptive width equal HF greedy `generate`, and sampled Jacobi
     equals the AR sampler with the same seeds, at batch 1 and 3 (bench/real_lossless.py runs the same on 50)."""
     from bench.real_lossless import SAMPLING, configs
+    from jf_core.decoding import decode
     from jf_core.decoding.ar import ar_decode
-    from jf_core.decoding.config_io import decode
     from jf_core.evaluation.speed import hf_generate_decoder, prompt_seeds
     from jf_core.models import stop_tokens
     from jf_core.trajectory.prompts import format_prompt
@@ -80,9 +80,11 @@ def test_every_decoder_is_exact_on_real_weights_in_fp32(loaded):
 
 
 def test_a_trajectory_shard_packing_and_training_steps_through_the_rounds_stages(smollm2, tmp_path):
-    from jacobi_forcing.tasks.stages import RoundPaths, stage_pack, stage_train, stage_trajectories
+    from jacobi_forcing.tasks.trajectories import stage_trajectories
     from jf_core.config import load_profile
     from jf_core.models import load_model
+    from jf_core.round.paths import RoundPaths
+    from jf_core.round.stages import stage_pack, stage_train
     from jf_core.trajectory.store import TrajectoryStore
 
     profile = load_profile(

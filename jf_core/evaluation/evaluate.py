@@ -1,6 +1,6 @@
 """The evaluation of a model: accuracy on its benchmark and its speed against its own greedy AR, side by side.
 
-One function, `evaluate_model`, serves the round (tasks/stages.py), `jf eval` and `jf bench decode`:
+One function, `evaluate_model`, serves the round (jf_core/round/stages.py), `jf eval` and `jf bench decode`:
 
 1. **Quality**: every method decodes the whole evaluation set at the evaluation batch size: accuracy (each method's
    own texts, scored), TPF and acceptance, and identity with the model's greedy AR, per prompt identical or the
@@ -29,8 +29,8 @@ from dataclasses import asdict, dataclass, replace
 import torch
 
 from jf_core.config import EvalConfig, Profile
+from jf_core.decoding import decode
 from jf_core.decoding.ar import ar_decode
-from jf_core.decoding.config_io import decode
 from jf_core.decoding.jacobi import JacobiConfig
 from jf_core.evaluation.benchmarks import BenchmarkItem, load_benchmark, score
 from jf_core.evaluation.degeneracy import output_stats
@@ -211,7 +211,7 @@ def choose_block_size(
 def evaluate_profile(model_path: str, profile: Profile, *, progress: Callable[[str], None] | None = None) -> dict:
     """`evaluate_model` for a model directory or hub id as a profile evaluates it: the profile's dtype, benchmark,
     prompt format and calibration prompts, and the model's tuned decode config when it has one."""
-    from jf_core.decoding.config_io import load_decode_config
+    from jf_core.decoding import load_decode_config
     from jf_core.decoding.multiblock import JFDecodeConfig
     from jf_core.models import load_model, stop_tokens
 

@@ -186,7 +186,7 @@ def jf_methods(
     and batch), so "identical" checks that sampled decoding is lossless and TPF is measured under sampling. The
     autotuned row is the model's default decode path: with `ar_above_batch` (its stored crossover) it runs AR on
     batches above it."""
-    from jf_core.decoding.config_io import decode
+    from jf_core.decoding import decode
     from jf_core.decoding.multiblock import JFDecodeConfig
 
     n = block_size

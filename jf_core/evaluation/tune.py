@@ -15,13 +15,14 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from jf_core.config import TuneConfig
+from jf_core.decoding import decode
 from jf_core.decoding.ar import ar_decode
 from jf_core.decoding.common import EosIds
-from jf_core.decoding.config_io import decode
 from jf_core.decoding.jacobi import JacobiConfig
 from jf_core.decoding.multiblock import JFDecodeConfig
 from jf_core.evaluation.speed import run_interleaved
-from jf_core.serving.artifact import Crossover
+from jf_core.model_dir import Crossover
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,12 @@ class TuneSpace:
     seed_drafts: tuple[bool, ...] = (False, True)
     width_scales: tuple[float, ...] = (0.0, 2.0)  # adaptive width's scale (width.py); 0 = full-width windows
     width_margins: tuple[int, ...] = (2,)
+
+    @classmethod
+    def of(cls, cfg: TuneConfig) -> TuneSpace:
+        """The search space a profile's `evaluation.tune` names."""
+        names = ("block_sizes", "num_blocks", "pool_sizes", "spawn_ratios", "ngrams", "seed_drafts")
+        return cls(**{name: tuple(getattr(cfg, name)) for name in (*names, "width_scales", "width_margins")})
 
     def configs(self, max_new_tokens: int) -> list[JFDecodeConfig]:
         out = []
@@ -155,8 +162,8 @@ def store_crossover(
 ) -> dict | None:
     """`measure_crossover`, stored in the model's jacobi_forcing block with the hardware and dtype it was measured
     on; returns the block's serving fields (None when `batch_sizes` is empty)."""
+    from jf_core.model_dir import crossover_block, update_block
     from jf_core.models import stop_tokens
-    from jf_core.serving.artifact import crossover_block, update_block
 
     if not batch_sizes:
         return None

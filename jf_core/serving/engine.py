@@ -1,10 +1,10 @@
 """One batch of completion requests in, the texts greedy AR would write out: the serving core under the registry's
 pyfunc and `jf serve`.
 
-Dispatch (`dispatch.py`): a batch runs the model's Jacobi Forcing decode config while its size is at or below the
-artifact's `ar_above_batch` (measured by `jf tune` on the hardware named beside it) and AR above it; AR once the
-running mean of accepted tokens per forward falls below the artifact's break-even TPF; and either prior gives way
-to the tokens per second this server has measured for each method at that batch size. Every path is lossless, so
+Dispatch (`jf_core/decoding/dispatch.py`): a batch runs the model's Jacobi Forcing decode config while its size is at
+or below the block's `ar_above_batch` (measured by `jf tune` on the hardware named beside it) and AR above it; AR
+once the running mean of accepted tokens per forward falls below the block's break-even TPF; and either prior gives
+way to the tokens per second this server has measured for each method at that batch size. Every path is lossless, so
 the dispatch changes speed, never text.
 
 Requests in one batch may differ in `max_new_tokens`, stop strings and seeds: the batch decodes to the largest budget
@@ -26,9 +26,9 @@ from typing import Literal
 import torch
 
 from jf_core.decoding.common import eos_set
+from jf_core.decoding.dispatch import Decoder, Dispatch, prior_speedup
 from jf_core.decoding.sampling import Sampling
-from jf_core.serving.artifact import ServingSpec, serving_spec
-from jf_core.serving.dispatch import Decoder, Dispatch, prior_speedup
+from jf_core.serving.spec import ServingSpec, serving_spec
 from jf_core.serving.stream import TextStream
 
 Method = Literal["auto", "jacobi", "ar"]
@@ -81,7 +81,7 @@ class Engine:
 
     @classmethod
     def load(cls, path: str | Path, *, name: str | None = None, **load_kwargs) -> Engine:
-        from jf_core.decoding.config_io import load_decode_config
+        from jf_core.decoding import load_decode_config
         from jf_core.models import load_model
 
         model, tokenizer = load_model(str(path), **load_kwargs)
@@ -129,8 +129,7 @@ class Engine:
     ) -> list[Completion]:
         """Decode one batch; returns one Completion per request, in order. `on_text(i, chunk)` streams request i's
         text as forwards make its tokens final (called from this thread); the chunks join to its `text`."""
-        from jf_core.decoding.ar import ar_decode
-        from jf_core.decoding.config_io import decode
+        from jf_core.decoding import decode
 
         budget = max(r.max_new_tokens for r in requests)
         prompts = [r.prompt for r in requests]
@@ -147,13 +146,10 @@ class Engine:
 
         chosen = self.choose(len(requests)) if method == "auto" else method
         start = self.clock()
-        if chosen == "jacobi":
-            cfg = replace(self.spec.decode, max_new_tokens=budget)
-            if block_size is not None:
-                cfg = replace(cfg, block_size=block_size)
-            out = decode(self.model, prompts, cfg, on_tokens=on_tokens, **noise, **self.stops)
-        else:
-            out = ar_decode(self.model, prompts, max_new_tokens=budget, on_tokens=on_tokens, **noise, **self.stops)
+        cfg = replace(self.spec.decode, max_new_tokens=budget)
+        if block_size is not None:
+            cfg = replace(cfg, block_size=block_size)
+        out = decode(self.model, prompts, cfg, decoder=chosen, on_tokens=on_tokens, **noise, **self.stops)
         seconds = self.clock() - start
         generated = sum(len(stream.tokens) for stream in streams)
         tpf = out.stats.tpf if chosen == "jacobi" else None

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-from jf_core.checkpoint import save_checkpoint
 from jf_core.decoding.ar import ar_decode
+from jf_core.model_dir import save_checkpoint
 from jf_core.paths import jf_home
 from jf_core.threads import ThreadGovernor, cpu_budget
 from jf_core.toy.data import ar_batches

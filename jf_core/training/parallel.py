@@ -23,8 +23,8 @@ from pathlib import Path
 
 import torch
 
-from jf_core.checkpoint import save_checkpoint
 from jf_core.checksums import verify, write_manifest
+from jf_core.model_dir import save_checkpoint
 
 STATE = "trainer_state.json"
 

@@ -16,7 +16,7 @@ import mlflow
 import pytest
 from mlflow import MlflowClient
 
-from jf_core.serving.artifact import read_block
+from jf_core.model_dir import read_block
 from tests.infra.sockets import SocketWatch
 
 pytestmark = pytest.mark.timeout(900)

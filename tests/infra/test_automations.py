@@ -17,7 +17,7 @@ from mlflow import MlflowClient
 from prefect import flow
 
 from jacobi_forcing.infra import automations
-from jacobi_forcing.tasks import tracking
+from jacobi_forcing.tasks import mlflow_runs
 from jacobi_forcing.tasks.round_tasks import flow_run_state
 
 pytestmark = pytest.mark.timeout(400)
@@ -128,9 +128,9 @@ def test_mlflow_runs_of_ended_flow_runs_are_closed_failed(prefect_api, tmp_path)
             "unknown": {"prefect.flow_run_id": "00000000-0000-0000-0000-000000000000"},
         }.items()
     }
-    assert tracking.reap(mlflow_client, experiment, flow_run_state) == [runs["dead"]]
+    assert mlflow_runs.reap(mlflow_client, experiment, flow_run_state) == [runs["dead"]]
     status = {name: mlflow_client.get_run(run_id).info.status for name, run_id in runs.items()}
     assert status == {"dead": "FAILED", "alive": "RUNNING", "untagged": "RUNNING", "unknown": "RUNNING"}
     closed = mlflow_client.get_run(runs["dead"]).data.tags["jf.closed_by"]
     assert closed == f"Prefect flow run {dead} ended CRASHED"
-    assert tracking.reap(mlflow_client, experiment, flow_run_state) == []  # nothing twice
+    assert mlflow_runs.reap(mlflow_client, experiment, flow_run_state) == []  # nothing twice

@@ -33,7 +33,9 @@ def _clean_env(home: Path) -> dict[str, str]:
 ROUND_SCRIPT = """
 import json, sys
 from jf_core.config import JFTrainConfig, Profile
-from jacobi_forcing.tasks.stages import RoundPaths, stage_pack, stage_trajectories
+from jacobi_forcing.tasks.trajectories import stage_trajectories
+from jf_core.round.paths import RoundPaths
+from jf_core.round.stages import stage_pack
 from jacobi_forcing.tasks.train_distributed import train_distributed
 
 profile = Profile.model_validate(json.loads(open(sys.argv[1]).read()))

@@ -57,9 +57,8 @@ def test_bench_decode_per_batch_size_with_a_sampling_jf_model(profile, profile_y
     their own AR sampler; the autotuned row runs AR above the model's stored crossover."""
     import shutil
 
-    from jf_core.decoding.config_io import save_decode_config
     from jf_core.decoding.multiblock import JFDecodeConfig
-    from jf_core.serving.artifact import update_block
+    from jf_core.model_dir import save_decode_config, update_block
 
     jf = tmp_path / "jf"
     shutil.copytree(profile.model.path, jf)

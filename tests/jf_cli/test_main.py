@@ -147,7 +147,7 @@ def test_every_option_of_every_command_says_what_it_does_and_its_default(capsys)
     assert "the HTTP port (default: 8000)" in help_text
     assert "--name NAME the model id clients send (default: from MODEL)" in help_text  # said once, not twice
     code, out = run(capsys, "tune", "--help")
-    assert "candidate Jacobi n (default: 16 32 64)" in " ".join(out.out.split())
+    assert "candidate Jacobi n (default: the profile's evaluation.tune.block_sizes)" in " ".join(out.out.split())
     code, out = run(capsys, "decode", "--help")
     assert "same text) (default: 0)" in " ".join(out.out.split())  # a 0 default is shown (0 == False)
 

@@ -9,8 +9,8 @@ import subprocess
 import pytest
 import torch
 
-from jf_core.checkpoint import save_checkpoint
 from jf_core.checksums import MANIFEST, CorruptFileError
+from jf_core.model_dir import save_checkpoint
 from jf_core.models import ModelLoadError, load_model
 from jf_core.toy.model import ToyModelConfig, build_model
 from jf_core.toy.tokenizer import build_tokenizer

@@ -154,8 +154,8 @@ def test_for_training_pins_unless_asked_to_adapt():
 
 def test_decoding_gives_the_same_tokens_and_forwards_on_any_thread_count(embedded, restore_threads):
     """Why evaluation may take the free CPUs: its figures (accuracy, TPF, identity with AR) do not move with them."""
+    from jf_core.decoding import decode
     from jf_core.decoding.ar import ar_decode
-    from jf_core.decoding.config_io import decode
     from jf_core.decoding.jacobi import JacobiConfig
     from jf_core.toy.task import make_split
 

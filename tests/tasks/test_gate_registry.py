@@ -12,7 +12,7 @@ import pytest
 import torch
 from mlflow import MlflowClient
 
-from jacobi_forcing.tasks import tracking
+from jacobi_forcing.tasks import registry as reg
 from jf_core.config import EvalConfig, RegistryConfig
 from jf_core.evaluation.evaluate import evaluate_model
 from jf_core.evaluation.gate import Figures
@@ -58,7 +58,7 @@ def registry(tmp_path, monkeypatch, profile):
     mlflow.set_tracking_uri(uri)  # register resumes the run through mlflow's global URI, which a test before may set
     prof = profile.model_copy(update={"registry": RegistryConfig(tracking_uri=uri, model_name="jf-gate")})
     client = MlflowClient(uri, uri)
-    # artifacts under tmp_path, as tracking.connect places them: the default root is ./mlruns in the working directory
+    # artifacts under tmp_path, as mlflow_runs.connect places them: the default root is ./mlruns in the working dir
     experiment = client.create_experiment("gate", artifact_location=(tmp_path / "artifacts").as_uri())
 
     def report_of(name: str, candidate: Figures, input_model: Figures, base: Figures) -> dict:
@@ -83,7 +83,7 @@ def registry(tmp_path, monkeypatch, profile):
     def register(name: str, candidate: Figures, input_model: Figures, base: Figures) -> tuple[str, object]:
         run_id = client.create_run(experiment).info.run_id
         report = report_of(name, candidate, input_model, base)
-        version, decision, moved = tracking.register(client, run_id, prof, report)
+        version, decision, moved = reg.register(client, run_id, prof, report)
         assert moved == decision.passed  # a new version: the champion alias moves exactly when the gate passes
         return version, decision, run_id
 
@@ -143,7 +143,7 @@ def test_refusals_show_their_reasons_on_the_version_and_leave_the_champion(regis
 KILLED_WHILE_PROMOTING = """
 import json, os, sys
 from mlflow import MlflowClient
-from jacobi_forcing.tasks import tracking
+from jacobi_forcing.tasks import registry as reg
 from jf_core.config import Profile
 
 uri, profile, report, run_id = sys.argv[1:5]
@@ -158,7 +158,7 @@ def dying(self, name, alias, version):
 
 MlflowClient.set_registered_model_alias = dying
 client = MlflowClient(uri, uri)
-tracking.register(client, run_id, Profile.model_validate_json(open(profile).read()), json.load(open(report)))
+reg.register(client, run_id, Profile.model_validate_json(open(profile).read()), json.load(open(report)))
 """
 
 
@@ -194,7 +194,7 @@ def test_a_registration_killed_before_its_promotion_is_completed_by_the_rerun(re
     assert str(client.get_model_version_by_alias("jf-gate", "champion").version) == first  # not promoted yet
 
     rerun = client.create_run(register.experiment).info.run_id
-    version, decision, moved = tracking.register(client, rerun, register.profile, report)
+    version, decision, moved = reg.register(client, rerun, register.profile, report)
     assert version == "2" and decision.passed and moved  # the re-run's promotion: the champion event goes out
     assert len(client.search_model_versions("name='jf-gate'")) == 2  # no duplicate
     assert str(client.get_model_version_by_alias("jf-gate", "champion").version) == "2"  # the promotion, finished
@@ -202,5 +202,5 @@ def test_a_registration_killed_before_its_promotion_is_completed_by_the_rerun(re
 
     client.set_registered_model_alias("jf-gate", "champion", first)  # an operator rolls back
     again = client.create_run(register.experiment).info.run_id
-    assert tracking.register(client, again, register.profile, report)[::2] == ("2", False)  # no alias moved
+    assert reg.register(client, again, register.profile, report)[::2] == ("2", False)  # no alias moved
     assert str(client.get_model_version_by_alias("jf-gate", "champion").version) == first  # left as the operator set

@@ -15,7 +15,7 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from jacobi_forcing.tasks import tracking
+from jacobi_forcing.tasks import mlflow_runs, model_package
 from jf_core.decoding.ar import ar_decode
 from jf_core.decoding.multiblock import JFDecodeConfig
 from jf_core.decoding.sampling import Sampling
@@ -29,8 +29,7 @@ def registered(tmp_path, monkeypatch, profile):
     """The test profile's model with a tuned decode config and a crossover, registered as version 1, `champion`."""
     from dataclasses import asdict
 
-    from jf_core.decoding.config_io import save_decode_config
-    from jf_core.serving.artifact import update_block
+    from jf_core.model_dir import save_decode_config, update_block
 
     monkeypatch.setenv("JF_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("MLFLOW_REGISTRY_URI", raising=False)
@@ -43,10 +42,10 @@ def registered(tmp_path, monkeypatch, profile):
     save_decode_config(model_dir, tuned, extra={"trials": []})
     update_block(model_dir, ar_above_batch=4, break_even_tpf=1.5, hardware="test CPU", dtype="float32")
     p = profile.model_copy(update={"registry": profile.registry.model_copy(update={"tracking_uri": uri})})
-    client, experiment = tracking.connect(p)
-    run_id = tracking.start_run(client, experiment, "round")
+    client, experiment = mlflow_runs.connect(p)
+    run_id = mlflow_runs.start_run(client, experiment, "round")
     with tempfile.TemporaryDirectory() as tmp, mlflow.start_run(run_id=run_id):
-        info = tracking.log_model(model_dir, Path(tmp), fallback_decode=None)
+        info = model_package.log_model(model_dir, Path(tmp), fallback_decode=None)
     version = mlflow.register_model(info.model_uri, "jf-test").version
     client.set_registered_model_alias("jf-test", "champion", version)
     return {"profile": p, "model_dir": model_dir, "tuned": asdict(tuned), "uri": uri, "tmp": tmp_path}
@@ -92,7 +91,7 @@ def test_the_registered_model_is_code_and_an_hf_checkpoint_with_its_decode_block
     assert all("==" in r and "+" not in r for r in requirements if not r.startswith("-")), requirements
     assert not any("jacobi" in r for r in requirements)
 
-    checkpoint = tracking.checkpoint_of(local)
+    checkpoint = model_package.checkpoint_of(local)
     assert sorted(p.name for p in checkpoint.iterdir() if p.name.endswith(".json") and "token" not in p.name) == [
         "config.json",
         "generation_config.json",
@@ -116,14 +115,14 @@ def test_predict_returns_greedy_ar_texts_and_honours_its_params(registered):
 
 
 def test_models_uris_resolve_to_the_checkpoint_and_bad_ones_are_named(registered):
-    path = Path(tracking.resolve_model("models:/jf-test@champion", registered["profile"]))
+    path = Path(model_package.resolve_model("models:/jf-test@champion", registered["profile"]))
     assert (path / "config.json").is_file() and "jacobi_forcing" in json.loads((path / "config.json").read_text())
-    assert tracking.resolve_model("models:/jf-test/1", registered["profile"]) == str(path)  # downloaded once
+    assert model_package.resolve_model("models:/jf-test/1", registered["profile"]) == str(path)  # downloaded once
     load_model(str(path))
     with pytest.raises(ValueError, match="has no alias 'nope'"):
-        tracking.resolve_model("models:/jf-test@nope", registered["profile"])
+        model_package.resolve_model("models:/jf-test@nope", registered["profile"])
     with pytest.raises(ValueError, match="has no version '7'"):
-        tracking.resolve_model("models:/jf-test/7", registered["profile"])
+        model_package.resolve_model("models:/jf-test/7", registered["profile"])
     # Every command names a model the same way (jf decode, eval, bench, serve): the CLI's one resolver
     from jf_cli.common import model_path
 

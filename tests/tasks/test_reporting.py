@@ -25,6 +25,13 @@ def test_rows_per_block_size_with_speedup():
     rows = metrics_rows(REPORT)
     assert [r["block size n"] for r in rows] == [16, 32]
     assert rows[1]["speedup vs AR"] == 2.0 and rows[0]["base TPF"] == 1.36
+    assert rows[0]["JF TPF"] == 3.35
+
+
+def test_the_table_names_the_method_that_trained_the_model():
+    """The tiny profile trains with CLLM's objective: its table says so, as the round's log does."""
+    rows = metrics_rows({**REPORT, "training": {"method": "cllm"}})
+    assert rows[0]["CLLM TPF"] == 3.35 and "JF TPF" not in rows[0]
 
 
 def test_summary_states_the_gate_and_links_mlflow():

@@ -3,8 +3,8 @@ gives a store of its own."""
 
 from __future__ import annotations
 
-from jacobi_forcing.tasks.stages import round_paths
 from jf_core.config import JFTrainConfig
+from jf_core.round.paths import round_paths
 
 
 def test_rounds_share_trajectories_exactly_when_trajectories_would_be_equal(profile, tmp_path):
@@ -28,9 +28,10 @@ def test_the_tune_stage_stores_the_decode_config_and_the_ar_crossover_in_the_mod
     import json
     import shutil
 
-    from jacobi_forcing.tasks.stages import stage_tune
     from jf_core.config import TuneConfig
-    from jf_core.models import model_fingerprint
+    from jf_core.evaluation.tune import TuneSpace
+    from jf_core.model_dir import model_fingerprint
+    from jf_core.round.stages import stage_tune
 
     model = tmp_path / "model"
     shutil.copytree(profile.model.path, model)
@@ -52,7 +53,7 @@ def test_the_tune_stage_stores_the_decode_config_and_the_ar_crossover_in_the_mod
     lines: list[str] = []
     report = stage_tune(p, model, progress=lines.append)
     # How far it is while the grid runs (its configurations take turns batch by batch), then the crossover.
-    grid = f"tuning {len(tune.space().configs(12))} decode configs on 2 prompts: "
+    grid = f"tuning {len(TuneSpace.of(tune).configs(12))} decode configs on 2 prompts: "
     assert any(line.startswith(f"{grid}batch 1/") for line in lines), lines
     assert [line for line in lines if line.startswith("crossover: batch ")][-1].startswith("crossover: batch 2:")
     block = json.loads((model / "config.json").read_text())["jacobi_forcing"]
@@ -69,7 +70,7 @@ def test_the_tune_stage_stores_the_decode_config_and_the_ar_crossover_in_the_mod
 def test_an_evaluation_runs_at_its_own_thread_count_and_gives_the_callers_back(profile, tmp_path):
     import torch
 
-    from jacobi_forcing.tasks.stages import stage_evaluate
+    from jf_core.round.stages import stage_evaluate
 
     evaluation = profile.evaluation.model_copy(
         update={"num_prompts": 2, "speed_prompts": 1, "repeats": 1, "block_sizes": [4], "max_new_tokens": 8}
@@ -95,8 +96,10 @@ def test_the_train_stage_probes_tpf_against_steps_into_its_history_and_plot(prof
     """`training.tpf_probe_every`: the round's training records TPF on calibration prompts as it goes (rows of the
     history, hence MLflow metrics per step), the round's figures plot it, and the round's key ignores the probe
     (it reads the model, it does not change it)."""
-    from jacobi_forcing.tasks.stages import RoundPaths, round_dir, stage_pack, stage_train, stage_trajectories
+    from jacobi_forcing.tasks.trajectories import stage_trajectories
     from jf_core.evaluation.plots import tpf_during_training
+    from jf_core.round.paths import RoundPaths, round_dir
+    from jf_core.round.stages import stage_pack, stage_train
 
     training = JFTrainConfig(steps=4, warmup_steps=1, batch_size=2, tpf_probe_every=2, tpf_probe_prompts=2)
     p = profile.model_copy(update={"training": training})

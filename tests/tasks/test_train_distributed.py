@@ -10,9 +10,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from jacobi_forcing.tasks.stages import RoundPaths, stage_pack, stage_trajectories
 from jacobi_forcing.tasks.train_distributed import CHAOS_ENV, train_distributed
+from jacobi_forcing.tasks.trajectories import stage_trajectories
 from jf_core.config import JFTrainConfig
+from jf_core.round.paths import RoundPaths
+from jf_core.round.stages import stage_pack
 
 pytestmark = [pytest.mark.timeout(1200), pytest.mark.slow]
 

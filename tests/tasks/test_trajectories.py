@@ -15,8 +15,11 @@ def shard_rows(out):
 
 
 def test_generate_then_rerun_regenerates_nothing(ray_local, profile, tmp_path):
-    first = generate_trajectories(profile, tmp_path / "t", progress=False)
+    seen = []
+    first = generate_trajectories(profile, tmp_path / "t", progress=False, on_shard=lambda *c: seen.append(c))
     assert first.prompts == 22 and first.shards == 6 and first.shards_generated == 6
+    # Progress without a terminal bar, as the flow runs it: every commit counted (a disabled tqdm counts none).
+    assert seen == [(i, 6) for i in range(1, 7)]
     assert first.skipped == {"empty": 1, "too_long": 1, "missing_field:prompt": 1}
     ds = TrajectoryStore(tmp_path / "t").dataset()
     assert len(ds) == first.rows == 22 * 3  # 24 new tokens = 3 blocks of 8 (no EOS from a random model this short)

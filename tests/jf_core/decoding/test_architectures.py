@@ -14,8 +14,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from jf_core.decoding import decode
 from jf_core.decoding.ar import ar_decode
-from jf_core.decoding.config_io import decode
 from jf_core.decoding.kv import KVState, UnsupportedModelError, attention_layout
 from jf_core.evaluation.speed import hf_generate_decoder
 from tests import flash_standin

@@ -13,8 +13,8 @@ import pytest
 import torch
 from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
+from jf_core.decoding import decode
 from jf_core.decoding.ar import ar_decode
-from jf_core.decoding.config_io import decode
 from jf_core.decoding.jacobi import JacobiConfig
 from jf_core.decoding.multiblock import JFDecodeConfig
 from jf_core.decoding.sampling import Sampler, Sampling, gumbel_noise

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from jf_core.decoding import decode
 from jf_core.decoding.ar import ar_decode
-from jf_core.decoding.config_io import decode
 from jf_core.decoding.jacobi import JacobiConfig
 from jf_core.decoding.multiblock import JFDecodeConfig
 from jf_core.toy.task import make_split

@@ -62,9 +62,10 @@ def test_jf_methods_reproduce_their_own_model_and_plots_are_written(tmp_path):
 
 
 def test_tune_picks_the_fastest_measured_config_and_round_trips(tmp_path):
-    from jf_core.decoding.config_io import load_decode_config, save_decode_config
+    from jf_core.decoding import load_decode_config
     from jf_core.decoding.multiblock import JFDecodeConfig
     from jf_core.evaluation.tune import TuneSpace, tune
+    from jf_core.model_dir import save_decode_config
 
     model = TINY_MODELS["qwen2"]()
     prompts = [[5, 6, 7, 8, 9], [10, 11, 12]]

@@ -14,8 +14,7 @@ import pytest
 from jf_core.decoding.ar import ar_decode
 from jf_core.decoding.multiblock import JFDecodeConfig
 from jf_core.decoding.sampling import Sampling
-from jf_core.models import model_fingerprint
-from jf_core.serving.artifact import Crossover, read_block, update_block
+from jf_core.model_dir import Crossover, model_fingerprint, read_block, update_block
 from jf_core.serving.engine import Engine, Request, RequestError
 
 PROMPTS = ["program: a=85; step -8; return f", "program: a=3; step +2; return c", "program: b=7; return b"]
@@ -25,7 +24,7 @@ PROMPTS = ["program: a=85; step -8; return f", "program: a=3; step +2; return c"
 def engine(profile, tmp_path):
     model_dir = tmp_path / "model"
     shutil.copytree(profile.model.path, model_dir)
-    from jf_core.decoding.config_io import save_decode_config
+    from jf_core.model_dir import save_decode_config
 
     save_decode_config(model_dir, JFDecodeConfig(block_size=4, num_blocks=2, pool_size=2, max_new_tokens=16))
     return Engine.load(model_dir, dtype="float32")

@@ -5,7 +5,7 @@ import itertools
 import pytest
 import torch
 
-from jf_core.checkpoint import save_checkpoint
+from jf_core.model_dir import save_checkpoint
 from jf_core.training.trainer import NonFiniteLossError, TrainConfig, causal_lm_loss, lr_at, train
 from tests.conftest import TINY_MODELS
 

@@ -1,26 +1,84 @@
-"""Which decoder serves a batch: the artifact's prior, corrected by what each method delivers in this server.
+"""Which decoder runs a batch, and `decode`, the front door that runs it: AR, plain Jacobi or Jacobi Forcing
+(multi-block, recycling), chosen here and nowhere else. The bench, the evaluation and the server all decode through
+this module; every choice is lossless, so it changes speed, never text.
 
-The prior is what `jf tune` measured by decoding alone on the hardware named in the artifact: Jacobi Forcing at or
-below `ar_above_batch`, AR above it, and AR while the running mean of accepted tokens per forward (TPF) is below the
-break-even TPF. A server is not the tuning loop: per token it detokenizes, sends an SSE chunk and wakes the event
-loop on the same cores (AR pays that once per token, Jacobi once per forward), and it may run on other hardware or
-another load. Measured on a 2-core CPU, a model whose decode-only crossover sent batches above 8 to AR served 64
-clients at 0.91x forced AR's throughput where forced Jacobi served 1.70x. So the server keeps, per batch-size bucket
-(1, 2, 3-4, 5-8, ...), an exponentially weighted mean of the tokens per second each method delivered, and overrides
-the prior when the other method is faster by more than a margin (25%: it keeps per-batch noise from flapping it).
+The stored rule (`prior`) is what `jf tune` measured by decoding alone on the hardware named in the model's block
+(jf_core/model_dir.py): Jacobi at or below `ar_above_batch`, AR above it, and AR while the running mean of accepted
+tokens per forward (TPF) is below the break-even TPF. `decode` applies it to one batch.
+
+A server is not the tuning loop: per token it detokenizes, sends an SSE chunk and wakes the event loop on the same
+cores (AR pays that once per token, Jacobi once per forward), and it may run on other hardware or another load.
+Measured on a 2-core CPU, a model whose decode-only crossover sent batches above 8 to AR served 64 clients at 0.91x
+forced AR's throughput where forced Jacobi served 1.70x. So `Dispatch` keeps, per batch-size bucket (1, 2, 3-4,
+5-8, ...), an exponentially weighted mean of the tokens per second each method delivered, and overrides the prior
+when the other method is faster by more than a margin (25%: it keeps per-batch noise from flapping it).
 
 The second batch of a bucket and every `probe_every`-th after run the method not chosen, so both stay measured and
 a change (harder prompts, a busier machine) is seen; while one method is more than 1.5x faster (measured here, else
-by the artifact's crossover) probes are 4x rarer and the first waits 2 * `probe_every` batches. Every method is
-lossless: the dispatch changes speed, never text.
+by the block's crossover) probes are 4x rarer and the first waits 2 * `probe_every` batches.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+import torch
+
+from jf_core.decoding.ar import ar_decode
+from jf_core.decoding.common import DecodeOutput, EosIds, TokenSink
+from jf_core.decoding.jacobi import JacobiConfig, jacobi_decode
+from jf_core.decoding.multiblock import JFDecodeConfig, jf_decode
+from jf_core.decoding.sampling import Sampling
+
 Decoder = Literal["jacobi", "ar"]
+
+
+def prior(
+    batch_size: int,
+    ar_above_batch: int | None,
+    break_even_tpf: float | None = None,
+    recent_tpf: Sequence[float] = (),
+) -> Decoder:
+    """The stored rule: AR above the measured crossover's batch size, and while the running mean TPF (two Jacobi
+    batches at least) is below the break-even TPF; Jacobi otherwise."""
+    if ar_above_batch is not None and batch_size > ar_above_batch:
+        return "ar"
+    if break_even_tpf is not None and len(recent_tpf) >= 2 and sum(recent_tpf) / len(recent_tpf) < break_even_tpf:
+        return "ar"
+    return "jacobi"
+
+
+def decode(
+    model: torch.nn.Module,
+    prompts: Sequence[Sequence[int]],
+    config: JacobiConfig,
+    *,
+    eos_token_id: EosIds,
+    pad_token_id: int,
+    on_tokens: TokenSink | None = None,
+    sampling: Sampling | None = None,
+    seeds: Sequence[int] | None = None,
+    ar_above_batch: int | None = None,
+    decoder: Decoder | None = None,
+) -> DecodeOutput:
+    """Decode a batch. Greedy when `sampling` is None; otherwise exact sampling with one seed per prompt
+    (sampling.py). `decoder` forces a method; else a batch larger than `ar_above_batch` (the crossover `jf tune`
+    stores in the model's block) runs AR, where AR was measured faster, and the rest runs the config: Jacobi Forcing
+    for a JFDecodeConfig, plain Jacobi for a JacobiConfig. The text is the same whichever runs."""
+    stops = {
+        "eos_token_id": eos_token_id,
+        "pad_token_id": pad_token_id,
+        "on_tokens": on_tokens,
+        "sampling": sampling,
+        "seeds": seeds,
+    }
+    if (decoder or prior(len(prompts), ar_above_batch)) == "ar":
+        return ar_decode(model, prompts, max_new_tokens=config.max_new_tokens, **stops)
+    if isinstance(config, JFDecodeConfig):
+        return jf_decode(model, prompts, config, **stops)
+    return jacobi_decode(model, prompts, config, **stops)
 
 
 def bucket(batch_size: int) -> int:
@@ -29,7 +87,7 @@ def bucket(batch_size: int) -> int:
 
 
 def prior_speedup(crossover: dict, batch_size: int) -> float | None:
-    """Jacobi's TPS over AR's by the artifact's crossover at the largest measured batch size <= `batch_size`."""
+    """Jacobi's TPS over AR's by the block's crossover at the largest measured batch size <= `batch_size`."""
     sizes, speedups = crossover.get("batch_sizes") or [], crossover.get("speedup_vs_ar") or []
     at = [x for b, x in zip(sizes, speedups, strict=False) if b <= batch_size]
     return at[-1] if at else (speedups[0] if speedups else None)
@@ -53,12 +111,7 @@ class Dispatch:
     recent_tpf: list[float] = field(default_factory=list)
 
     def prior(self, batch_size: int, ar_above_batch: int | None, break_even_tpf: float | None) -> Decoder:
-        if ar_above_batch is not None and batch_size > ar_above_batch:
-            return "ar"
-        window = self.recent_tpf
-        if break_even_tpf is not None and len(window) >= 2 and sum(window) / len(window) < break_even_tpf:
-            return "ar"
-        return "jacobi"
+        return prior(batch_size, ar_above_batch, break_even_tpf, self.recent_tpf)
 
     def preferred(self, batch_size: int, ar_above_batch: int | None, break_even_tpf: float | None) -> Decoder:
         """The prior, unless this server measured the other method faster at this batch size by the margin."""
@@ -75,7 +128,7 @@ class Dispatch:
         break_even_tpf: float | None,
         prior_speedup: float | None = None,
     ) -> Decoder:
-        """`prior_speedup`: Jacobi's TPS over AR's at this batch size by the artifact's crossover, if measured."""
+        """`prior_speedup`: Jacobi's TPS over AR's at this batch size by the block's crossover, if measured."""
         k = bucket(batch_size)
         n = self.batches.get(k, 0)
         self.batches[k] = n + 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from jf_core.serving.dispatch import Dispatch, bucket, prior_speedup
+from jf_core.decoding.dispatch import Dispatch, bucket, prior_speedup
 
 
 def test_batch_sizes_share_power_of_two_buckets():

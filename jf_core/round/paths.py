@@ -1,0 +1,143 @@
+"""Where a round lives and what names it: directories keyed by everything that determines their content.
+
+Layout of a round, keyed by everything that determines its model (input model, prompts, trajectory and training
+configs; not the evaluation or the gate):
+
+    <runs_dir>/<profile>/n<block>-<key>/{trajectories -> shared store, packed/, checkpoints/, model/}
+    <runs_dir>/<profile>/trajectories/n<block>-<key>/   (keyed by model, prompts and trajectory config only: rounds
+                                                         that differ in training alone, e.g. ablations, share it)
+    <runs_dir>/evals/<model fingerprint>-<eval config hash>.json   (shared: a base model is evaluated once)
+
+Each stage writes, last, a `done.json` marker (atomically) holding its result; `finished` reads it back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from jf_core.config import Profile
+from jf_core.model_dir import DONE, model_fingerprint
+
+
+@dataclass(frozen=True)
+class RoundPaths:
+    root: Path
+
+    @property
+    def trajectories(self) -> Path:
+        return self.root / "trajectories"
+
+    @property
+    def packed(self) -> Path:
+        return self.root / "packed"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def model(self) -> Path:
+        return self.root / "model"
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(data, fh, indent=2, default=str)
+    os.replace(tmp, path)
+
+
+def finished(stage_dir: Path) -> dict | None:
+    marker = Path(stage_dir) / DONE
+    return json.loads(marker.read_text()) if marker.is_file() else None
+
+
+def model_identity(path: str) -> str:
+    """A model as keys see it: a local directory by its content (jf_core/model_dir.py), a hub id by its name."""
+    local = Path(path).expanduser()
+    return model_fingerprint(local) if local.is_dir() else hashlib.sha256(path.encode()).hexdigest()[:16]
+
+
+def _digest(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def prompts_identity(profile: Profile) -> dict:
+    """The prompt config as round and trajectory keys see it: without `extra_sources` while it is empty, so the
+    keys of profiles written before it existed are unchanged."""
+    return profile.prompts.identity()
+
+
+def training_identity(profile: Profile) -> dict:
+    """The training config as round keys see it: without `method` while it is the default, so rounds trained
+    before the CLLM baseline existed keep their keys."""
+    training = profile.training.model_dump(exclude={"tpf_probe_every", "tpf_probe_prompts", "tpf_probe_tokens"})
+    if training["method"] == "jacobi_forcing":
+        del training["method"]
+    return training
+
+
+def trajectory_dir(profile: Profile, model_in: str) -> Path:
+    key = _digest(
+        {
+            "model": model_identity(model_in),
+            "prompts": prompts_identity(profile),
+            "trajectory": profile.trajectory.model_dump(),
+        }
+    )
+    return profile.runs_dir() / profile.name / "trajectories" / f"n{profile.trajectory.block_size}-{key}"
+
+
+def round_paths(profile: Profile, model_in: str) -> RoundPaths:
+    """The round's directory, its `trajectories` a link into the shared trajectory store (made on first use)."""
+    root = round_dir(profile, model_in)
+    link = root / "trajectories"
+    if not link.exists() and not link.is_symlink():
+        shared = trajectory_dir(profile, model_in)
+        shared.mkdir(parents=True, exist_ok=True)
+        root.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(os.path.relpath(shared, root), target_is_directory=True)
+    return RoundPaths(root)
+
+
+def round_dir(profile: Profile, model_in: str) -> Path:
+    key = _digest(
+        {
+            "model": model_identity(model_in),
+            "prompts": prompts_identity(profile),
+            "trajectory": profile.trajectory.model_dump(),
+            "training": training_identity(profile),
+        }
+    )
+    return profile.runs_dir() / profile.name / f"n{profile.trajectory.block_size}-{key}"
+
+
+def eval_path(profile: Profile, model_path: str) -> Path:
+    """A model's evaluation under this profile: shared by rounds (a base model is evaluated once), keyed by the
+    model's content, the evaluation config and the model's stored decode config."""
+    from jf_core.model_dir import saved_decode_config
+
+    tuned = saved_decode_config(model_path)
+    key = f"{model_identity(model_path)}-{_digest([profile.evaluation.model_dump(), tuned])}"
+    return profile.runs_dir() / "evals" / f"{key}.json"
+
+
+EVAL_FORMAT = 2  # 2: evaluations carry `output_stats` (the gate's degeneracy checks)
+
+
+def eval_key(profile: Profile) -> str:
+    """What makes two models' figures comparable: the same evaluation set, prompt format, lengths and batch, in the
+    same numerics (the speed-only knobs and the tuner do not change TPF or accuracy). The gate compares TPF with the
+    champion's only under the same key."""
+    e = profile.evaluation
+    measured = e.model_dump(include={"benchmark", "source", "template", "num_prompts", "max_new_tokens", "batch_size"})
+    # Prompt files merged into training (prompts.extra_sources) change what a model learns from, not how it is
+    # measured: a round triggered by new prompts stays comparable with the champion's figures.
+    prompts = profile.prompts.identity(exclude={"extra_sources"})
+    return _digest([measured, prompts, profile.model.decode_kwargs()])

@@ -1,0 +1,158 @@
+"""The round's one training driver: from a model and its packed examples to the trained model directory.
+
+One process (`training.strategy: single`) and every Ray Train worker (ddp, fsdp2: tasks/train_distributed.py) run
+this same function; only where it runs differs (`rank`, `world`, `device`, and how the model is wrapped). Read top to
+bottom: the model in fp32 masters, its examples, the wrapping for the strategy, the batches, the loop
+(jf_core/training/trainer.py), and the directory written atomically in the model's dtype.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from jf_core.config import Profile
+from jf_core.model_dir import DONE, lineage, save_model_dir
+from jf_core.models import ModelSpec, load_model
+from jf_core.threads import ThreadGovernor
+from jf_core.training.jf_data import jf_batches, read_packed_share
+from jf_core.training.losses import check_lean_head, training_attention
+from jf_core.training.parallel import Distributed, enable_activation_checkpointing, shard_fsdp2
+from jf_core.training.trainer import train
+
+
+def train_round(
+    profile: Profile,
+    model_in: str,
+    packed: Path,
+    checkpoints: Path,
+    out: Path,
+    *,
+    device: torch.device,
+    rank: int = 0,
+    world: int = 1,
+    threads: ThreadGovernor | None = None,
+    progress: bool = False,
+    log_every: int | None = None,
+    on_log: Callable[[int, dict], None] | None = None,
+) -> dict:
+    """Train `model_in` on this process's share of `packed` (every world-th example from `rank`) and write `out`
+    (rank 0; every rank takes part in gathering sharded weights). Checkpoints every `training.checkpoint_every`
+    steps under `checkpoints` make a retried or restarted run resume where it died. Returns the summary that
+    `out/done.json` holds."""
+    t = profile.training
+    distributed = t.strategy != "single"
+    attention = training_attention(device)
+    compute = ModelSpec(model_in, dtype=profile.model.dtype, device=device.type).resolved_dtype()
+    # fp32 master weights: the optimizer never steps bf16 weights; compute runs in the model's dtype (autocast).
+    # Sharded strategies load on the CPU: fully_shard moves each worker's shard to its device.
+    model, tok = load_model(
+        model_in, dtype="float32", device="cpu" if distributed else str(device), attn_implementation=attention
+    )
+    examples = read_packed_share(packed, rank, world)
+    if t.lean_loss:  # a property of the architecture: checked on the plain model, before wrapping or sharding
+        check_lean_head(model, next(jf_batches(examples, 1, tok.pad_token_id, seed=t.seed, variant=t.mask)), t.mask)
+
+    parallel = Distributed(t.strategy) if distributed else None
+    if t.strategy == "fsdp2":
+        wrapped = shard_fsdp2(model, compute, t.activation_checkpointing, t.cpu_offload)  # shards on the device
+    else:
+        if t.activation_checkpointing:
+            enable_activation_checkpointing(model)
+        wrapped = _ddp(model, device) if distributed else model
+
+    ar_mix = None
+    if t.mix_ar_every and profile.prompts.source == "embedded" and not distributed:
+        # AR batches on the embedded task's ground truth keep the toy's AR skill; one process only (the workers'
+        # shares replay as one process's global batches, which AR mixing would not).
+        from jf_core.toy.data import ar_batches
+        from jf_core.toy.task import make_split
+
+        ar_mix = ar_batches(tok, make_split("train", 20_000), t.batch_size, t.seed)
+    batches = jf_batches(
+        examples,
+        t.batch_size,
+        tok.pad_token_id,
+        seed=t.seed + rank,
+        variant=t.mask,
+        ar_batches=ar_mix,
+        ar_every=t.mix_ar_every,
+        dense_mask=attention != "flex_attention",
+    )
+
+    result = train(
+        wrapped,
+        batches,
+        t.objective(),
+        t.loop(compute_dtype=str(compute).removeprefix("torch."), **({"log_every": log_every} if log_every else {})),
+        progress=progress,
+        on_log=on_log,
+        checkpoint_dir=checkpoints,
+        checkpoint_every=t.every(),
+        parallel=parallel,
+        threads=threads,
+        probe=tpf_probe(profile, model, tok) if t.tpf_probe_every and not distributed else None,
+        probe_every=t.tpf_probe_every or 0,
+    )
+    state = parallel.full_state_dict(wrapped) if parallel is not None else None  # every worker takes part
+    summary = {
+        "steps": result.steps,
+        "train_seconds": result.seconds,
+        "model_in": model_in,
+        "strategy": t.strategy,
+        "workers": world,
+        "resumed_from_step": result.resumed_from,
+        "threads": result.threads,
+        "history": result.history,
+    }
+    if rank == 0:
+        save_model_dir(
+            _plain_model(model.config) if parallel is not None else model,
+            out,
+            tokenizer=tok,
+            state_dict=state,
+            dtype=compute,
+            extra_files={DONE: json.dumps(summary, indent=2)},
+            block={"lineage": lineage(model_in)},
+        )
+    return summary
+
+
+def _ddp(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """A full replica per worker (gloo on CPU, NCCL on GPUs), gradients all-reduced in backward."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    model = model.to(device)
+    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+def _plain_model(config):
+    """An unsharded, unwrapped model of this config without allocating weights: it only carries save_pretrained
+    for the gathered state (saving through an FSDP2-sharded model would meet its DTensors)."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config)
+
+
+def tpf_probe(profile: Profile, model, tokenizer) -> Callable:
+    """TPF of the model being trained: plain Jacobi at the round's block size on a few calibration prompts (never
+    the test set), greedy, fp32 (training's masters; no autocast)."""
+    from jf_core.decoding.jacobi import JacobiConfig, jacobi_decode
+    from jf_core.models import stop_tokens
+    from jf_core.trajectory.prompts import calibration_prompts
+
+    t = profile.training
+    prompts = calibration_prompts(profile.prompts, tokenizer, t.tpf_probe_prompts, profile.evaluation.calibration_split)
+    cfg = JacobiConfig(block_size=profile.trajectory.block_size, max_new_tokens=t.tpf_probe_tokens)
+    stop = stop_tokens(model, tokenizer)
+
+    def probe(m) -> dict[str, float]:
+        with torch.no_grad():
+            stats = jacobi_decode(m, prompts, cfg, **stop).stats
+        return {f"probe_tpf_n{cfg.block_size}": stats.tpf}
+
+    return probe
