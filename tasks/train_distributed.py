@@ -37,6 +37,7 @@ PROGRESS = "progress.json"  # rank 0's last logged row, for the driver (Prefect 
 def _worker_loop(config: dict) -> None:
     """One Ray Train worker: its place in the group, then the round's one training driver."""
     import ray.train
+    import ray.train.torch  # get_device; `import ray.train` alone does not load it
     import torch
 
     from jf_core.round.training import train_round
