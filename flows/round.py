@@ -19,8 +19,8 @@ from prefect.runtime import flow_run
 from jacobi_forcing.tasks import mlflow_runs, reporting, round_tasks
 from jf_core import planning
 from jf_core.config import Profile, ProfileOverrides, load_profile, overrides_dict
-from jf_core.model_dir import lineage_base
-from jf_core.round.paths import eval_path, round_paths, write_json_atomic
+from jf_core.model_dir import lineage_base, write_json_atomic
+from jf_core.round.paths import eval_path, round_paths
 from jf_core.round.report import round_report
 from jf_core.trajectory.prompts import PromptSourceError
 

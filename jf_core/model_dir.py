@@ -120,10 +120,14 @@ def save_model_dir(
     return save_checkpoint(_Weights(), out_dir, tokenizer=tokenizer, extra_files=extra_files)
 
 
-def _write_json_atomically(path: Path, data: Any, **dump) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+def write_json_atomic(path: str | Path, data: Any, **dump) -> None:
+    """`data` as JSON at `path` (indented, unknown types as text unless `dump` says otherwise), written under a
+    temporary name and renamed: a reader sees the old file or the new one, never half of one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     with os.fdopen(fd, "w") as fh:
-        json.dump(data, fh, **dump)
+        json.dump(data, fh, **{"indent": 2, "default": str, **dump})
         fh.write("\n")
     os.replace(tmp, path)
 
@@ -145,7 +149,7 @@ def write_block(model_dir: str | Path, block: dict) -> Path:
         raise FileNotFoundError(f"{path}: not a model directory (no config.json)")
     config = json.loads(path.read_text())
     config[BLOCK_KEY] = {"format": FORMAT, **{k: v for k, v in block.items() if k != "format"}}
-    _write_json_atomically(path, config, indent=2, sort_keys=True)
+    write_json_atomic(path, config, sort_keys=True)
     return path
 
 
@@ -194,7 +198,7 @@ def save_decode_config(model_dir: str | Path, config: Any, extra: dict | None = 
     path = update_block(model_dir, decode=decode)
     (Path(model_dir) / LEGACY_DECODE_CONFIG).unlink(missing_ok=True)  # one place for it
     if extra is not None:
-        _write_json_atomically(Path(model_dir) / DECODE_TUNING, extra, indent=2)
+        write_json_atomic(Path(model_dir) / DECODE_TUNING, extra)
     return path
 
 

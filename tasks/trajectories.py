@@ -25,8 +25,8 @@ from tqdm.auto import tqdm
 
 from jacobi_forcing.infra.ray_cluster import ray_session
 from jf_core.config import Profile
-from jf_core.model_dir import DONE
-from jf_core.round.paths import RoundPaths, finished, model_identity, write_json_atomic
+from jf_core.model_dir import DONE, write_json_atomic
+from jf_core.round.paths import RoundPaths, finished, model_identity
 from jf_core.trajectory.collect import CollectConfig
 from jf_core.trajectory.prompts import PromptItem, load_prompts
 from jf_core.trajectory.store import ShardInfo, TrajectoryStore

@@ -20,8 +20,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from jf_core.config import Profile
-from jf_core.model_dir import DONE
-from jf_core.round.paths import RoundPaths, eval_path, finished, write_json_atomic
+from jf_core.model_dir import DONE, write_json_atomic
+from jf_core.round.paths import RoundPaths, eval_path, finished
 
 log = logging.getLogger("jf.stages")
 
