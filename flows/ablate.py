@@ -50,9 +50,9 @@ def _run(prof: Profile, model_in: str, variant: str, seed: int, decode, client, 
     row = {
         "variant": variant,
         "seed": seed,
-        "accuracy": result["accuracy"],
-        "tpf": result["tpf"],
-        "multiblock_tpf": result["methods"]["tuned"]["tpf"],
+        "accuracy": result.accuracy,
+        "tpf": result.tpf,
+        "multiblock_tpf": result.methods["tuned"].tpf,
         "noise": noise,
         "train_seconds": trained["train_seconds"],
         "round_dir": root,
@@ -62,12 +62,12 @@ def _run(prof: Profile, model_in: str, variant: str, seed: int, decode, client, 
     with mlflow_runs.mlflow_run(client, experiment, name, profile=prof, parent=parent, tags=tags) as run_id:
         mlflow_runs.log_params(client, run_id, prof)
         metrics = {
-            "accuracy": result["accuracy"],
+            "accuracy": result.accuracy,
             "train_seconds": trained["train_seconds"],
             "picked_noise_mean": noise["picked_mean"],
             "picked_noise_above_half": noise["picked_above_half"],
             "blocks_per_answer": noise["blocks_per_answer"]["mean"],
-            **{f"tpf_n{n}": v for n, v in result["tpf"].items()},
+            **{f"tpf_n{n}": v for n, v in result.tpf.items()},
             "tpf_multiblock": row["multiblock_tpf"],
         }
         for key, value in metrics.items():
@@ -141,7 +141,7 @@ def jf_ablate(
         summary = ablation.summarize(rows)
         table = ablation.markdown(
             summary,
-            base={"accuracy": input_eval["accuracy"], "tpf": input_eval["tpf"]},
+            base={"accuracy": input_eval.accuracy, "tpf": input_eval.tpf},
             multiblock=spec.multiblock_label(),
         )
         seconds = time.monotonic() - started
@@ -169,7 +169,7 @@ def jf_ablate(
         "runs": rows,
         "table": table,
         "note": note,
-        "input_model": {"accuracy": input_eval["accuracy"], "tpf": input_eval["tpf"]},
+        "input_model": {"accuracy": input_eval.accuracy, "tpf": input_eval.tpf},
         "seconds": seconds,
         "mlflow_run_id": parent,
         "config": json.loads(spec.model_dump_json()),

@@ -30,13 +30,7 @@ def jf_benchmark(
     logger = get_run_logger()
     path = round_tasks.resolve_model(model, prof)
     result = round_tasks.evaluate(prof, path, f"benchmark of {model}")
-    metrics = {
-        "accuracy": result["accuracy"],
-        "headline_tpf": result["headline_tpf"],
-        "speedup_vs_ar": result["speedup_vs_ar"],
-        **{f"tpf_n{n}": v for n, v in result["tpf"].items()},
-        **{f"tps_{name}": v for name, v in result["tps"].items()},
-    }
+    metrics = result.metrics()
     client, experiment = mlflow_runs.connect(prof)
     tags = {"prefect.flow_run_id": str(flow_run.id or ""), "jf.profile": prof.name, "jf.benchmarked_model": model}
     with mlflow_runs.mlflow_run(
@@ -44,7 +38,7 @@ def jf_benchmark(
     ) as run_id:
         for k, v in metrics.items():
             client.log_metric(run_id, k, float(v))
-        client.log_dict(run_id, result, "eval/benchmark.json")
+        client.log_dict(run_id, result.model_dump(mode="json"), "eval/benchmark.json")
     if (m := VERSION_URI.match(model)) is not None:
         summary = {"mlflow_run_id": run_id, **{k: round(float(v), 4) for k, v in metrics.items()}}
         client.set_model_version_tag(m["name"], m["version"], "jf.benchmark", json.dumps(summary))

@@ -19,7 +19,7 @@ from prefect.runtime import flow_run
 from jacobi_forcing.tasks import mlflow_runs, reporting, round_tasks
 from jf_core import planning
 from jf_core.config import Profile, ProfileOverrides, load_profile, overrides_dict
-from jf_core.model_dir import lineage_base, write_json_atomic
+from jf_core.model_dir import lineage_base
 from jf_core.round.paths import eval_path, round_paths
 from jf_core.round.report import round_report
 from jf_core.trajectory.prompts import PromptSourceError
@@ -104,14 +104,11 @@ def jf_round(
         report = round_report(
             prof, model_in, paths, {"trajectories": traj, "pack": packed, "train": trained}, base, jf, lineage
         )
-        write_json_atomic(paths.root / "report.json", report)
-        champion = round_tasks.champion_figures(prof, report["eval_key"])
+        report.save(paths.root / "report.json")
+        champion = round_tasks.champion_figures(prof, report.eval_key)
         registry = round_tasks.register(prof, run_id, report, history or [], champion)
         registry["model_name"] = prof.model_name
         reporting.publish(report, registry, url)
-    summary = {k: v for k, v in report.items() if k not in ("loss_curve", "base_eval", "eval", "training")}
-    summary["registry"] = registry
-    summary["mlflow_run_id"] = run_id
-    summary["mlflow_url"] = url
+    summary = {**report.summary(), "registry": registry, "mlflow_run_id": run_id, "mlflow_url": url}
     logger.info("round summary: %s", json.dumps({k: summary[k] for k in ("accuracy", "headline_tpf", "speedup_vs_ar")}))
     return summary

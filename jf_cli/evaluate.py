@@ -14,8 +14,12 @@ import argparse
 import sys
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from jf_cli.common import UsageError, add_threads_option, args_profile, model_path, positive, set_threads
+
+if TYPE_CHECKING:
+    from jf_core.evaluation.results import Evaluation
 
 
 def _say(message: str) -> None:
@@ -30,19 +34,18 @@ def _load(profile, model: str | None):
     return path, loaded, tok
 
 
-def _report(result: dict, args: argparse.Namespace, meta: dict) -> None:
-    from jf_core.evaluation.evaluate import result_rows
+def _report(result: Evaluation, args: argparse.Namespace, meta: dict) -> None:
     from jf_core.evaluation.speed import format_markdown, format_table, save_plots, write_json
 
-    rows = result_rows(result)
+    rows = result.rows()
     print(format_table(rows))
     print(
-        f"\n{result['benchmark']}: accuracy {result['accuracy']:.3f} on {result['items']} items ({result['dtype']}); "
-        f"headline {result['headline_method']}: TPF {result['headline_tpf']:.2f}, "
-        f"{result['speedup_vs_ar']:.2f}x our AR on the same model"
-        + (f" (n={result['speedup_block_size']} chosen on calibration prompts)" if result["calibration"]["tps"] else "")
+        f"\n{result.benchmark}: accuracy {result.accuracy:.3f} on {result.items} items ({result.dtype}); "
+        f"headline {result.headline_method}: TPF {result.headline.tpf:.2f}, "
+        f"{result.headline.speedup_vs_ar:.2f}x our AR on the same model"
+        + (f" (n={result.speedup_block_size} chosen on calibration prompts)" if result.calibration.tps else "")
     )
-    meta = {**meta, "result": {k: v for k, v in result.items() if k != "methods"}}
+    meta = {**meta, "result": result.model_dump(mode="json", exclude={"methods"})}
     if getattr(args, "out", None):
         out = Path(args.out)
         save_plots(rows, out)

@@ -51,6 +51,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from jacobi_forcing.flows.round import jf_round
     from jacobi_forcing.tasks.mlflow_runs import tracking_uri
     from jacobi_forcing.tasks.reporting import markdown_table, metrics_rows, resumed_note
+    from jf_core.round.report import RoundReport
 
     if args.progressive:
         from jacobi_forcing.flows.progressive import jf_progressive
@@ -61,17 +62,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         summary = summaries[-1]
     else:
         summary = jf_round(args.profile, overrides=overrides or None, model=args.model)
-    report = json.loads((Path(summary["round_dir"]) / "report.json").read_text())
-    reg = summary["registry"]
+    report = RoundReport.load(Path(summary["round_dir"]) / "report.json")
+    reg, head, dtype = summary["registry"], report.headline, report.eval.dtype
     print()
     print(markdown_table(metrics_rows(report)))
     print(
-        f"\naccuracy {summary['accuracy']:.3f} (input model {summary['base_accuracy']:.3f}); "
-        f"TPF {summary['headline_tpf']:.2f} ({_decode_label(summary['decode_config'])}); "
-        f"speedup vs our AR {summary['speedup_vs_ar']:.2f}x; trained {summary['train_seconds']:.0f} s"
-        f"{resumed_note(summary)}\n"
-        f"identical to greedy AR: {summary['identical_fraction']:.3f} of the evaluation prompts ({summary['dtype']}"
-        + ("; fp32 promises 1.000)" if summary["dtype"] == "float32" else "; measured, see README 'Numerics')")
+        f"\naccuracy {report.accuracy:.3f} (input model {report.base_accuracy:.3f}); "
+        f"TPF {head.tpf:.2f} ({_decode_label(report.eval.decode_config)}); "
+        f"speedup vs our AR {head.speedup_vs_ar:.2f}x; trained {report.train.train_seconds:.0f} s"
+        f"{resumed_note(report)}\n"
+        f"identical to greedy AR: {report.identical_fraction:.3f} of the evaluation prompts ({dtype}"
+        + ("; fp32 promises 1.000)" if dtype == "float32" else "; measured, see README 'Numerics')")
     )
     verdict = "passed: now champion" if reg["gate_passed"] else "failed: champion unchanged"
     print(f"registry: {reg['model_name']} version {reg['version']}, gate {verdict}")
@@ -84,7 +85,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         f"  Prefect UI       {os.environ.get('PREFECT_API_URL', 'http://127.0.0.1:4200/api')[:-4]}"
         "  (`jf stack up` serves this run's history)\n"
         f"  MLflow           {uri}  (UI: `jf stack up`, then http://127.0.0.1:5000, experiment 'jacobi-forcing')\n"
-        f"  registry model   models:/{reg['model_name']}@{'champion' if reg['gate_passed'] else 'challenger'}"
+        f"  registry model   models:/{reg['model_name']}@{'champion' if reg['gate_passed'] else 'challenger'}\n"
+        f"  to load it from Python or `mlflow models serve`: export MLFLOW_TRACKING_URI={uri}"
     )
     return 0
 

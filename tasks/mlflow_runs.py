@@ -16,6 +16,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import mlflow
 from mlflow import MlflowClient
@@ -23,6 +24,9 @@ from mlflow.exceptions import MlflowException
 
 from jf_core.config import Profile, RegistryConfig
 from jf_core.paths import jf_home
+
+if TYPE_CHECKING:
+    from jf_core.round.report import RoundReport, Threads
 
 
 def tracking_uri(cfg: RegistryConfig) -> str:
@@ -146,78 +150,51 @@ def log_params(client: MlflowClient, run_id: str, profile: Profile) -> None:
         client.log_batch(run_id, params=params[i : i + 100])
 
 
-def round_metrics(report: dict) -> dict[str, float]:
-    m = {
-        "accuracy": report["accuracy"],
-        "base_accuracy": report["base_accuracy"],
-        "accuracy_drop": report["base_accuracy"] - report["accuracy"],
-        "tpf": report["headline_tpf"],
-        "tps": report["headline_tps"],
-        "tps_ar": report["tps"]["ar"],
-        "speedup_vs_ar": report["speedup_vs_ar"],  # the headline: against our own AR on the same model
-        "speedup_vs_hf_generate": report["speedup_vs_hf_generate"],
-        "identical_fraction": report["identical_fraction"],  # with greedy AR: 1.0 in fp32, measured in bf16
-        "train_seconds": report["train_seconds"],
-        "lineage_base_accuracy": report["lineage_base_accuracy"],
-        **{f"output_{k}": v for k, v in report["output_stats"].items()},  # what the gate's degeneracy checks read
-        **{f"base_output_{k}": v for k, v in report["base_output_stats"].items()},
-    }
-    if report.get("tuned"):
-        m.update(tuned_tpf=report["tuned"]["tpf"], tuned_tps=report["tuned"]["tps"])
-        m["tuned_speedup_vs_ar"] = report["tuned"]["speedup_vs_ar"]
-    for n, v in report["tpf"].items():
-        m[f"tpf_n{n}"] = v
-    for n, v in report["base_tpf"].items():
-        m[f"base_tpf_n{n}"] = v
-    for name, v in report["tps"].items():
-        m[f"tps_{name}"] = v
-    return m
-
-
-def thread_params(threads: dict) -> dict[str, object]:
+def thread_params(threads: Threads) -> dict[str, object]:
     """The round's thread counts as flat params (`threads.train_policy`, `threads.train_initial`, ...)."""
-    train = threads.get("train") or {}
+    train = threads.train
     out: dict[str, object] = {
         f"train_{k}": train[k] for k in ("policy", "budget", "initial", "final", "min", "contended_at") if k in train
     }
-    out.update({k: v for k, v in threads.items() if k != "train" and v is not None})
+    out.update({k: v for k, v in threads.model_dump(exclude={"train"}).items() if v is not None})
     return out
 
 
-def log_round(client: MlflowClient, run_id: str, report: dict, plots: dict[str, object]) -> None:
+def log_round(client: MlflowClient, run_id: str, report: RoundReport, plots: dict[str, object]) -> None:
     """Metrics (loss curves per step, the round's results), plots, the report JSON and the trajectory input."""
     from mlflow.entities import Metric, Param
 
     now = int(time.time() * 1000)
     curve = [
         Metric(k, float(v), now, int(row["step"]))
-        for row in report["loss_curve"]
+        for row in report.train.history
         for k, v in row.items()
         if k != "step"
     ]
-    curve += [Metric(k, float(v), now, 0) for k, v in round_metrics(report).items()]
-    threads = report.get("threads") or {}
+    curve += [Metric(k, float(v), now, 0) for k, v in report.metrics().items()]
+    threads = report.threads
     # The training thread count over steps: a flat line alone, a step down where another process took a core.
-    curve += [
-        Metric("torch_threads", float(n), now, int(step)) for step, n in threads.get("train", {}).get("changes", [])
-    ]
+    curve += [Metric("torch_threads", float(n), now, int(step)) for step, n in threads.train.get("changes", [])]
     client.log_batch(run_id, params=[Param(f"threads.{k}", str(v)) for k, v in thread_params(threads).items()])
     for i in range(0, len(curve), 1000):
         client.log_batch(run_id, metrics=curve[i : i + 1000])
     for name, fig in plots.items():
         client.log_figure(run_id, fig, f"plots/{name}.png")
-    client.log_dict(run_id, {k: v for k, v in report.items() if k != "loss_curve"}, "eval/report.json")
-    log_trajectory_input(client, run_id, Path(report["round_dir"]) / "trajectories", report)
+    # The report as report.json holds it (the loss curve is the run's metrics already).
+    client.log_dict(run_id, report.model_dump(mode="json", exclude={"train": {"history"}}), "eval/report.json")
+    # The trajectories the stage wrote (shared between rounds of one model), else the round's own directory.
+    log_trajectory_input(client, run_id, Path(report.trajectories["out"]), Path(report.round_dir) / "trajectories")
 
 
-def log_trajectory_input(client: MlflowClient, run_id: str, store: Path, report: dict) -> None:
+def log_trajectory_input(client: MlflowClient, run_id: str, *stores: Path) -> None:
+    """The first of `stores` holding a manifest, as the run's training input dataset (and its manifest)."""
     from mlflow.data.dataset_source_registry import resolve_dataset_source
     from mlflow.data.meta_dataset import MetaDataset
     from mlflow.entities import DatasetInput, InputTag
 
-    manifest = Path(report["trajectories"]["out"]) / "manifest.json"
-    if not manifest.is_file():
-        manifest = store / "manifest.json"
+    manifest = next((m for m in (store / "manifest.json" for store in stores) if m.is_file()), None)
+    if manifest is None:
+        raise FileNotFoundError(f"no trajectory manifest in {', '.join(map(str, stores))}")
     digest = hashlib.sha256(manifest.read_bytes()).hexdigest()[:16]
     with warnings.catch_warnings():
         # MLflow registers one local-file source for the "" scheme and one for "file://", both named

@@ -8,7 +8,7 @@ import json
 import tempfile
 import time
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import mlflow
 from mlflow import MlflowClient
@@ -18,6 +18,9 @@ from jacobi_forcing.tasks.model_package import log_model
 from jf_core.config import Profile
 from jf_core.evaluation.gate import Check, Figures, GateDecision, decide
 from jf_core.model_dir import read_block
+
+if TYPE_CHECKING:
+    from jf_core.round.report import RoundReport
 
 
 def champion(client: MlflowClient, name: str):
@@ -37,15 +40,15 @@ def champion_figures(client: MlflowClient, name: str, eval_key: str) -> tuple[ob
     return current, figures if figures.eval_key == eval_key else None
 
 
-def registration_key(profile: Profile, report: dict) -> str:
+def registration_key(profile: Profile, report: RoundReport) -> str:
     """What makes a registration the same one again: the round (its directory names its inputs), the model it
     started from, the figures the gate read and the gate itself. A fully cached re-run has the same key."""
     parts = {
-        "round": Path(report["round_dir"]).name,
-        "model_in": report["model_in"],
-        "accuracy": report["accuracy"],
-        "base_accuracy": report["base_accuracy"],
-        "tpf": report["headline_tpf"],
+        "round": Path(report.round_dir).name,
+        "model_in": report.model_in,
+        "accuracy": report.accuracy,
+        "base_accuracy": report.base_accuracy,
+        "tpf": report.headline.tpf,
         "gate": profile.registry.gate.model_dump(mode="json"),
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
@@ -95,7 +98,7 @@ REGISTRATION_TAG = "jf.registration"  # "complete" once a version's aliases were
 
 
 def register(
-    client: MlflowClient, run_id: str, profile: Profile, report: dict, champion_at: Figures | None = None
+    client: MlflowClient, run_id: str, profile: Profile, report: RoundReport, champion_at: Figures | None = None
 ) -> Registration:
     """Log the model as a Jacobi Forcing pyfunc, register a new version with its figures as tags, alias it
     `challenger`, and `champion` only when the gate passes. `champion_at`: the
@@ -112,8 +115,8 @@ def register(
         client.set_tag(run_id, "jf.registration_reused", "true")
         client.set_tag(run_id, "jf.gate", "passed" if reused.decision.passed else "failed")
         return reused
-    figures = {k: Figures(**v) for k, v in report["figures"].items()}
-    current, recorded = champion_figures(client, name, report["eval_key"])
+    figures = report.figures
+    current, recorded = champion_figures(client, name, report.eval_key)
     decision = decide(
         figures["candidate"],
         input_model=figures["input"],
@@ -123,28 +126,28 @@ def register(
     )
     _log_checks(client, run_id, decision.checks)
     with tempfile.TemporaryDirectory() as tmp, mlflow.start_run(run_id=run_id):
-        info = log_model(report["model"], Path(tmp), fallback_decode=report["decode_config"])
+        info = log_model(report.model, Path(tmp), fallback_decode=report.eval.decode_config)
     tags = {
-        "round": Path(report["round_dir"]).name,
+        "round": Path(report.round_dir).name,
         # Two block sizes, named apart: the trajectories' n the model was trained at, and the n its decode config
         # (tuned, or the best measured) decodes with; a lone `n=16` beside a tuned n=64 read as a contradiction.
-        "train_block_size": str(report["block_size"]),
-        "decode_block_size": str(report["decode_config"]["block_size"]),
-        "tpf": repr(float(report["headline_tpf"])),  # full precision: the gate compares against it
-        "tps": f"{report['headline_tps']:.2f}",
-        "speedup_vs_ar": f"{report['speedup_vs_ar']:.3f}",  # the headline: against our own AR, same model
-        "identical_fraction": f"{report['identical_fraction']:.4f}",
-        "dtype": report["dtype"],
-        "accuracy": f"{report['accuracy']:.4f}",
-        "base_model": report["model_in"],
-        "lineage_base": report["lineage_base"],
+        "train_block_size": str(report.block_size),
+        "decode_block_size": str(report.eval.decode_config["block_size"]),
+        "tpf": repr(float(report.headline.tpf)),  # full precision: the gate compares against it
+        "tps": f"{report.headline.tps:.2f}",
+        "speedup_vs_ar": f"{report.headline.speedup_vs_ar:.3f}",  # the headline: against our own AR, same model
+        "identical_fraction": f"{report.identical_fraction:.4f}",
+        "dtype": report.eval.dtype,
+        "accuracy": f"{report.accuracy:.4f}",
+        "base_model": report.model_in,
+        "lineage_base": report.lineage_base,
         "gate": "passed" if decision.passed else "failed",
         "gate_reasons": "; ".join(decision.reasons),
         "jf.registration_key": key,
         "jf.figures": figures["candidate"].to_json(),  # what a later round's gate compares with
         **{f"gate.{c.name}": f"{'passed' if c.passed else 'failed'}: {c.reason}" for c in decision.checks},
     }
-    serving = read_block(report["model"]) or {}
+    serving = read_block(report.model) or {}
     if "crossover" in serving:  # where a server should switch to AR, and on what it was measured
         tags["ar_above_batch"] = str(serving.get("ar_above_batch"))
         tags["hardware"] = str(serving.get("hardware"))

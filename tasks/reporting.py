@@ -3,35 +3,38 @@
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from jf_core.round.report import RoundReport
 
 
-def metrics_rows(report: dict) -> list[dict]:
+def metrics_rows(report: RoundReport) -> list[dict]:
     """One row per evaluated block size: the input model against the trained one, named by the method that trained
     it (JF for Jacobi Forcing, CLLM for the baseline objective the `tiny` profile ships)."""
-    trained = "CLLM" if (report.get("training") or {}).get("method") == "cllm" else "JF"
-    rows = []
-    for n, tpf in report["tpf"].items():
-        rows.append(
-            {
-                "block size n": int(n),
-                "base TPF": round(report["base_tpf"][n], 3),
-                f"{trained} TPF": round(tpf, 3),
-                f"{trained} TPS": round(report["tps"][f"jacobi_n{n}"], 1),
-                "AR TPS": round(report["tps"]["ar"], 1),
-                "speedup vs AR": round(report["tps"][f"jacobi_n{n}"] / report["tps"]["ar"], 2),
-            }
-        )
-    if report.get("tuned"):
-        t, c = report["tuned"], report["tuned"]["config"]
+    trained, tps = report.method_name, report.eval.tps
+    rows = [
+        {
+            "block size n": int(n),
+            "base TPF": round(report.base_tpf[n], 3),
+            f"{trained} TPF": round(tpf, 3),
+            f"{trained} TPS": round(tps[f"jacobi_n{n}"], 1),
+            "AR TPS": round(tps["ar"], 1),
+            "speedup vs AR": round(tps[f"jacobi_n{n}"] / tps["ar"], 2),
+        }
+        for n, tpf in report.tpf.items()
+    ]
+    if (tuned := report.tuned) is not None:
+        c = report.eval.decode_config
         rows.append(
             {
                 "block size n": f"tuned n={c['block_size']} K={c['num_blocks']} pool={c['pool_size']}"
                 + (" seeded" if c.get("seed_drafts") else ""),
                 "base TPF": "",
-                f"{trained} TPF": round(t["tpf"], 3),
-                f"{trained} TPS": round(t["tps"], 1),
-                "AR TPS": round(report["tps"]["ar"], 1),
-                "speedup vs AR": round(t["speedup_vs_ar"], 2),
+                f"{trained} TPF": round(tuned.tpf, 3),
+                f"{trained} TPS": round(tuned.tps, 1),
+                "AR TPS": round(tps["ar"], 1),
+                "speedup vs AR": round(tuned.speedup_vs_ar, 2),
             }
         )
     return rows
@@ -44,7 +47,7 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def summary_markdown(report: dict, registry: dict | None, run_url: str | None) -> str:
+def summary_markdown(report: RoundReport, registry: dict | None, run_url: str | None) -> str:
     gate = ""
     if registry is not None:
         verdict = "passed: promoted to `champion`" if registry["gate_passed"] else "failed: `champion` unchanged"
@@ -60,22 +63,23 @@ def summary_markdown(report: dict, registry: dict | None, run_url: str | None) -
         else:  # a reused registration carries its reasons only
             gate += "".join(f"\n- {r}" for r in registry["gate_reasons"])
     link = f"\n\n[MLflow run]({run_url})" if run_url else ""
+    head = report.headline
     return (
-        f"# Jacobi Forcing round: {report['profile']}, n={report['block_size']}\n\n"
-        f"Accuracy **{report['accuracy']:.3f}** (input model {report['base_accuracy']:.3f}); "
-        f"headline TPF **{report['headline_tpf']:.2f}** at n={report['speedup_block_size']}; "
-        f"speedup vs our AR **{report['speedup_vs_ar']:.2f}x**; trained {report['train_seconds']:.0f} s"
+        f"# Jacobi Forcing round: {report.profile}, n={report.block_size}\n\n"
+        f"Accuracy **{report.accuracy:.3f}** (input model {report.base_accuracy:.3f}); "
+        f"headline TPF **{head.tpf:.2f}** ({report.eval.headline_method}); "
+        f"speedup vs our AR **{head.speedup_vs_ar:.2f}x**; trained {report.train.train_seconds:.0f} s"
         f"{resumed_note(report)}.\n\n"
-        f"Identical to greedy AR on {report.get('identical_fraction', 1.0):.3f} of the evaluation prompts "
-        f"({report.get('dtype', 'float32')}).\n\n"
+        f"Identical to greedy AR on {report.identical_fraction:.3f} of the evaluation prompts "
+        f"({report.eval.dtype}).\n\n"
         f"{markdown_table(metrics_rows(report))}\n\n"
-        f"Input model: `{report['model_in']}`  \nOutput model: `{report['model']}`\n{gate}{link}\n"
+        f"Input model: `{report.model_in}`  \nOutput model: `{report.model}`\n{gate}{link}\n"
     )
 
 
-def resumed_note(report: dict) -> str:
+def resumed_note(report: RoundReport) -> str:
     """Says so when training continued from a checkpoint a killed attempt left (else nothing)."""
-    step = report.get("resumed_from_step") or 0
+    step = report.train.resumed_from_step
     return f" (resumed from its checkpoint at step {step})" if step else ""
 
 
@@ -84,10 +88,10 @@ def artifact_key(*parts: str) -> str:
     return re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]", "-", "-".join(parts).lower())).strip("-")
 
 
-def publish(report: dict, registry: dict | None, run_url: str | None) -> None:
+def publish(report: RoundReport, registry: dict | None, run_url: str | None) -> None:
     from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 
-    key = artifact_key("jf-round", report["profile"], f"n{report['block_size']}")
+    key = artifact_key("jf-round", report.profile, f"n{report.block_size}")
     create_markdown_artifact(summary_markdown(report, registry, run_url), key=key, description="round summary")
     create_table_artifact(metrics_rows(report), key=f"{key}-metrics", description="TPF and TPS per block size")
     if run_url:

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from prefect import get_run_logger, task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
@@ -26,6 +27,10 @@ from jf_core.config import Profile
 from jf_core.model_dir import DONE
 from jf_core.round.paths import EVAL_FORMAT, RoundPaths, eval_path, finished
 from jf_core.round.stages import stage_evaluate, stage_pack, stage_train, stage_tune
+
+if TYPE_CHECKING:
+    from jf_core.evaluation.results import Evaluation
+    from jf_core.round.report import RoundReport
 
 
 class ProgressArtifact:
@@ -224,20 +229,19 @@ def tune(profile: Profile, root: str) -> dict | None:
 
 
 def _eval_key(_ctx, params: dict) -> str:
-    # The format is part of the key: a record cached before evaluations carried `output_stats` (read by the gate)
-    # is never served; the stage then redoes such an evaluation.
+    # The format is part of the key: a record cached by a version that returned another shape is never served.
     where = eval_path(params["profile"], params["model_path"])
     return hashlib.sha256(f"{EVAL_FORMAT}:{where}".encode()).hexdigest()
 
 
 @task(name="evaluate", task_run_name="evaluate {label}", persist_result=True, cache_key_fn=_eval_key)
-def evaluate(profile: Profile, model_path: str, label: str) -> dict:
+def evaluate(profile: Profile, model_path: str, label: str) -> Evaluation:
     logger = get_run_logger()
     with gpu_slots(profile, "evaluate"):
         # Its progress in the flow run's log: a real model on a CPU evaluates for tens of minutes.
         result = stage_evaluate(profile, model_path, progress=lambda line: logger.info("%s: %s", label, line))
-    tpf = ", ".join(f"n={n}: {v:.2f}" for n, v in result["tpf"].items())
-    logger.info("%s: accuracy %.3f, TPF %s", label, result["accuracy"], tpf)
+    tpf = ", ".join(f"n={n}: {v:.2f}" for n, v in result.tpf.items())
+    logger.info("%s: accuracy %.3f, TPF %s", label, result.accuracy, tpf)
     return result
 
 
@@ -260,7 +264,9 @@ def champion_figures(profile: Profile, eval_key: str) -> dict | None:
 
 
 @task(name="register", task_run_name="log and register {profile.name}")
-def register(profile: Profile, run_id: str, report: dict, history: list[dict], champion: dict | None = None) -> dict:
+def register(
+    profile: Profile, run_id: str, report: RoundReport, history: list[dict], champion: dict | None = None
+) -> dict:
     from jf_core.evaluation.gate import Figures
     from jf_core.evaluation.plots import round_figures
 

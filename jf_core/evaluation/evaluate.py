@@ -34,7 +34,8 @@ from jf_core.decoding.ar import ar_decode
 from jf_core.decoding.jacobi import JacobiConfig
 from jf_core.evaluation.benchmarks import BenchmarkItem, load_benchmark, score
 from jf_core.evaluation.degeneracy import output_stats
-from jf_core.evaluation.speed import Decoder, MethodResult, bench, run_interleaved
+from jf_core.evaluation.results import Calibration, Evaluation
+from jf_core.evaluation.speed import Decoder, bench, run_interleaved
 from jf_core.trajectory.prompts import PromptFormat, calibration_prompts
 
 EXACT_DTYPES = (torch.float32, torch.float64)
@@ -87,7 +88,7 @@ def evaluate_model(
     same_output_as: dict[str, str] | None = None,
     exact_methods: Callable[[str], bool] = lambda name: not name.startswith("hf_"),
     progress: Callable[[str], None] | None = None,
-) -> dict:
+) -> Evaluation:
     """Evaluate `model` (see the module docstring); `stop` is `models.stop_tokens(model, tokenizer)`.
 
     `extra_methods` (HF generate, prompt lookup, a second model's decoders) join every pass; `same_output_as` names
@@ -154,29 +155,20 @@ def evaluate_model(
         for name, q in quality.items()
     }
     best_n, calibrated = choose_block_size(model, stop, cfg, calibration, say)
-    headline = "tuned" if "tuned" in rows else f"jacobi_n{best_n}"
-    return {
-        "benchmark": data.benchmark,
-        "items": len(data.items),
-        "dtype": str(dtype).removeprefix("torch."),
-        "accuracy": rows["ar"].accuracy,  # greedy accuracy: the model's own, whatever decodes it
-        "methods": {name: asdict(r) for name, r in rows.items()},
-        "tpf": {str(n): rows[f"jacobi_n{n}"].tpf for n in cfg.block_sizes},
-        "tps": {name: r.tps for name, r in rows.items()},
-        "accepted_histogram": {str(n): rows[f"jacobi_n{n}"].accepted_histogram for n in cfg.block_sizes},
-        "identical_fraction": {name: r.identical_fraction for name, r in rows.items()},
-        "calibration": calibrated,
-        "speedup_block_size": best_n,
-        "headline_method": headline,
-        "headline_tpf": rows[headline].tpf,
-        "speedup_vs_ar": rows[headline].speedup_vs_ar,
-        "output_stats": rows[headline].output_stats,  # what users of the headline decoder get (degeneracy.py)
-        "speedup_vs_hf_generate": rows[headline].speedup_vs_hf_generate,
-        "decode_config": asdict(tuned)
-        if tuned is not None
-        else asdict(JacobiConfig(block_size=best_n, max_new_tokens=cfg.max_new_tokens)),
-        "eval_seconds": time.perf_counter() - started,
-    }
+    return Evaluation(
+        benchmark=data.benchmark,
+        items=len(data.items),
+        dtype=str(dtype).removeprefix("torch."),
+        block_sizes=list(cfg.block_sizes),
+        methods=rows,
+        calibration=calibrated,
+        speedup_block_size=best_n,
+        headline_method="tuned" if "tuned" in rows else f"jacobi_n{best_n}",
+        decode_config=asdict(
+            tuned if tuned is not None else JacobiConfig(block_size=best_n, max_new_tokens=cfg.max_new_tokens)
+        ),
+        eval_seconds=time.perf_counter() - started,
+    )
 
 
 def _stop_ids(stop: dict) -> tuple[int, ...]:
@@ -190,10 +182,10 @@ def choose_block_size(
     cfg: EvalConfig,
     calibration: list[list[int]] | None,
     say: Callable[[str], None],
-) -> tuple[int, dict]:
+) -> tuple[int, Calibration]:
     """Plain Jacobi's block size with the best TPS on the calibration prompts (batch 1, taking turns)."""
     if len(cfg.block_sizes) == 1:
-        return cfg.block_sizes[0], {"prompts": 0, "tps": {}}
+        return cfg.block_sizes[0], Calibration()
     if not calibration:
         raise ValueError("choosing among several block sizes needs calibration prompts")
     candidates = {
@@ -205,10 +197,10 @@ def choose_block_size(
     say(f"block size: n in {cfg.block_sizes} taking turns on {len(calibration)} calibration prompts")
     outputs = run_interleaved(candidates, calibration, 1, repeats=cfg.repeats)
     tps = {n: out.stats.tps for n, out in outputs.items()}
-    return int(max(tps, key=tps.get)), {"prompts": len(calibration), "tps": tps}
+    return int(max(tps, key=tps.get)), Calibration(prompts=len(calibration), tps=tps)
 
 
-def evaluate_profile(model_path: str, profile: Profile, *, progress: Callable[[str], None] | None = None) -> dict:
+def evaluate_profile(model_path: str, profile: Profile, *, progress: Callable[[str], None] | None = None) -> Evaluation:
     """`evaluate_model` for a model directory or hub id as a profile evaluates it: the profile's dtype, benchmark,
     prompt format and calibration prompts, and the model's tuned decode config when it has one."""
     from jf_core.decoding import load_decode_config
@@ -229,8 +221,3 @@ def evaluate_profile(model_path: str, profile: Profile, *, progress: Callable[[s
         tuned=saved if isinstance(saved, JFDecodeConfig) else None,
         progress=progress,
     )
-
-
-def result_rows(result: dict) -> list[MethodResult]:
-    """An evaluation's per-method rows, for `speed.format_table` and the plots."""
-    return [MethodResult(**row) for row in result["methods"].values()]

@@ -24,8 +24,12 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 from jf_core.config import GateConfig
+
+if TYPE_CHECKING:
+    from jf_core.evaluation.results import Evaluation
 
 
 def decode_key(decode_config: dict) -> str:
@@ -45,14 +49,14 @@ class Figures:
     output: dict[str, float] = field(default_factory=dict)  # degeneracy.output_stats of the headline's outputs
 
     @classmethod
-    def of(cls, evaluation: dict, eval_key: str) -> Figures:
+    def of(cls, evaluation: Evaluation, eval_key: str) -> Figures:
         return cls(
-            accuracy=float(evaluation["accuracy"]),
-            tpf={str(n): float(v) for n, v in evaluation["tpf"].items()},
-            headline_tpf=float(evaluation["headline_tpf"]),
-            decode_key=decode_key(evaluation["decode_config"]),
+            accuracy=evaluation.accuracy,
+            tpf=evaluation.tpf,
+            headline_tpf=evaluation.headline.tpf,
+            decode_key=decode_key(evaluation.decode_config),
             eval_key=eval_key,
-            output=dict(evaluation.get("output_stats") or {}),
+            output=dict(evaluation.headline.output_stats),
         )
 
     def to_json(self) -> str:

@@ -4,12 +4,16 @@ ablation (`jf ablate`): TPF and accuracy per variant with their spread over seed
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
+
+if TYPE_CHECKING:
+    from jf_core.round.report import RoundReport
 
 LOSS_KEYS = ("loss", "consistency_loss", "ar_loss")
 
@@ -48,14 +52,15 @@ def tpf_per_round(reports: Sequence[dict]) -> Figure:
     return fig
 
 
-def acceptance_histogram(histograms: dict[str, dict], base: dict[str, dict] | None = None) -> Figure:
-    """Accepted tokens per forward (share of forwards), per block size; the base model dashed when given."""
+def acceptance_histogram(histograms: dict[str, dict], base: dict[str, dict] | None = None, label: str = "JF") -> Figure:
+    """Accepted tokens per forward (share of forwards), per block size; the base model dashed when given. `label`
+    names the trained model by its method (JF, CLLM)."""
     fig, ax = plt.subplots(figsize=(7, 4))
-    for label, hists, style in (("JF", histograms, "-"), ("base", base or {}, "--")):
+    for name, hists, style in ((label, histograms, "-"), ("base", base or {}, "--")):
         for n, hist in sorted(hists.items(), key=lambda kv: int(kv[0])):
             total = sum(hist.values()) or 1
             ks = sorted(hist, key=int)
-            ax.plot([int(k) for k in ks], [hist[k] / total for k in ks], style, marker=".", label=f"{label} n={n}")
+            ax.plot([int(k) for k in ks], [hist[k] / total for k in ks], style, marker=".", label=f"{name} n={n}")
     ax.set_xlabel("tokens accepted in one forward")
     ax.set_ylabel("share of forwards")
     ax.set_yscale("log")
@@ -83,13 +88,15 @@ def tpf_during_training(history: Sequence[dict]) -> Figure | None:
     return fig
 
 
-def round_figures(report: dict, history: Sequence[dict] | None = None) -> dict[str, Figure]:
-    probe = tpf_during_training(report["loss_curve"])
+def round_figures(report: RoundReport, history: Sequence[dict] | None = None) -> dict[str, Figure]:
+    """A round's plots; `history`: earlier rounds' `RoundReport.summary()`s, for the TPF per round."""
+    curve = report.train.history
+    probe = tpf_during_training(curve)
     return ({"tpf_during_training": probe} if probe is not None else {}) | {
-        "loss_curves": loss_curves(report["loss_curve"]),
-        "tpf_per_round": tpf_per_round([*(history or []), report]),
+        "loss_curves": loss_curves(curve),
+        "tpf_per_round": tpf_per_round([*(history or []), report.summary()]),
         "acceptance_histogram": acceptance_histogram(
-            report["eval"]["accepted_histogram"], report["base_eval"].get("accepted_histogram")
+            report.eval.accepted_histogram, report.base_eval.accepted_histogram, label=report.method_name
         ),
     }
 

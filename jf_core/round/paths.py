@@ -119,7 +119,7 @@ def eval_path(profile: Profile, model_path: str) -> Path:
     return profile.runs_dir() / "evals" / f"{key}.json"
 
 
-EVAL_FORMAT = 2  # 2: evaluations carry `output_stats` (the gate's degeneracy checks)
+EVAL_FORMAT = 3  # 2: evaluations carry `output_stats` (the gate's degeneracy checks); 3: a typed Evaluation
 
 
 def eval_key(profile: Profile) -> str:

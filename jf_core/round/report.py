@@ -1,11 +1,158 @@
-"""A round's report: one dict with the same names in report.json, MLflow, the Prefect artifacts and the CLI table."""
+"""A round's report as a type: report.json, the MLflow metrics, the Prefect artifacts, the registry's tags and the
+CLI table all read these fields; what is derived (the headline's figures, plain Jacobi's TPF) is a property of the
+two evaluations it holds, never a second copy."""
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
 
 from jf_core.config import Profile
+from jf_core.evaluation.gate import Figures
+from jf_core.evaluation.results import Evaluation
+from jf_core.evaluation.speed import MethodResult
 from jf_core.round.paths import RoundPaths, eval_key
+
+
+class TrainSummary(BaseModel):
+    """What the training stage returns (jf_core/round/training.py) and keeps in its `done.json`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    steps: int
+    train_seconds: float
+    model_in: str
+    strategy: str
+    workers: int
+    resumed_from_step: int = 0
+    threads: dict[str, Any] = {}  # the training governor's counts (jf_core/threads.py)
+    history: list[dict[str, int | float]] = []  # the loss curve: a row per logged step
+
+
+class Threads(BaseModel):
+    """torch CPU threads each stage ran with, logged as the run's params."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    train: dict[str, Any]
+    eval: int | None
+    trajectory_actor: int  # the actors' Ray CPU allotment
+
+
+class RoundReport(BaseModel):
+    """The round's result. The headline is the trained model's evaluation's: the tuned decode config when there is
+    one, else plain Jacobi at the block size chosen on calibration prompts; its speedup is against our AR on the same
+    model. `base_eval` is the input model's evaluation; `lineage_base` the chain's original base model; `figures` what
+    the gate reads of each (jf_core/evaluation/gate.py)."""
+
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
+
+    profile: str
+    model_in: str
+    model: str
+    round_dir: str
+    block_size: int  # the trajectories' (training's) block size
+    eval_key: str
+    lineage_base: str
+    lineage_base_accuracy: float
+    figures: dict[str, Figures]  # candidate, input, lineage_base
+    threads: Threads
+    trajectories: dict[str, Any]
+    packing: dict[str, Any]
+    training: dict[str, Any]  # the profile's training config
+    train: TrainSummary
+    base_eval: Evaluation
+    eval: Evaluation
+
+    @property
+    def method_name(self) -> str:
+        """What trained the model: JF for Jacobi Forcing, CLLM for the baseline objective (the `tiny` profile's)."""
+        return "CLLM" if self.training.get("method") == "cllm" else "JF"
+
+    @property
+    def accuracy(self) -> float:
+        return self.eval.accuracy
+
+    @property
+    def base_accuracy(self) -> float:
+        return self.base_eval.accuracy
+
+    @property
+    def tpf(self) -> dict[str, float]:
+        return self.eval.tpf
+
+    @property
+    def base_tpf(self) -> dict[str, float]:
+        return self.base_eval.tpf
+
+    @property
+    def headline(self) -> MethodResult:
+        return self.eval.headline
+
+    @property
+    def tuned(self) -> MethodResult | None:
+        return self.eval.tuned
+
+    @property
+    def identical_fraction(self) -> float:
+        """The headline's identity with the model's greedy AR: 1.0 in fp32 by contract, measured in bf16."""
+        return self.headline.identical_fraction
+
+    def metrics(self) -> dict[str, float]:
+        """The round's figures as flat MLflow metrics."""
+        head, base = self.headline, self.base_eval.headline
+        m = {
+            "accuracy": self.accuracy,
+            "base_accuracy": self.base_accuracy,
+            "accuracy_drop": self.base_accuracy - self.accuracy,
+            "tpf": head.tpf,
+            "tps": head.tps,
+            "tps_ar": self.eval.methods["ar"].tps,
+            "speedup_vs_ar": head.speedup_vs_ar,  # the headline: against our own AR on the same model
+            "speedup_vs_hf_generate": head.speedup_vs_hf_generate,
+            "identical_fraction": self.identical_fraction,
+            "train_seconds": self.train.train_seconds,
+            "lineage_base_accuracy": self.lineage_base_accuracy,
+            **{f"output_{k}": v for k, v in head.output_stats.items()},  # what the gate's degeneracy checks read
+            **{f"base_output_{k}": v for k, v in base.output_stats.items()},
+        }
+        if (tuned := self.tuned) is not None:
+            m.update(tuned_tpf=tuned.tpf, tuned_tps=tuned.tps, tuned_speedup_vs_ar=tuned.speedup_vs_ar)
+        m.update({f"tpf_n{n}": v for n, v in self.tpf.items()})
+        m.update({f"base_tpf_n{n}": v for n, v in self.base_tpf.items()})
+        m.update({f"tps_{name}": v for name, v in self.eval.tps.items()})
+        return m
+
+    def summary(self) -> dict[str, Any]:
+        """The headline figures as plain JSON: what `jf-round` returns and `jf-progressive` passes on as history."""
+        return {
+            "profile": self.profile,
+            "model_in": self.model_in,
+            "model": self.model,
+            "round_dir": self.round_dir,
+            "block_size": self.block_size,
+            "accuracy": self.accuracy,
+            "base_accuracy": self.base_accuracy,
+            "tpf": self.tpf,
+            "base_tpf": self.base_tpf,
+            "headline_method": self.eval.headline_method,
+            "headline_tpf": self.headline.tpf,
+            "speedup_vs_ar": self.headline.speedup_vs_ar,
+            "identical_fraction": self.identical_fraction,
+            "decode_config": self.eval.decode_config,
+            "train_seconds": self.train.train_seconds,
+        }
+
+    def save(self, path: Path) -> None:
+        from jf_core.model_dir import write_json_atomic
+
+        write_json_atomic(path, self.model_dump(mode="json"))
+
+    @classmethod
+    def load(cls, path: Path) -> RoundReport:
+        return cls.model_validate_json(Path(path).read_text())
 
 
 def round_report(
@@ -13,67 +160,36 @@ def round_report(
     model_in: str,
     paths: RoundPaths,
     stages: dict,
-    base: dict,
-    jf: dict,
-    lineage_base: tuple[str, dict] | None = None,
-) -> dict:
-    """The round's result: the same names in report.json, MLflow, the Prefect artifacts and the CLI table. The
-    headline is the evaluation's: the tuned decode config when there is one, else plain Jacobi at the block size
-    chosen on calibration prompts; its speedup is against our AR on the same model. `base` is the input model's
-    evaluation; `lineage_base` the chain's original base model and its evaluation (None: the input is the base).
-    `figures` are what the gate reads of each (jf_core/evaluation/gate.py)."""
-    from jf_core.evaluation.gate import Figures
-
-    tuned = jf["methods"].get("tuned")
-    headline = jf["methods"][jf["headline_method"]]
+    base: Evaluation,
+    jf: Evaluation,
+    lineage_base: tuple[str, Evaluation] | None = None,
+) -> RoundReport:
+    """The report of a round whose stages returned `stages` (trajectories, pack, train); `lineage_base` is the chain's
+    original base model and its evaluation (None: the input is the base)."""
     key = eval_key(profile)
     origin, origin_eval = lineage_base or (model_in, base)
-    return {
-        "eval_key": key,
-        "lineage_base": origin,
-        "lineage_base_accuracy": origin_eval["accuracy"],
-        "figures": {
-            "candidate": asdict(Figures.of(jf, key)),
-            "input": asdict(Figures.of(base, key)),
-            "lineage_base": asdict(Figures.of(origin_eval, key)),
+    train = TrainSummary.model_validate(stages["train"])
+    return RoundReport(
+        profile=profile.name,
+        model_in=model_in,
+        model=str(paths.model),
+        round_dir=str(paths.root),
+        block_size=profile.trajectory.block_size,
+        eval_key=key,
+        lineage_base=origin,
+        lineage_base_accuracy=origin_eval.accuracy,
+        figures={
+            "candidate": Figures.of(jf, key),
+            "input": Figures.of(base, key),
+            "lineage_base": Figures.of(origin_eval, key),
         },
-        "output_stats": jf["output_stats"],
-        "base_output_stats": base["output_stats"],
-        "profile": profile.name,
-        "model_in": model_in,
-        "model": str(paths.model),
-        "round_dir": str(paths.root),
-        "block_size": profile.trajectory.block_size,
-        "base_accuracy": base["accuracy"],
-        "base_tpf": base["tpf"],
-        "accuracy": jf["accuracy"],
-        "tpf": jf["tpf"],
-        "tps": jf["tps"],
-        "headline_tpf": headline["tpf"],
-        "headline_tps": headline["tps"],
-        "speedup_vs_ar": jf["speedup_vs_ar"],
-        "speedup_vs_hf_generate": jf["speedup_vs_hf_generate"],
-        "speedup_block_size": jf["speedup_block_size"],
-        "dtype": jf["dtype"],
-        "identical_fraction": headline["identical_fraction"],  # with the model's greedy AR; 1.0 in fp32 by contract
-        "decode_config": jf["decode_config"],
-        "tuned": None
-        if tuned is None
-        else {k: tuned[k] for k in ("tpf", "tps", "speedup_vs_ar", "identical_fraction")}
-        | {"config": jf["decode_config"]},
-        "train_seconds": stages["train"]["train_seconds"],
-        "resumed_from_step": stages["train"].get("resumed_from_step", 0),
-        # torch CPU threads each stage ran with: the training governor's counts, the evaluation's one count, and the
-        # trajectory actors' (their Ray CPU allotment). Logged as the run's params.
-        "threads": {
-            "train": stages["train"].get("threads") or {},
-            "eval": jf.get("torch_threads"),
-            "trajectory_actor": max(1, int(profile.compute.cpus_per_worker)),
-        },
-        "trajectories": {k: v for k, v in stages["trajectories"].items()},
-        "packing": stages["pack"],
-        "training": profile.training.model_dump(),
-        "loss_curve": stages["train"]["history"],
-        "base_eval": base,
-        "eval": jf,
-    }
+        threads=Threads(
+            train=train.threads, eval=jf.torch_threads, trajectory_actor=max(1, int(profile.compute.cpus_per_worker))
+        ),
+        trajectories=dict(stages["trajectories"]),
+        packing=dict(stages["pack"]),
+        training=profile.training.model_dump(),
+        train=train,
+        base_eval=base,
+        eval=jf,
+    )

@@ -18,10 +18,16 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pydantic import ValidationError
 
 from jf_core.config import Profile
 from jf_core.model_dir import DONE, write_json_atomic
 from jf_core.round.paths import RoundPaths, eval_path, finished
+
+if TYPE_CHECKING:
+    from jf_core.evaluation.results import Evaluation
 
 log = logging.getLogger("jf.stages")
 
@@ -203,21 +209,24 @@ def eval_threads(profile: Profile) -> Iterator[int]:
 
 def stage_evaluate(
     profile: Profile, model_path: str, *, progress: Callable[[str], None] | None = None, reuse: bool = True
-) -> dict:
+) -> Evaluation:
     """Accuracy, TPF, identity with greedy AR and TPS (every method taking turns) of one model
     (jf_core/evaluation/evaluate.py); cached per (model, evaluation config). `progress` gets a line per batch
     (default: this module's log). `reuse=False` measures again and replaces the cached evaluation (`jf eval`)."""
     from jf_core.evaluation.evaluate import evaluate_profile
+    from jf_core.evaluation.results import Evaluation
 
     out = eval_path(profile, model_path)
     if reuse and out.is_file():
-        cached = json.loads(out.read_text())
-        if "output_stats" in cached:  # evaluations from before EVAL_FORMAT 2 are redone
+        try:
+            cached = Evaluation.load(out)
+        except ValidationError as e:  # written by an older version of this code: measured again
+            log.info("evaluating again: %s was written by another version (%d fields differ)", out, e.error_count())
+        else:
             log.info("reusing evaluation %s", out)
             return cached
     with eval_threads(profile) as threads:
         result = evaluate_profile(model_path, profile, progress=progress or log.info)
-    result["model"] = model_path
-    result["torch_threads"] = threads
-    write_json_atomic(out, result)
+    result = result.model_copy(update={"model": model_path, "torch_threads": threads})
+    result.save(out)
     return result

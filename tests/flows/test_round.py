@@ -17,6 +17,7 @@ import pytest
 from mlflow import MlflowClient
 
 from jf_core.model_dir import read_block
+from jf_core.round.report import RoundReport
 from tests.infra.sockets import SocketWatch
 
 pytestmark = pytest.mark.timeout(900)
@@ -76,9 +77,10 @@ def test_round_registers_reuses_and_gates(prefect_server, jf_env):
     assert str(champion.version) == "1" and float(champion.tags["tpf"]) == pytest.approx(
         summary["headline_tpf"], abs=1e-3
     )
-    report = json.loads((Path(summary["round_dir"]) / "report.json").read_text())
-    assert champion.tags["train_block_size"] == str(report["block_size"])
-    assert champion.tags["decode_block_size"] == str(report["decode_config"]["block_size"])
+    report = RoundReport.load(Path(summary["round_dir"]) / "report.json")  # the summary's figures are the report's
+    assert summary == {**summary, **report.summary()} and report.headline.tpf == summary["headline_tpf"]
+    assert champion.tags["train_block_size"] == str(report.block_size)
+    assert champion.tags["decode_block_size"] == str(report.eval.decode_config["block_size"])
     run = client.get_run(summary["mlflow_run_id"])
     for key in ("accuracy", "tpf", "tps", "speedup_vs_ar", "loss", "tpf_n4", "tpf_n8"):
         assert key in run.data.metrics, key
@@ -131,8 +133,9 @@ def test_round_registers_reuses_and_gates(prefect_server, jf_env):
     new.write_text("".join(json.dumps({"prompt": f"program: a={i}; step +2; return a"}) + "\n" for i in range(4)))
     state = jf_round(jf_env["profile"], model="models:/jf-test@champion", new_prompts=str(new), return_state=True)
     chained = state.result()
-    assert chained["trajectories"]["prompts"] == summary["trajectories"]["prompts"] + 4
-    assert chained["model_in"] != summary["model_in"] and chained["lineage_base"] == summary["model_in"]
+    chained_report = RoundReport.load(Path(chained["round_dir"]) / "report.json")
+    assert chained_report.trajectories["prompts"] == report.trajectories["prompts"] + 4
+    assert chained["model_in"] != summary["model_in"] and chained_report.lineage_base == summary["model_in"]
     assert read_block(chained["model"])["lineage"] == {"base": summary["model_in"], "rounds": 2}
     states = _task_states(state.state_details.flow_run_id)
     assert states["evaluate lineage base model"] == "Cached", states
@@ -163,8 +166,8 @@ def test_a_round_trains_with_fsdp2_on_two_ray_train_workers(prefect_server, jf_e
 
     overrides = {"training": {"strategy": "fsdp2"}, "compute": {"train_workers": 2}}
     summary = jf_round(jf_env["profile"], overrides=overrides)
-    report = json.loads((Path(summary["round_dir"]) / "report.json").read_text())
+    report = RoundReport.load(Path(summary["round_dir"]) / "report.json")
     trained = json.loads((Path(summary["model"]) / "done.json").read_text())
     assert trained["strategy"] == "fsdp2" and trained["workers"] == 2
-    assert report["training"]["strategy"] == "fsdp2" and summary["registry"]["version"]
+    assert report.train.strategy == "fsdp2" and report.train.workers == 2 and summary["registry"]["version"]
     assert not (Path(summary["round_dir"]) / "checkpoints").exists()  # removed once the model was complete

@@ -5,7 +5,7 @@ a drift over rounds or a measurement at another block size produce; (c) is a rea
 
 from __future__ import annotations
 
-from dataclasses import asdict, replace
+from dataclasses import replace
 
 import mlflow
 import pytest
@@ -17,8 +17,10 @@ from jf_core.config import EvalConfig, RegistryConfig
 from jf_core.evaluation.evaluate import evaluate_model
 from jf_core.evaluation.gate import Figures
 from jf_core.models import stop_tokens
+from jf_core.round.report import RoundReport
 from jf_core.toy.bootstrap import ensure_embedded_model
 from jf_core.trajectory.prompts import PromptFormat
+from tests.reports import round_report
 
 KEY = "same-evaluation"
 
@@ -50,7 +52,7 @@ def evaluations(embedded):
 
 
 @pytest.fixture()
-def registry(tmp_path, monkeypatch, profile):
+def registry(tmp_path, monkeypatch, profile, evaluations):
     model_dir = str(ensure_embedded_model())  # from the project cache, before JF_HOME moves to tmp
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
@@ -61,24 +63,13 @@ def registry(tmp_path, monkeypatch, profile):
     # artifacts under tmp_path, as mlflow_runs.connect places them: the default root is ./mlruns in the working dir
     experiment = client.create_experiment("gate", artifact_location=(tmp_path / "artifacts").as_uri())
 
-    def report_of(name: str, candidate: Figures, input_model: Figures, base: Figures) -> dict:
-        return {
-            "round_dir": str(tmp_path / name),
-            "model": model_dir,
-            "model_in": "the input model",
-            "lineage_base": "the lineage base",
-            "accuracy": candidate.accuracy,
-            "base_accuracy": input_model.accuracy,
-            "headline_tpf": candidate.headline_tpf,
-            "headline_tps": 100.0,
-            "speedup_vs_ar": 2.0,
-            "identical_fraction": 1.0,
-            "dtype": "float32",
-            "block_size": 8,
-            "decode_config": {"block_size": 8},
-            "eval_key": KEY,
-            "figures": {"candidate": asdict(candidate), "input": asdict(input_model), "lineage_base": asdict(base)},
-        }
+    def report_of(name: str, candidate: Figures, input_model: Figures, base: Figures) -> RoundReport:
+        clean = evaluations[0]  # the report's own rows; the gate reads only the figures
+        figures = {"candidate": candidate, "input": input_model, "lineage_base": base}
+        return round_report(
+            clean, clean, figures=figures, eval_key=KEY, round_dir=str(tmp_path / name), model=model_dir,
+            model_in="the input model", lineage_base="the lineage base", block_size=8,
+        )  # fmt: skip
 
     def register(name: str, candidate: Figures, input_model: Figures, base: Figures) -> tuple[str, object]:
         run_id = client.create_run(experiment).info.run_id
@@ -141,10 +132,11 @@ def test_refusals_show_their_reasons_on_the_version_and_leave_the_champion(regis
 
 
 KILLED_WHILE_PROMOTING = """
-import json, os, sys
+import os, sys
 from mlflow import MlflowClient
 from jacobi_forcing.tasks import registry as reg
 from jf_core.config import Profile
+from jf_core.round.report import RoundReport
 
 uri, profile, report, run_id = sys.argv[1:5]
 move_alias = MlflowClient.set_registered_model_alias
@@ -158,7 +150,7 @@ def dying(self, name, alias, version):
 
 MlflowClient.set_registered_model_alias = dying
 client = MlflowClient(uri, uri)
-reg.register(client, run_id, Profile.model_validate_json(open(profile).read()), json.load(open(report)))
+reg.register(client, run_id, Profile.model_validate_json(open(profile).read()), RoundReport.load(report))
 """
 
 
@@ -167,7 +159,6 @@ def test_a_registration_killed_before_its_promotion_is_completed_by_the_rerun(re
     """Killed after registering its version and moving `challenger`, before `champion`: the re-run registers no
     second version and finishes the promotion the gate had decided; an operator's later alias moves are not undone
     by re-running a finished registration."""
-    import json
     import subprocess
     import sys
     from pathlib import Path
@@ -178,7 +169,7 @@ def test_a_registration_killed_before_its_promotion_is_completed_by_the_rerun(re
     assert decision.passed
     faster = replace(clean, tpf={"8": clean.tpf["8"] + 0.5}, headline_tpf=clean.headline_tpf + 0.5)
     report = register.report_of("r2", faster, clean, clean)
-    (tmp_path / "report.json").write_text(json.dumps(report))
+    report.save(tmp_path / "report.json")
     (tmp_path / "profile.json").write_text(register.profile.model_dump_json())
     run_id = client.create_run(register.experiment).info.run_id
     repo = Path(__file__).resolve().parents[2]

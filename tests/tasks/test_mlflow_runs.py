@@ -17,7 +17,7 @@ def test_the_trajectory_input_is_logged_without_mlflows_ambiguous_source_warning
     run_id = client.create_run(client.create_experiment("e", artifact_location=str(tmp_path / "art"))).info.run_id
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        log_trajectory_input(client, run_id, store, {"trajectories": {"out": str(store)}})
+        log_trajectory_input(client, run_id, tmp_path / "gone", store)
     assert not [w for w in caught if "interpreted in multiple ways" in str(w.message)]
     (dataset,) = client.get_run(run_id).inputs.dataset_inputs
     assert dataset.dataset.name == "trajectories" and dataset.dataset.source_type == "local"

@@ -3,34 +3,33 @@
 from __future__ import annotations
 
 from jacobi_forcing.tasks.reporting import artifact_key, metrics_rows, summary_markdown
+from tests.reports import evaluation, round_report
 
-REPORT = {
-    "profile": "tiny",
-    "block_size": 16,
-    "accuracy": 0.995,
-    "base_accuracy": 1.0,
-    "tpf": {"16": 3.35, "32": 4.16},
-    "base_tpf": {"16": 1.36, "32": 1.44},
-    "tps": {"ar": 500.0, "jacobi_n16": 900.0, "jacobi_n32": 1000.0},
-    "headline_tpf": 4.16,
-    "speedup_vs_ar": 2.0,
-    "speedup_block_size": 32,
-    "train_seconds": 464.0,
-    "model_in": "/m/in",
-    "model": "/m/out",
-}
+TPS = {"ar": 500.0, "jacobi_n16": 900.0, "jacobi_n32": 1000.0}
+REPORT = round_report(
+    evaluation({16: 3.35, 32: 4.16}, TPS, accuracy=0.995),
+    evaluation({16: 1.36, 32: 1.44}, {"ar": 500.0, "jacobi_n16": 600.0, "jacobi_n32": 620.0}),
+)
 
 
 def test_rows_per_block_size_with_speedup():
     rows = metrics_rows(REPORT)
     assert [r["block size n"] for r in rows] == [16, 32]
     assert rows[1]["speedup vs AR"] == 2.0 and rows[0]["base TPF"] == 1.36
-    assert rows[0]["JF TPF"] == 3.35
+    assert rows[0]["JF TPF"] == 3.35 and rows[0]["JF TPS"] == 900.0
+
+
+def test_the_tuned_config_gets_its_own_row():
+    config = {"block_size": 64, "num_blocks": 2, "pool_size": 0, "seed_drafts": True}
+    jf = evaluation({16: 3.35, 32: 4.16}, TPS, tuned={"tpf": 7.8, "tps": 1500.0, "config": config})
+    rows = metrics_rows(round_report(jf, REPORT.base_eval))
+    assert rows[-1]["block size n"] == "tuned n=64 K=2 pool=0 seeded"
+    assert rows[-1]["JF TPF"] == 7.8 and rows[-1]["speedup vs AR"] == 3.0
 
 
 def test_the_table_names_the_method_that_trained_the_model():
     """The tiny profile trains with CLLM's objective: its table says so, as the round's log does."""
-    rows = metrics_rows({**REPORT, "training": {"method": "cllm"}})
+    rows = metrics_rows(REPORT.model_copy(update={"training": {"method": "cllm"}}))
     assert rows[0]["CLLM TPF"] == 3.35 and "JF TPF" not in rows[0]
 
 

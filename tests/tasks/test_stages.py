@@ -86,8 +86,10 @@ def test_an_evaluation_runs_at_its_own_thread_count_and_gives_the_callers_back(p
     torch.set_num_threads(2)
     try:
         result = stage_evaluate(p, p.model.path)
-        assert result["torch_threads"] == 1  # the evaluation's own count, for every method's turn
+        assert result.torch_threads == 1  # the evaluation's own count, for every method's turn
         assert torch.get_num_threads() == 2  # and the worker's next task starts from the caller's
+        again = stage_evaluate(p, p.model.path)  # the cached evaluation, read back as the same type
+        assert again.model_dump_json() == result.model_dump_json() and again.model == p.model.path
     finally:
         torch.set_num_threads(before)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 
 import pytest
 import torch
@@ -78,15 +79,37 @@ def test_fp32_evaluation_is_identical_calibrated_and_complete(gsm8k_file):
     model = _model(tok)
     calibration = [tok(t, add_special_tokens=False)["input_ids"] for t in ("Q: 7 + 7? A:", "Q: 1 + 2? A:")]
     result = evaluate_model(model, tok, _cfg(gsm8k_file), fmt=PromptFormat(), stop=_stop(tok), calibration=calibration)
-    assert result["dtype"] == "float32" and result["items"] == 5
-    assert set(result["methods"]) == {"ar", "jacobi_n4", "jacobi_n8"}
-    assert all(v == 1.0 for v in result["identical_fraction"].values())  # fp32: the contract is identity
-    assert all(d is None for r in result["methods"].values() for d in r["first_divergence"])
-    assert result["calibration"]["prompts"] == 2 and set(result["calibration"]["tps"]) == {"4", "8"}
-    best = max(result["calibration"]["tps"], key=result["calibration"]["tps"].get)
-    assert result["speedup_block_size"] == int(best) and result["headline_method"] == f"jacobi_n{best}"
-    assert result["speedup_vs_ar"] == pytest.approx(result["tps"][f"jacobi_n{best}"] / result["tps"]["ar"])
-    assert 0.0 <= result["accuracy"] <= 1.0
+    assert result.dtype == "float32" and result.items == 5
+    assert set(result.methods) == {"ar", "jacobi_n4", "jacobi_n8"}
+    assert all(r.identical_fraction == 1.0 for r in result.rows())  # fp32: the contract is identity
+    assert all(d is None for r in result.rows() for d in r.first_divergence)
+    assert result.calibration.prompts == 2 and set(result.calibration.tps) == {"4", "8"}
+    best = max(result.calibration.tps, key=result.calibration.tps.get)
+    assert result.speedup_block_size == int(best) and result.headline_method == f"jacobi_n{best}"
+    assert result.headline.speedup_vs_ar == pytest.approx(result.tps[f"jacobi_n{best}"] / result.tps["ar"])
+    assert 0.0 <= result.accuracy <= 1.0
+    assert result.tpf == {n: result.methods[f"jacobi_n{n}"].tpf for n in ("4", "8")}
+
+
+def test_an_evaluation_reads_back_from_its_json_as_written(gsm8k_file, tmp_path):
+    """The round caches an evaluation as JSON and the gate reads it back: every figure (NaN speedups and the
+    integer keys of the acceptance histograms included) survives the trip, and a file of another shape is
+    refused by field."""
+    from pydantic import ValidationError
+
+    from jf_core.evaluation.results import Evaluation
+
+    tok = _tokenizer()
+    result = evaluate_model(_model(tok), tok, _cfg(gsm8k_file, block_sizes=[4]), fmt=PromptFormat(), stop=_stop(tok))
+    result.save(tmp_path / "eval.json")
+    again = Evaluation.load(tmp_path / "eval.json")
+    assert again.model_dump_json() == result.model_dump_json()
+    assert math.isnan(again.methods["ar"].speedup_vs_hf_generate)  # no HF row in this evaluation
+    assert all(isinstance(k, int) for k in again.methods["jacobi_n4"].accepted_histogram)
+    old = json.loads((tmp_path / "eval.json").read_text())
+    old["headline_tpf"] = 2.0  # a version-2 evaluation stored derived figures beside the rows
+    with pytest.raises(ValidationError, match="headline_tpf"):
+        Evaluation.model_validate(old)
 
 
 def test_fp32_difference_is_a_bug_and_raises(gsm8k_file):
@@ -111,9 +134,9 @@ def test_bf16_evaluation_reports_identity_instead_of_raising(gsm8k_file):
     model = _model(tok, torch.bfloat16)
     cfg = _cfg(gsm8k_file, block_sizes=[8], max_new_tokens=24)
     result = evaluate_model(model, tok, cfg, fmt=PromptFormat(), stop=_stop(tok))
-    assert result["dtype"] == "bfloat16"
-    fraction = result["identical_fraction"]["jacobi_n8"]
-    diverged = result["methods"]["jacobi_n8"]["first_divergence"]
+    assert result.dtype == "bfloat16"
+    fraction = result.methods["jacobi_n8"].identical_fraction
+    diverged = result.methods["jacobi_n8"].first_divergence
     assert 0.0 <= fraction <= 1.0 and len(diverged) == 5
     assert fraction == sum(d is None for d in diverged) / 5
 

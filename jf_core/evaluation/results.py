@@ -1,0 +1,92 @@
+"""An evaluation's result as a type: what `evaluate_model` returns, the round caches as JSON, the gate reads, the CLI
+prints and MLflow logs, all from these fields. Each method's row is a `speed.MethodResult`; what a reader wants of
+the whole (plain Jacobi's TPF per block size, the headline's figures) is derived from the rows, never stored twice."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from jf_core.evaluation.speed import MethodResult
+
+
+class Calibration(BaseModel):
+    """Plain Jacobi's block size chosen by TPS on calibration prompts (none when the evaluation has one size)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompts: int = 0
+    tps: dict[str, float] = {}
+
+
+class Evaluation(BaseModel):
+    """One model's evaluation (jf_core/evaluation/evaluate.py): every method's row on the same prompts, the block size
+    chosen on calibration prompts and the headline method (the tuned decode config, else plain Jacobi at that n)."""
+
+    # NaN (a speedup against a method that did not run) is written as JSON's NaN, like `json.dumps` does, so the
+    # cached file reads back as the same floats.
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
+
+    benchmark: str
+    items: int
+    dtype: str
+    block_sizes: list[int]  # plain Jacobi's, each a `jacobi_n{n}` row
+    methods: dict[str, MethodResult]
+    calibration: Calibration
+    speedup_block_size: int
+    headline_method: str
+    decode_config: dict[str, Any]  # the headline's (asdict of JacobiConfig / JFDecodeConfig)
+    eval_seconds: float
+    model: str | None = None  # what was evaluated, when the caller knows (the round's stage does)
+    torch_threads: int | None = None  # the one thread count every method ran with
+
+    @property
+    def accuracy(self) -> float:
+        """Greedy accuracy: the model's own, whatever decodes it (our AR's texts, scored)."""
+        return float(self.methods["ar"].accuracy)
+
+    @property
+    def headline(self) -> MethodResult:
+        return self.methods[self.headline_method]
+
+    @property
+    def tpf(self) -> dict[str, float]:
+        """Plain Jacobi's TPF per block size (keys are strings: they are JSON keys and MLflow names too)."""
+        return {str(n): self.methods[f"jacobi_n{n}"].tpf for n in self.block_sizes}
+
+    @property
+    def tps(self) -> dict[str, float]:
+        return {name: r.tps for name, r in self.methods.items()}
+
+    @property
+    def accepted_histogram(self) -> dict[str, dict[int, int]]:
+        return {str(n): self.methods[f"jacobi_n{n}"].accepted_histogram for n in self.block_sizes}
+
+    @property
+    def tuned(self) -> MethodResult | None:
+        return self.methods.get("tuned")
+
+    def metrics(self) -> dict[str, float]:
+        """The headline, plain Jacobi's TPF per block size and every method's TPS, as flat MLflow metrics."""
+        return {
+            "accuracy": self.accuracy,
+            "headline_tpf": self.headline.tpf,
+            "speedup_vs_ar": self.headline.speedup_vs_ar,  # against our own AR on the same model
+            **{f"tpf_n{n}": v for n, v in self.tpf.items()},
+            **{f"tps_{name}": v for name, v in self.tps.items()},
+        }
+
+    def rows(self) -> list[MethodResult]:
+        """Every method's row, for `speed.format_table` and the plots."""
+        return list(self.methods.values())
+
+    def save(self, path: Path) -> None:
+        from jf_core.model_dir import write_json_atomic
+
+        write_json_atomic(path, self.model_dump(mode="json"))
+
+    @classmethod
+    def load(cls, path: Path) -> Evaluation:
+        return cls.model_validate_json(Path(path).read_text())

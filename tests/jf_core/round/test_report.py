@@ -1,0 +1,54 @@
+"""A round's report as a type: derived figures come from its two evaluations, it reads back from report.json as
+written, and its MLflow metrics and summary carry the headline."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pydantic import ValidationError
+
+from jf_core.round.report import RoundReport
+from tests.reports import evaluation, round_report
+
+TPS = {"ar": 500.0, "jacobi_n16": 900.0, "jacobi_n32": 1000.0}
+CONFIG = {"block_size": 32, "num_blocks": 2, "pool_size": 4, "seed_drafts": False}
+
+
+def _report():
+    jf = evaluation({16: 3.35, 32: 4.16}, TPS, accuracy=0.99, tuned={"tpf": 5.0, "tps": 1250.0, "config": CONFIG})
+    return round_report(jf, evaluation({16: 1.36, 32: 1.44}, {"ar": 500.0, "jacobi_n16": 600.0, "jacobi_n32": 620.0}))
+
+
+def test_the_headline_is_the_tuned_row_and_the_block_sizes_are_plain_jacobi():
+    report = _report()
+    assert report.headline is report.eval.methods["tuned"] and report.tuned is report.headline
+    assert report.tpf == {"16": 3.35, "32": 4.16} and report.base_tpf == {"16": 1.36, "32": 1.44}
+    assert report.accuracy == 0.99 and report.base_accuracy == 1.0
+
+
+def test_metrics_are_the_headline_the_tuned_row_and_every_block_size():
+    m = _report().metrics()
+    assert m["tpf"] == 5.0 and m["tps"] == 1250.0 and m["speedup_vs_ar"] == 2.5 and m["tuned_tpf"] == 5.0
+    assert m["accuracy_drop"] == pytest.approx(0.01)
+    assert m["tpf_n32"] == 4.16 and m["base_tpf_n16"] == 1.36 and m["tps_ar"] == 500.0 and m["tps_jacobi_n16"] == 900.0
+    assert m["output_repetition"] == 0.0 and m["train_seconds"] == 464.0
+    assert all(isinstance(v, float) for v in m.values())
+
+
+def test_the_summary_is_plain_json_with_the_headline():
+    summary = _report().summary()
+    assert json.loads(json.dumps(summary)) == summary
+    assert summary["headline_tpf"] == 5.0 and summary["decode_config"] == CONFIG and summary["tpf"]["32"] == 4.16
+
+
+def test_report_json_reads_back_as_written_and_refuses_another_shape(tmp_path):
+    report = _report()
+    report.save(tmp_path / "report.json")
+    again = RoundReport.load(tmp_path / "report.json")
+    assert again.model_dump_json() == report.model_dump_json()
+    assert again.figures["candidate"].headline_tpf == 5.0  # the gate's figures come back as Figures
+    data = json.loads((tmp_path / "report.json").read_text())
+    del data["eval"]["methods"]["ar"]["tps"]
+    with pytest.raises(ValidationError, match=r"eval\.methods\.ar\.tps"):
+        RoundReport.model_validate(data)

@@ -1,0 +1,89 @@
+"""Typed results with chosen figures, for tests of what reads them (the table, the summary, the registry): an
+`Evaluation` built from method rows, and a `RoundReport` around two of them."""
+
+from __future__ import annotations
+
+from jf_core.evaluation.gate import Figures
+from jf_core.evaluation.results import Calibration, Evaluation
+from jf_core.evaluation.speed import MethodResult
+from jf_core.round.report import RoundReport, Threads, TrainSummary
+
+
+def evaluation(
+    tpf: dict[int, float],
+    tps: dict[str, float],
+    *,
+    accuracy: float = 1.0,
+    tuned: dict | None = None,
+    speedup_block_size: int | None = None,
+    output: dict[str, float] | None = None,
+) -> Evaluation:
+    """Plain Jacobi's rows at `tpf`'s block sizes, our AR's, and a `tuned` row ({tpf, tps, config}) when given;
+    every speedup is against the AR row's TPS, as `speed.bench` computes it."""
+    ar = tps["ar"]
+
+    def row(name: str, tpf: float, tps: float) -> MethodResult:
+        return MethodResult(
+            name, tpf, tps, None, None, 1.0, 100, speedup_vs_ar=tps / ar, identical_fraction=1.0,
+            accuracy=accuracy, accepted_histogram={1: 3, 2: 1}, output_stats=dict(output or {"repetition": 0.0}),
+        )  # fmt: skip
+
+    methods = {"ar": row("ar", 1.0, ar)} | {
+        f"jacobi_n{n}": row(f"jacobi_n{n}", v, tps[f"jacobi_n{n}"]) for n, v in tpf.items()
+    }
+    best = speedup_block_size or max(tpf)
+    config = {"block_size": best, "max_new_tokens": 100}
+    if tuned is not None:
+        methods["tuned"] = row("tuned", tuned["tpf"], tuned["tps"])
+        config = tuned["config"]
+    return Evaluation(
+        benchmark="embedded",
+        items=8,
+        dtype="float32",
+        block_sizes=sorted(tpf),
+        methods=methods,
+        calibration=Calibration(prompts=2, tps={str(n): tps[f"jacobi_n{n}"] for n in tpf}),
+        speedup_block_size=best,
+        headline_method="tuned" if tuned is not None else f"jacobi_n{best}",
+        decode_config=config,
+        eval_seconds=1.0,
+    )
+
+
+def round_report(
+    jf: Evaluation,
+    base: Evaluation,
+    *,
+    figures: dict[str, Figures] | None = None,
+    method: str = "jacobi_forcing",
+    **fields,
+) -> RoundReport:
+    """A report of a round that trained `base`'s model into `jf`'s; `figures` default to the two evaluations'."""
+    key = fields.pop("eval_key", "same-evaluation")
+    values = {
+        "profile": "tiny",
+        "model_in": "/m/in",
+        "model": "/m/out",
+        "round_dir": "/runs/tiny/n16-abc",
+        "block_size": 16,
+        "eval_key": key,
+        "lineage_base": "/m/in",
+        "lineage_base_accuracy": base.accuracy,
+        "figures": figures
+        or {"candidate": Figures.of(jf, key), "input": Figures.of(base, key), "lineage_base": Figures.of(base, key)},
+        "threads": Threads(train={"policy": "fixed", "initial": 1}, eval=1, trajectory_actor=1),
+        "trajectories": {"prompts": 8, "rows": 40},
+        "packing": {"examples": 8},
+        "training": {"method": method},
+        "train": TrainSummary(
+            steps=20,
+            train_seconds=464.0,
+            model_in="/m/in",
+            strategy="single",
+            workers=1,
+            history=[{"step": 0, "loss": 2.0}, {"step": 10, "loss": 1.0}],
+        ),
+        "base_eval": base,
+        "eval": jf,
+    }
+    return RoundReport(**(values | fields))
