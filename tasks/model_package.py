@@ -102,13 +102,19 @@ def resolve_model(uri: str, profile: Profile | None = None) -> str:
         try:
             mv = client.get_model_version_by_alias(name, alias)
         except MlflowException as err:
-            raise ValueError(f"model {uri}: registered model {name!r} has no alias {alias!r}") from err
+            raise ValueError(
+                f"model {uri}: registered model {name!r} has no alias {alias!r} in the registry at {store} "
+                "(MLFLOW_TRACKING_URI, else the profile's registry.tracking_uri)"
+            ) from err
     else:
         name, _, version = ref.partition("/")
         try:
             mv = client.get_model_version(name, version)
         except MlflowException as err:
-            raise ValueError(f"model {uri}: registered model {name!r} has no version {version!r}") from err
+            raise ValueError(
+                f"model {uri}: registered model {name!r} has no version {version!r} in the registry at {store} "
+                "(MLFLOW_TRACKING_URI, else the profile's registry.tracking_uri)"
+            ) from err
     dest = jf_home() / "models" / "registry" / f"{name}-v{mv.version}"
     if not dest.is_dir():
         dest.parent.mkdir(parents=True, exist_ok=True)

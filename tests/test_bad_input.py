@@ -285,13 +285,15 @@ CASES = [
         "registry-no-alias",
         "registry URI",
         registry("models:/jf-nope@champion"),
-        "model models:/jf-nope@champion: registered model 'jf-nope' has no alias 'champion'",
+        "model models:/jf-nope@champion: registered model 'jf-nope' has no alias 'champion' in the registry at "
+        "sqlite:///{tmp}/mlflow.db",
     ),
     Case(
         "registry-no-version",
         "registry URI",
         registry("models:/jf-nope/3"),
-        "model models:/jf-nope/3: registered model 'jf-nope' has no version '3'",
+        "model models:/jf-nope/3: registered model 'jf-nope' has no version '3' in the registry at "
+        "sqlite:///{tmp}/mlflow.db",
     ),
     Case(
         "benchmark-missing-field",

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import random
+import re
 from dataclasses import dataclass
 
 MAX_START = 99
@@ -51,7 +52,6 @@ class ToyTaskConfig:
 
 def _make_example(rng: random.Random, uid: str, cfg: ToyTaskConfig) -> ToyExample:
     steps = rng.randint(cfg.min_steps, cfg.max_steps)
-    names = VARIABLES[:steps]
     op = rng.choice("+-")
     if op == "+":
         step = rng.randint(1, 9)
@@ -60,13 +60,36 @@ def _make_example(rng: random.Random, uid: str, cfg: ToyTaskConfig) -> ToyExampl
         # Values never go below zero, so the trace is plain non-negative arithmetic.
         step = rng.randint(1, min(9, MAX_START // (steps - 1)))
         value = rng.randint(step * (steps - 1), MAX_START)
-    trace = [f"a={value}"]
+    return _example(uid, value, op, step, steps)
+
+
+def _example(uid: str, start: int, op: str, step: int, steps: int) -> ToyExample:
+    names = VARIABLES[:steps]
+    value, trace = start, [f"a={start}"]
     for prev, name in itertools.pairwise(names):
         value = value + step if op == "+" else value - step
         trace.append(f"{name}={prev}{op}{step}={value}")
-    prompt = f"program: a={trace[0][2:]}; step {op}{step}; return {names[-1]}"
+    prompt = f"program: a={start}; step {op}{step}; return {names[-1]}"
     answer = "; ".join(trace) + f"; answer {value}"
     return ToyExample(uid=uid, prompt=prompt, answer=answer, final=value)
+
+
+PROMPT = re.compile(r"program: a=(\d+); step ([+-])(\d); return ([a-z])")
+
+
+def example_of(prompt: str, cfg: ToyTaskConfig = ToyTaskConfig()) -> ToyExample | None:
+    """The task's item for a prompt written by hand, its answer worked out; None when the task never makes such a
+    prompt (a start above 99, a step of 0, fewer or more variables than `cfg` allows, a value below zero), so
+    the model was never taught it: examples shown to people must be ones the model solves."""
+    match = PROMPT.fullmatch(prompt)
+    if match is None:
+        return None
+    start, op, step, last = int(match[1]), match[2], int(match[3]), match[4]
+    steps = VARIABLES.index(last) + 1
+    in_range = start <= MAX_START and step >= 1 and cfg.min_steps <= steps <= cfg.max_steps
+    if not in_range or (op == "-" and (start < step * (steps - 1) or step > MAX_START // (steps - 1))):
+        return None
+    return _example("hand-written", start, op, step, steps)
 
 
 # Splits partition the space of programs by a hash of the prompt, so a test program never occurs in training.

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from jf_core.toy.task import ToyTaskConfig, make_split, score
+from jf_core.toy.task import ToyTaskConfig, example_of, make_split, score
 from jf_core.toy.tokenizer import build_tokenizer
 
 
@@ -45,3 +45,18 @@ def test_bad_config_and_split_are_named():
         ToyTaskConfig(min_steps=9, max_steps=3)
     with pytest.raises(ValueError, match="unknown split 'dev'"):
         make_split("dev", 3)
+
+
+def test_a_hand_written_prompt_is_recognised_exactly_when_the_task_makes_such_prompts():
+    for e in make_split("test", 200) + make_split("train", 200):
+        assert example_of(e.prompt).answer == e.answer
+    assert example_of("program: a=84; step -7; return e") is None  # 5 variables: the task makes 6 to 14
+    assert example_of("program: a=84; step -7; return f").final == 49
+    for outside in (
+        "program: a=3; return a",  # no step
+        "program: a=3; step +2; step -1; return c",  # two steps
+        "program: a=100; step +1; return f",  # start above 99
+        "program: a=20; step -5; return f",  # 20 - 25 < 0
+        "program: a=3; step +0; return f",  # a step of 0
+    ):
+        assert example_of(outside) is None, outside
