@@ -147,9 +147,13 @@ def jf_ablate(
         seconds = time.monotonic() - started
         client.log_text(parent, table, "ablation/table.md")
         client.log_dict(parent, {"summary": summary, "runs": rows, "seconds": seconds}, "ablation/results.json")
+        import matplotlib.pyplot as plt
+
         from jf_core.evaluation.plots import ablation_bars
 
-        client.log_figure(parent, ablation_bars(summary), "plots/ablation.png")
+        figure = ablation_bars(summary)
+        client.log_figure(parent, figure, "plots/ablation.png")
+        plt.close(figure)
         client.log_metric(parent, "seconds", seconds)
     answers = rows[0]["noise"]["blocks_per_answer"]
     note = (

@@ -178,8 +178,11 @@ def log_round(client: MlflowClient, run_id: str, report: RoundReport, plots: dic
     client.log_batch(run_id, params=[Param(f"threads.{k}", str(v)) for k, v in thread_params(threads).items()])
     for i in range(0, len(curve), 1000):
         client.log_batch(run_id, metrics=curve[i : i + 1000])
+    import matplotlib.pyplot as plt
+
     for name, fig in plots.items():
         client.log_figure(run_id, fig, f"plots/{name}.png")
+        plt.close(fig)  # pyplot holds every figure until closed: a worker running round after round would pile them up
     # The report as report.json holds it (the loss curve is the run's metrics already).
     client.log_dict(run_id, report.model_dump(mode="json", exclude={"train": {"history"}}), "eval/report.json")
     # The trajectories the stage wrote (shared between rounds of one model), else the round's own directory.

@@ -96,7 +96,12 @@ class Engine:
     def chat_prompt(self, messages: list[dict]) -> list[int]:
         if getattr(self.tokenizer, "chat_template", None) is None:
             raise RequestError(f"model {self.name!r} has no chat template: use /v1/completions")
-        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        from jinja2.exceptions import TemplateError
+
+        try:
+            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        except TemplateError as err:  # the template refused these messages (raise_exception): the client's to fix
+            raise RequestError(f"messages: {err}") from None
         return self.encode(text)
 
     def check(self, request: Request, max_tokens_limit: int) -> None:

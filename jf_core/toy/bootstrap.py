@@ -25,7 +25,7 @@ from jf_core.toy.task import ToyTaskConfig, make_split
 from jf_core.toy.tokenizer import build_tokenizer
 from jf_core.training.trainer import TrainConfig, causal_lm_loss, train
 
-RECIPE_VERSION = 1  # bump when code changes what a given config trains
+RECIPE_VERSION = 2  # bump when code changes what a given config trains or saves (2: the tokenizer's chat template)
 
 
 @dataclass(frozen=True)

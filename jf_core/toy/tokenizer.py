@@ -18,6 +18,16 @@ from jf_core.toy.task import make_split
 
 EOS, PAD = "<|im_end|>", "<|endoftext|>"
 
+# The embedded model knows one kind of text, a program and its trace, and no dialogue: a chat is answered by giving it
+# the last message, which must be the user's program (`/v1/chat/completions` and `jf decode --chat` then behave as
+# completions of it). Anything else is refused by name rather than rendered into text the model never saw.
+CHAT_TEMPLATE = (
+    "{%- if not messages or messages[-1]['role'] != 'user' -%}"
+    "{{ raise_exception('the embedded model answers a program: the last message must be the user\\'s') }}"
+    "{%- endif -%}"
+    "{{ messages[-1]['content'] }}"
+)
+
 
 def build_tokenizer(vocab_size: int = 400, corpus_size: int = 4000) -> Qwen2Tokenizer:
     """Deterministic: the corpus is the task's seeded train split."""
@@ -39,6 +49,8 @@ def build_tokenizer(vocab_size: int = 400, corpus_size: int = 4000) -> Qwen2Toke
     core.train_from_iterator(texts, trainer=trainer)
     state = json.loads(core.to_str())["model"]
     merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in state["merges"]]
-    return Qwen2Tokenizer(
+    tokenizer = Qwen2Tokenizer(
         vocab=state["vocab"], merges=merges, unk_token=None, eos_token=EOS, pad_token=PAD, padding_side="left"
     )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer

@@ -24,7 +24,6 @@ from tests.infra.sockets import SocketWatch
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 
-TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant: program: "
 PROMPTS = [
     "program: a=85; step -8; return f",
     "program: a=3; step +2; return b",
@@ -35,12 +34,10 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def server(embedded, tmp_path_factory):
-    """`jf serve` on a copy of the embedded model (with a chat template), on a free loopback port."""
+    """`jf serve` on a copy of the embedded model as it ships (its own chat template), on a free loopback port."""
     model, _ = embedded
     directory = tmp_path_factory.mktemp("served") / "model"
     shutil.copytree(model.name_or_path, directory)
-    config = json.loads((directory / "tokenizer_config.json").read_text())
-    (directory / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": TEMPLATE}))
     proc, url = spawn_jf_serve([str(directory), "--name", "embedded", "--max-tokens-limit", "200"])
     watch = SocketWatch(proc.pid, every=0.5).__enter__()  # from the start: startup may open sockets too
     wait_healthy(proc, url)
@@ -116,15 +113,25 @@ def test_sampling_with_a_seed_is_the_ar_sample_of_that_seed_plain_and_streamed(s
     assert "".join(c.text for event in stream for c in event.choices) == texts[2]
 
 
-def test_chat_uses_the_chat_template_plain_and_streamed(server):
+def test_chat_uses_the_models_chat_template_plain_and_streamed(server):
+    """The embedded model's template hands it the user's program (a system message is no part of its task): the
+    chat answer is the task's trace, as greedy AR writes it. Messages the template refuses are a 400."""
+    from jf_core.toy.task import example_of
+
     client, tok = server["client"], server["tok"]
-    messages = [{"role": "user", "content": "a=85; step -8; return f"}]
+    messages = [{"role": "system", "content": "Trace the program."}, {"role": "user", "content": PROMPTS[0]}]
     rendered = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    want = greedy(server, rendered, 48)
-    out = client.chat.completions.create(model="embedded", messages=messages, max_tokens=48)
+    want = greedy(server, rendered, 64)
+    assert rendered == PROMPTS[0] and want == example_of(PROMPTS[0]).answer
+    out = client.chat.completions.create(model="embedded", messages=messages, max_tokens=64)
     assert out.choices[0].message.content == want and out.choices[0].message.role == "assistant"
-    stream = client.chat.completions.create(model="embedded", messages=messages, max_tokens=48, stream=True)
+    stream = client.chat.completions.create(model="embedded", messages=messages, max_tokens=64, stream=True)
     assert "".join(e.choices[0].delta.content or "" for e in stream if e.choices) == want
+    prefilled = [*messages, {"role": "assistant", "content": "a=85;"}]
+    response = httpx.post(f"{server['url']}/v1/chat/completions", json={"model": "embedded", "messages": prefilled})
+    assert response.status_code == 400, response.text
+    assert "messages: the embedded model answers a program" in response.json()["error"]["message"]
+    assert httpx.get(f"{server['url']}/health").status_code == 200
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import warnings
+from pathlib import Path
 
 
 def test_the_trajectory_input_is_logged_without_mlflows_ambiguous_source_warning(tmp_path):
@@ -76,3 +78,34 @@ def test_a_store_that_cannot_close_the_run_never_hides_the_blocks_error(tmp_path
         raise ValueError("the stage's own error")
     assert client.get_run(run_id).info.status == "RUNNING"
     assert "could not close MLflow run" in caplog.text and "reaper" in caplog.text
+
+
+def test_a_round_is_logged_from_its_report_and_its_figures_closed(tmp_path):
+    """`log_round`: the report's metrics and params, its plots, the report as report.json holds it (less the loss
+    curve, which is metrics per step), and the trajectory input; pyplot keeps no figure of it after."""
+    import matplotlib.pyplot as plt
+
+    from jacobi_forcing.tasks.mlflow_runs import log_round
+    from jf_core.evaluation.plots import round_figures
+    from tests.reports import evaluation, round_report
+
+    store = tmp_path / "trajectories"
+    store.mkdir()
+    (store / "manifest.json").write_text('{"shards": {}}')
+    tps = {"ar": 500.0, "jacobi_n16": 900.0}
+    jf, base = evaluation({16: 3.0}, tps), evaluation({16: 1.3}, tps)
+    report = round_report(jf, base, trajectories={"out": str(store)}, round_dir=str(tmp_path))
+    client, experiment, _ = _store(tmp_path)
+    run_id = client.create_run(experiment).info.run_id
+    plt.close("all")
+    log_round(client, run_id, report, round_figures(report))
+    assert plt.get_fignums() == []
+    run = client.get_run(run_id)
+    assert run.data.metrics["tpf_n16"] == 3.0 and run.data.metrics["base_tpf_n16"] == 1.3
+    assert [m.step for m in client.get_metric_history(run_id, "loss")] == [0, 10]
+    assert run.data.params["threads.train_policy"] == "fixed"
+    logged = json.loads(Path(client.download_artifacts(run_id, "eval/report.json", str(tmp_path))).read_text())
+    assert logged["eval"]["methods"]["jacobi_n16"]["tpf"] == 3.0 and "history" not in logged["train"]
+    assert {a.path for a in client.list_artifacts(run_id, "plots")} == {
+        "plots/loss_curves.png", "plots/tpf_per_round.png", "plots/acceptance_histogram.png"
+    }  # fmt: skip

@@ -127,6 +127,11 @@ def test_bad_requests_are_named(engine):
         engine.check(Request([5], 33), limit)
     with pytest.raises(RequestError, match="exceed the model's context of 64 tokens"):
         engine.check(Request([5] * 60, 8), limit)
+    program = "program: a=85; step -8; return f"
+    assert engine.chat_prompt([{"role": "user", "content": program}]) == engine.encode(program)
+    with pytest.raises(RequestError, match="messages: the embedded model answers a program: the last message must"):
+        engine.chat_prompt([{"role": "user", "content": program}, {"role": "assistant", "content": "a=85;"}])
+    engine.tokenizer.chat_template = None  # a model without one
     with pytest.raises(RequestError, match="no chat template"):
         engine.chat_prompt([{"role": "user", "content": "hi"}])
 

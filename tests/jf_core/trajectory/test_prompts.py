@@ -89,8 +89,10 @@ def test_chat_template_applied_to_text_and_messages(tmp_path, tok):
     assert by_text.token_ids == by_messages.token_ids
     plain = load_prompts(PromptSourceConfig(source=str(path), chat_template=False), templated).items[0]
     assert templated.decode(plain.token_ids) == "a=1"
+    untemplated = build_tokenizer()
+    untemplated.chat_template = None
     with pytest.raises(PromptSourceError, match="chat template"):
-        load_prompts(PromptSourceConfig(source=str(path), messages_field="messages"), tok)
+        load_prompts(PromptSourceConfig(source=str(path), messages_field="messages"), untemplated)
 
 
 def test_embedded_source_and_unique_ids(tmp_path, tok):
