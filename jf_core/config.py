@@ -7,6 +7,7 @@ A profile (YAML under jf_core/profiles/, or any path) names a model, a prompt so
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
@@ -43,14 +44,16 @@ class ModelConfig(_Strict):
             "lm_head_fp32": self.lm_head_fp32,
         }
 
-    def resolve(self, train_threads: int | None = None) -> str:
+    def resolve(self, train_threads: int | None = None, on_log: Callable[[int, dict], None] | None = None) -> str:
         """The model's location, bootstrapping the embedded default when asked for it (training on `train_threads`,
-        the profile's compute.threads: the count is part of what the embedded model is), and importing the GGUF an
-        installed package holds (`package:<name>`, once, under $JF_HOME/models) when that is asked for."""
+        the profile's compute.threads: the count is part of what the embedded model is; `on_log` gets its logged
+        rows instead of a terminal bar), and importing the GGUF an installed package holds (`package:<name>`, once,
+        under $JF_HOME/models) when that is asked for."""
         if self.path == "embedded":
             from jf_core.toy.bootstrap import BootstrapConfig, ensure_embedded_model
 
-            return str(ensure_embedded_model(BootstrapConfig(threads=train_threads)))
+            cfg = BootstrapConfig(threads=train_threads)
+            return str(ensure_embedded_model(cfg, progress=on_log is None, on_log=on_log))
         from jf_core.model_import import PACKAGE_SCHEME, ensure_package_model
 
         if self.path.startswith(PACKAGE_SCHEME):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import mlflow
@@ -84,7 +85,7 @@ def checkpoint_of(downloaded: Path) -> Path:
     return path
 
 
-def resolve_model(uri: str, profile: Profile | None = None) -> str:
+def resolve_model(uri: str, profile: Profile | None = None, on_log: Callable[[int, dict], None] | None = None) -> str:
     """A model as a local directory: `models:/<name>@<alias>` or `models:/<name>/<version>` are downloaded once per
     version (into $JF_HOME/models/registry, renamed into place when complete) from the profile's registry (without
     a profile: MLFLOW_TRACKING_URI, else the local store); anything else (a directory, a hub id, "embedded") goes
@@ -92,7 +93,7 @@ def resolve_model(uri: str, profile: Profile | None = None) -> str:
     if not uri.startswith("models:/"):
         if profile is None:
             return uri
-        return profile.model.model_copy(update={"path": uri}).resolve(profile.compute.threads)
+        return profile.model.model_copy(update={"path": uri}).resolve(profile.compute.threads, on_log=on_log)
     store = tracking_uri(profile.registry if profile is not None else RegistryConfig())
     mlflow.set_tracking_uri(store)
     client = MlflowClient(store, store)

@@ -10,6 +10,7 @@ checkpoint. Registration is never retried (a retry could register twice).
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -147,10 +148,41 @@ def flow_run_state(flow_run_id: str) -> str | None:
     return run.state.type.value if run.state is not None else None
 
 
+def step_logger(what: str, steps: int, say: Callable[[str], None], bar: ProgressArtifact | None = None):
+    """A training's `on_log(step, row)` for a flow's log: twenty lines over the run (and every TPF probe, whose
+    steps need not fall on those twenty), `what: step 150/3000: loss ...`; `bar` gets every logged step."""
+
+    said = [-steps]  # the step of the last line
+
+    def on_log(step: int, row: dict) -> None:
+        if bar is not None:
+            bar(step + 1, steps)
+        if step - said[0] >= max(1, steps // 20) or any(k.startswith("probe_") for k in row):
+            said[0] = step
+            say(f"{what}step {step}/{steps}: " + ", ".join(f"{k} {v:.4g}" for k, v in row.items() if k != "step"))
+
+    return on_log
+
+
 @task(name="resolve-model", task_run_name="resolve model {uri}", retries=2, retry_delay_seconds=5)
 def resolve_model(uri: str, profile: Profile) -> str:
-    path = model_package.resolve_model(uri, profile)
-    get_run_logger().info("starting model %s -> %s", uri, path)
+    from jf_core.toy.bootstrap import BootstrapConfig
+
+    logger = get_run_logger()
+    # Used only when the embedded model is not cached yet: its bootstrap (minutes on a CPU) then says how far it is
+    # in the run's log, where a terminal bar is seen by nobody.
+    steps, trained = BootstrapConfig().train.steps, []
+    say = step_logger("bootstrapping the embedded model (first run only): ", steps, logger.info)
+
+    def on_log(step: int, row: dict) -> None:
+        trained.append(step)
+        say(step, row)
+
+    path = model_package.resolve_model(uri, profile, on_log=on_log)
+    if trained:
+        done = json.loads((Path(path) / "bootstrap.json").read_text())
+        logger.info("bootstrapped the embedded model: accuracy %.3f, %.0f s", done["accuracy"], done["total_seconds"])
+    logger.info("starting model %s -> %s", uri, path)
     return path
 
 
@@ -192,13 +224,7 @@ def train(profile: Profile, model_in: str, root: str) -> dict:
     steps = profile.training.steps
     bar = ProgressArtifact(f"{profile.training.method_name} training, {steps} steps")
     logger = get_run_logger()
-
-    def on_log(step: int, row: dict) -> None:
-        bar(step + 1, steps)
-        # Twenty lines over the run, and every TPF probe (its steps need not fall on those twenty).
-        if step % max(1, steps // 20) == 0 or any(k.startswith("probe_") for k in row):
-            logger.info("step %d/%d: %s", step, steps, ", ".join(f"{k} {v:.4g}" for k, v in row.items() if k != "step"))
-
+    on_log = step_logger("", steps, logger.info, bar)
     with gpu_slots(profile, "train"):
         paths = RoundPaths(Path(root))
         result = stage_train(profile, model_in, paths, progress=False, on_log=on_log, launch=train_distributed)

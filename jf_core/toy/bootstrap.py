@@ -55,12 +55,18 @@ def embedded_model_dir(cfg: BootstrapConfig | None = None, home: Path | None = N
     return (home or jf_home()) / "models" / f"embedded-qwen2-{cfg.key()}"
 
 
-def ensure_embedded_model(cfg: BootstrapConfig | None = None, home: Path | None = None, progress: bool = True) -> Path:
-    """The cached embedded model's directory; bootstraps it first when it is not there."""
+def ensure_embedded_model(
+    cfg: BootstrapConfig | None = None,
+    home: Path | None = None,
+    progress: bool = True,
+    on_log: Callable[[int, dict], None] | None = None,
+) -> Path:
+    """The cached embedded model's directory; bootstraps it first when it is not there (`on_log(step, row)`: the
+    training's logged rows, for a caller whose terminal bar nobody sees, such as a flow's task)."""
     out = embedded_model_dir(cfg, home)
     if (out / "bootstrap.json").is_file():
         return out
-    bootstrap(cfg or BootstrapConfig(), out, progress=progress)
+    bootstrap(cfg or BootstrapConfig(), out, progress=progress, on_log=on_log)
     return out
 
 

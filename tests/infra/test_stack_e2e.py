@@ -340,6 +340,19 @@ def _serve_the_champion(env) -> None:
         stream = client.completions.create(model="jf-tiny", prompt=prompt, max_tokens=48, stream=True)
         chunks = [c.text for event in stream for c in event.choices]
         assert "".join(chunks) == greedy(prompt, 48) and len([c for c in chunks if c]) > 1
+        # The README's client snippet as written, but for the port (this server's is a free one): its completion,
+        # stream and chat each print the champion's greedy text (the chat template hands it the user's program).
+        readme = (REPO / "README.md").read_text()
+        snippet = re.search(r"<!-- openai-client -->\s*```python\n(.*?)```", readme, re.S).group(1)
+        out = subprocess.run(
+            [sys.executable, "-c", snippet.replace("http://127.0.0.1:8000", url)],
+            env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr[-3000:]
+        asked = re.findall(r'"(program: [^"]+)".*?max_tokens=(\d+)', snippet, re.S)
+        assert len(asked) == 3, asked
+        for program, budget in asked:
+            assert greedy(program, int(budget)) in out.stdout, (program, out.stdout)
     finally:
         proc.send_signal(signal.SIGINT)
         code = proc.wait(timeout=120)

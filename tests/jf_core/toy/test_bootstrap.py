@@ -6,7 +6,7 @@ import json
 
 from jf_core.config import ModelConfig
 from jf_core.threads import cpu_budget
-from jf_core.toy.bootstrap import BootstrapConfig, embedded_model_dir
+from jf_core.toy.bootstrap import BootstrapConfig, embedded_model_dir, ensure_embedded_model
 
 
 def test_the_thread_count_is_part_of_the_key():
@@ -24,3 +24,21 @@ def test_the_profile_thread_count_picks_the_embedded_model_it_trains(tmp_path, m
     (one / "bootstrap.json").write_text(json.dumps({"threads": {"policy": "fixed", "initial": 1}}))
     assert ModelConfig(path="embedded").resolve(1) == str(one)
     assert embedded_model_dir(BootstrapConfig(threads=2)) != one
+
+
+def test_a_bootstrap_reports_its_steps_to_a_caller_that_shows_no_bar(tmp_path, capsys):
+    """A flow's task passes `on_log`: the training's logged rows reach it, and no terminal bar is drawn."""
+    from jf_core.toy.model import ToyModelConfig
+    from jf_core.training.trainer import TrainConfig
+
+    cfg = BootstrapConfig(
+        model=ToyModelConfig(hidden_size=16, num_hidden_layers=1, intermediate_size=32),
+        train=TrainConfig(steps=4, warmup_steps=1, log_every=2),
+        train_size=64, test_size=4, batch_size=8, threads=1,
+    )  # fmt: skip
+    rows = []
+    out = ensure_embedded_model(cfg, home=tmp_path, progress=False, on_log=lambda step, row: rows.append(step))
+    assert (out / "bootstrap.json").is_file() and rows == [0, 2, 3]  # every log_every steps, and the last
+    assert "train:" not in capsys.readouterr().err
+    assert ensure_embedded_model(cfg, home=tmp_path, on_log=lambda *_: rows.append("again")) == out  # cached
+    assert "again" not in rows
