@@ -8,6 +8,7 @@ Ray Serve's HTTP proxy binds 127.0.0.1 unless told otherwise (`--host`), and the
 
 from __future__ import annotations
 
+import logging
 import signal
 import threading
 from dataclasses import asdict, dataclass
@@ -73,6 +74,11 @@ def application(options: ServeOptions, replicas: int = 1):
     return JFServer.options(num_replicas=replicas).bind(asdict(options))
 
 
+class _OptionsAppliedAbove(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "will not be applied" not in record.getMessage()
+
+
 def run(options: ServeOptions, *, host: str = "127.0.0.1", port: int = 8000, replicas: int = 1, ready=None) -> None:
     """Start Serve on the project's Ray and block until SIGINT/SIGTERM; `ready(url)` is called once it answers."""
     from jacobi_forcing.infra.ray_cluster import ray_session
@@ -82,6 +88,9 @@ def run(options: ServeOptions, *, host: str = "127.0.0.1", port: int = 8000, rep
         signal.signal(sig, lambda *_: stop.set())
     with ray_session():
         serve.start(http_options={"host": host, "port": port})
+        # serve.run then finds the Serve instance just started here and logs that new http options "will not be
+        # applied": they were, by that start. Said on every start, it reads as a misconfiguration.
+        logging.getLogger("ray.serve").addFilter(_OptionsAppliedAbove())
         try:
             serve.run(application(options, replicas), name="jacobi-forcing", route_prefix="/", blocking=False)
             if ready is not None:

@@ -46,6 +46,8 @@ def server(embedded, tmp_path_factory):
     tree = psutil.Process(proc.pid).children(recursive=True)
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=120) == 0
+    said = proc.stdout.read()
+    assert "will not be applied" not in said, said[-3000:]  # the options were applied: nothing says otherwise
     watch.__exit__(None, None, None)
     assert watch.exposed() == [], f"listening beyond 127.0.0.1: {watch.exposed()}"
     assert any(name == "raylet" for name, _, _ in watch.seen)  # the watch saw the Ray under the server
