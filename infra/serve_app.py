@@ -86,7 +86,7 @@ def run(options: ServeOptions, *, host: str = "127.0.0.1", port: int = 8000, rep
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    with ray_session():
+    with ray_session() as session:
         serve.start(http_options={"host": host, "port": port})
         # serve.run then finds the Serve instance just started here and logs that new http options "will not be
         # applied": they were, by that start. Said on every start, it reads as a misconfiguration.
@@ -97,7 +97,11 @@ def run(options: ServeOptions, *, host: str = "127.0.0.1", port: int = 8000, rep
                 ready(f"http://{host}:{port}")
             stop.wait()
         finally:
-            serve.shutdown()
+            # A private Ray goes down whole at the end of the session, Serve with it. Its serve.shutdown() only
+            # printed Ray's `(raylet) Task ServeController.graceful_shutdown failed ... killed by ray.kill` on every
+            # normal stop (the controller kills itself while its own shutdown call is in flight).
+            if not session.private:
+                serve.shutdown()
 
 
 def build(args: dict):

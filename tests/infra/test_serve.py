@@ -48,6 +48,7 @@ def server(embedded, tmp_path_factory):
     assert proc.wait(timeout=120) == 0
     said = proc.stdout.read()
     assert "will not be applied" not in said, said[-3000:]  # the options were applied: nothing says otherwise
+    assert "failed" not in said and "Error" not in said, said[-3000:]  # a normal stop says nothing alarming
     watch.__exit__(None, None, None)
     assert watch.exposed() == [], f"listening beyond 127.0.0.1: {watch.exposed()}"
     assert any(name == "raylet" for name, _, _ in watch.seen)  # the watch saw the Ray under the server
