@@ -114,6 +114,26 @@ def test_predict_returns_greedy_ar_texts_and_honours_its_params(registered):
     assert sampled == sampled_texts(registered["model_dir"], PROMPTS, 24, Sampling(2.0, top_k=8), seeds=[10, 11])
 
 
+def test_served_bad_requests_get_a_400_with_the_reason_and_no_traceback(registered, monkeypatch):
+    """`mlflow models serve`'s app (MLflow's own scoring server, in process): a request the model cannot serve is a
+    400 naming what is wrong, without the Python traceback it used to carry; a good request still predicts."""
+    from fastapi.testclient import TestClient
+    from mlflow.pyfunc import scoring_server
+
+    monkeypatch.setenv("_MLFLOW_IS_IN_SERVING_ENVIRONMENT", "false")  # init sets it for the whole process
+    client = TestClient(scoring_server.init(mlflow.pyfunc.load_model("models:/jf-test@champion")))
+    for body, says in (
+        ({"inputs": [""]}, "prompt: empty"),
+        ({"inputs": [PROMPTS[0]], "params": {"temperature": -1.0}}, "temperature must be >= 0, got -1.0"),
+    ):
+        response = client.post("/invocations", json=body)
+        error = response.json()
+        assert response.status_code == 400 and says in error["message"], error
+        assert error["error_code"] == "INVALID_PARAMETER_VALUE" and "Traceback" not in response.text, error
+    good = client.post("/invocations", json={"inputs": PROMPTS, "params": {"max_new_tokens": 24}})
+    assert good.status_code == 200 and good.json()["predictions"] == greedy_texts(registered["model_dir"], PROMPTS, 24)
+
+
 def test_models_uris_resolve_to_the_checkpoint_and_bad_ones_are_named(registered):
     path = Path(model_package.resolve_model("models:/jf-test@champion", registered["profile"]))
     assert (path / "config.json").is_file() and "jacobi_forcing" in json.loads((path / "config.json").read_text())
