@@ -139,7 +139,9 @@ def evaluate_model(
         say(f"speed: {len(methods)} methods taking turns on {len(speed_prompts)} prompts, batch {b}, x{cfg.repeats}")
         speed = {
             r.method: r
-            for r in bench(methods, speed_prompts, batch_size=b, repeats=cfg.repeats, reference="hf_generate")
+            for r in bench(
+                methods, speed_prompts, batch_size=b, repeats=cfg.repeats, reference="hf_generate", progress=say
+            )
         }
     rows = {
         name: replace(
@@ -195,7 +197,7 @@ def choose_block_size(
         for n in cfg.block_sizes
     }
     say(f"block size: n in {cfg.block_sizes} taking turns on {len(calibration)} calibration prompts")
-    outputs = run_interleaved(candidates, calibration, 1, repeats=cfg.repeats)
+    outputs = run_interleaved(candidates, calibration, 1, repeats=cfg.repeats, progress=say)
     tps = {n: out.stats.tps for n, out in outputs.items()}
     return int(max(tps, key=tps.get)), Calibration(prompts=len(calibration), tps=tps)
 

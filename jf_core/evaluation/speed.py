@@ -248,9 +248,11 @@ def run_interleaved(
     repeats: int = 1,
     warmup_prompts: int = 2,
     progress: Callable[[str], None] | None = None,
+    say_every: float = 10.0,
 ) -> dict[str, DecodeOutput]:
     """Every decoder over `prompts`, taking turns batch by batch; with `repeats`, each batch runs that many times
-    per decoder and its fastest run counts.
+    per decoder and its fastest run counts. `progress` gets a line at the start of each run and, at most every
+    `say_every` seconds and at the end, how far it is.
 
     On a shared or boosting CPU the speed of the machine drifts over seconds (turbo budgets run out, neighbours
     wake up). Running method after method lets that drift decide a comparison; taking turns on each batch exposes
@@ -265,7 +267,7 @@ def run_interleaved(
     for decoder in decoders.values():  # warm every code path before anything is timed
         decode_batched(decoder, prompts[:warmup_prompts], batch_size)
     best: dict[str, list[DecodeOutput | None]] = {name: [None] * len(batches) for name in decoders}
-    total, done = repeats * len(batches), 0
+    total, done, said = repeats * len(batches), 0, started
     for rep in range(repeats):
         say(f"run {rep + 1}/{repeats}: {len(decoders)} methods taking turns on {len(batches)} batches")
         for b, batch in enumerate(batches):
@@ -275,12 +277,15 @@ def run_interleaved(
                 if kept is None or out.stats.seconds < kept.stats.seconds:
                     best[name][b] = out
             done += 1
-            # A real model on a CPU takes minutes per batch: say how far, and how long is left at this pace.
-            elapsed = time.perf_counter() - started
-            say(
-                f"batch {done}/{total} ({len(batch)} prompts, every method): {elapsed:.0f} s, "
-                f"about {elapsed / done * (total - done):.0f} s left"
-            )
+            # A real model on a CPU takes minutes per batch: say how far, and how long is left at this pace (the
+            # toy's batches take a second: a line for each would bury the rest).
+            now = time.perf_counter()
+            if done == total or now - said >= say_every:
+                said, elapsed = now, now - started
+                say(
+                    f"batch {done}/{total} ({len(batch)} prompts, every method): {elapsed:.0f} s, "
+                    f"about {elapsed / done * (total - done):.0f} s left"
+                )
     return {name: _concat(outs) for name, outs in best.items()}
 
 

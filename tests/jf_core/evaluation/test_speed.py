@@ -159,3 +159,22 @@ def test_the_autotuned_row_runs_ar_above_the_stored_crossover(embedded):
     alone = methods["jf_autotuned"](prompts[:1])  # batch 1: the tuned Jacobi Forcing config
     assert alone.sequences == ar.sequences[:1]
     assert alone.stats.forwards < methods["jf_ar"](prompts[:1]).stats.forwards
+
+
+def test_interleaved_runs_say_how_far_they_are_at_most_every_say_every_seconds():
+    """Every batch when asked to (a real model's batches take minutes), else only the start and the end: a toy's
+    hundred one-second batches would bury the log."""
+    from jf_core.decoding.common import DecodeOutput
+    from jf_core.decoding.stats import DecodeStats, SequenceStats
+    from jf_core.evaluation.speed import run_interleaved
+
+    def decoder(prompts: list[list[int]]) -> DecodeOutput:
+        stats = [SequenceStats(new_tokens=1, forwards=1) for _ in prompts]
+        return DecodeOutput([[p[0]] for p in prompts], DecodeStats(stats, decode_seconds=0.001))
+
+    prompts = [[i] for i in range(6)]
+    for every, said in ((0.0, ["1/6", "2/6", "3/6", "4/6", "5/6", "6/6"]), (3600.0, ["6/6"])):
+        lines: list[str] = []
+        run_interleaved({"a": decoder}, prompts, 1, progress=lines.append, say_every=every)
+        batches = [line.split()[1] for line in lines if line.startswith("batch ")]
+        assert batches == said and lines[0].startswith("warming up") and lines[1].startswith("run 1/1")
