@@ -95,6 +95,13 @@ def resolve_model(uri: str, profile: Profile | None = None, on_log: Callable[[in
             return uri
         return profile.model.model_copy(update={"path": uri}).resolve(profile.compute.threads, on_log=on_log)
     store = tracking_uri(profile.registry if profile is not None else RegistryConfig())
+    if store.startswith("sqlite:///") and not Path(store.removeprefix("sqlite:///")).is_file():
+        # MLflow would create an empty store there and answer that the model does not exist: a wrong URI (or no
+        # round run yet) reads as a missing model. Said for what it is, and nothing is created.
+        raise ValueError(
+            f"model {uri}: there is no MLflow store at {store} (MLFLOW_TRACKING_URI, else the profile's "
+            "registry.tracking_uri); `jf run` ends by printing the URI of the store it registered in"
+        )
     mlflow.set_tracking_uri(store)
     client = MlflowClient(store, store)
     ref = uri.removeprefix("models:/")

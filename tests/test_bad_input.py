@@ -75,12 +75,16 @@ def model_dir(make: Callable[[Path], None]) -> Callable[[Path], object]:
     return run
 
 
-def registry(uri: str) -> Callable[[Path], object]:
+def registry(uri: str, *, store_exists: bool = True) -> Callable[[Path], object]:
     def run(tmp: Path):
+        from mlflow import MlflowClient
+
         from jacobi_forcing.tasks.model_package import resolve_model
         from jf_core.config import load_profile
 
         store = f"sqlite:///{tmp / 'mlflow.db'}"
+        if store_exists:
+            MlflowClient(store, store).search_experiments()  # creates the store: the case is the model, not it
         profile = load_profile("tiny", registry={"tracking_uri": store})
         return resolve_model(uri, profile)
 
@@ -287,6 +291,12 @@ CASES = [
         registry("models:/jf-nope@champion"),
         "model models:/jf-nope@champion: registered model 'jf-nope' has no alias 'champion' in the registry at "
         "sqlite:///{tmp}/mlflow.db",
+    ),
+    Case(
+        "registry-no-store",
+        "registry URI",
+        registry("models:/jf-tiny@champion", store_exists=False),
+        "model models:/jf-tiny@champion: there is no MLflow store at sqlite:///{tmp}/mlflow.db",
     ),
     Case(
         "registry-no-version",
