@@ -12,6 +12,20 @@ from pydantic import BaseModel, ConfigDict
 from jf_core.evaluation.speed import MethodResult
 
 
+class JsonModel(BaseModel):
+    """A result kept as one JSON file: written atomically, read back as the type (a file of another shape is a
+    ValidationError naming the field)."""
+
+    def save(self, path: Path) -> None:
+        from jf_core.model_dir import write_json_atomic
+
+        write_json_atomic(path, self.model_dump(mode="json"))
+
+    @classmethod
+    def load(cls, path: Path):
+        return cls.model_validate_json(Path(path).read_text())
+
+
 class Calibration(BaseModel):
     """Plain Jacobi's block size chosen by TPS on calibration prompts (none when the evaluation has one size)."""
 
@@ -21,7 +35,7 @@ class Calibration(BaseModel):
     tps: dict[str, float] = {}
 
 
-class Evaluation(BaseModel):
+class Evaluation(JsonModel):
     """One model's evaluation (jf_core/evaluation/evaluate.py): every method's row on the same prompts, the block size
     chosen on calibration prompts and the headline method (the tuned decode config, else plain Jacobi at that n)."""
 
@@ -81,12 +95,3 @@ class Evaluation(BaseModel):
     def rows(self) -> list[MethodResult]:
         """Every method's row, for `speed.format_table` and the plots."""
         return list(self.methods.values())
-
-    def save(self, path: Path) -> None:
-        from jf_core.model_dir import write_json_atomic
-
-        write_json_atomic(path, self.model_dump(mode="json"))
-
-    @classmethod
-    def load(cls, path: Path) -> Evaluation:
-        return cls.model_validate_json(Path(path).read_text())

@@ -4,14 +4,13 @@ two evaluations it holds, never a second copy."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
 from jf_core.config import Profile
 from jf_core.evaluation.gate import Figures
-from jf_core.evaluation.results import Evaluation
+from jf_core.evaluation.results import Evaluation, JsonModel
 from jf_core.evaluation.speed import MethodResult
 from jf_core.round.paths import RoundPaths, eval_key
 
@@ -41,7 +40,7 @@ class Threads(BaseModel):
     trajectory_actor: int  # the actors' Ray CPU allotment
 
 
-class RoundReport(BaseModel):
+class RoundReport(JsonModel):
     """The round's result. The headline is the trained model's evaluation's: the tuned decode config when there is
     one, else plain Jacobi at the block size chosen on calibration prompts; its speedup is against our AR on the same
     model. `base_eval` is the input model's evaluation; `lineage_base` the chain's original base model; `figures` what
@@ -144,15 +143,6 @@ class RoundReport(BaseModel):
             "decode_config": self.eval.decode_config,
             "train_seconds": self.train.train_seconds,
         }
-
-    def save(self, path: Path) -> None:
-        from jf_core.model_dir import write_json_atomic
-
-        write_json_atomic(path, self.model_dump(mode="json"))
-
-    @classmethod
-    def load(cls, path: Path) -> RoundReport:
-        return cls.model_validate_json(Path(path).read_text())
 
 
 def round_report(
