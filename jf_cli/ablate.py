@@ -19,7 +19,7 @@ def _seeds(text: str) -> list[int]:
 
 def cmd_ablate(args: argparse.Namespace) -> int:
     from jf_cli.common import parse_overrides
-    from jf_cli.orchestrate import _prefect_env, sigterm_unwinds
+    from jf_cli.orchestrate import _prefect_env, sigterm_unwinds, temporary_server_apart
     from jf_core.ablation import VARIANTS, AblationConfig
 
     if args.list:
@@ -32,6 +32,7 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     config = AblationConfig(**{"variants": args.variant} if args.variant else {}, seeds=args.seeds)
     from jacobi_forcing.flows.ablate import jf_ablate
 
+    temporary_server_apart()
     result = jf_ablate(args.profile, ablation_config=config, overrides=overrides or None, model=args.model)
     print()
     print(result["table"] + result["note"])

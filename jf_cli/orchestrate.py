@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import signal
+import subprocess
 from pathlib import Path
 
 from jf_cli.common import parse_overrides
@@ -35,6 +37,29 @@ def sigterm_unwinds() -> None:
     signal.signal(signal.SIGTERM, interrupt)
 
 
+def temporary_server_apart() -> None:
+    """Start Prefect's temporary server (used when no PREFECT_API_URL is set) in a session of its own. A terminal's
+    Ctrl-C goes to its whole foreground process group, and Prefect starts the server in ours: the Ctrl-C killed it
+    too, and the interrupted run then spent minutes retrying to tell the dead server it had crashed instead of
+    exiting. Apart, the server hears only jf: Prefect's exit hook still stops it."""
+    from prefect.server.api.server import SubprocessASGIServer
+    from prefect.settings import PREFECT_API_URL
+
+    if PREFECT_API_URL.value():
+        return
+
+    class Apart(SubprocessASGIServer):
+        def _run_uvicorn_command(self) -> subprocess.Popen:
+            popen = subprocess.Popen  # Prefect's own command and environment, in a new session
+            subprocess.Popen = functools.partial(popen, start_new_session=True)
+            try:
+                return super()._run_uvicorn_command()
+            finally:
+                subprocess.Popen = popen
+
+    Apart().start()  # the instance every Prefect client of this process asks for (it is kept by port: None)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     sigterm_unwinds()
     _prefect_env()
@@ -48,6 +73,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         from jacobi_forcing.infra import gpu_limit
 
         gpu_limit.ensure(name=profile.compute.gpu_limit)  # this host's GPUs, unless the server already has one
+    temporary_server_apart()
     from jacobi_forcing.flows.round import jf_round
     from jacobi_forcing.tasks.mlflow_runs import tracking_uri
     from jacobi_forcing.tasks.reporting import markdown_table, metrics_rows, resumed_note
