@@ -63,6 +63,9 @@ def save_checkpoint(
     """`save_pretrained` (safetensors) the model, and the tokenizer if given, into `out_dir` atomically.
 
     An existing `out_dir` is replaced only after the new one is complete."""
+    from jf_core.quiet import bars_only_when_slow
+
+    bars_only_when_slow()
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))

@@ -68,6 +68,9 @@ def load_model(path: str | ModelSpec, **overrides):
     Code shipped with a checkpoint runs only with `trust_remote_code=True` (off by default)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    from jf_core.quiet import bars_only_when_slow
+
+    bars_only_when_slow()
     spec = path if isinstance(path, ModelSpec) else ModelSpec(path=path, **overrides)
     location = spec.path
     if _looks_local(location):

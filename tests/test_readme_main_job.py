@@ -1,0 +1,159 @@
+"""The README's main job as written, then what the README says to do with its result, in a fresh $JF_HOME and
+nothing else: `.venv/bin/jf run` (sizes reduced through documented `--set` flags; the full size is the README's
+29 minutes) exits 0 with a progress line from every stage and no warning, and prints the tracking URI to export; with
+only that exported, the registry-consumer snippet loads `models:/jf-tiny@champion` and answers, and `mlflow models
+serve` with the README's `curl` answers the same text over HTTP (both with their port replaced by a free one)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+
+# The stack test's small sizes: the point is the command and its console, not the round's figures. A 40-step round
+# costs accuracy, so the gate is made lenient: the README's snippets need a champion.
+SMALL = {
+    "prompts.limit": 48,
+    "training.steps": 40,
+    "evaluation.num_prompts": 40,
+    "evaluation.speed_prompts": 4,
+    "evaluation.tune.prompts": 4,
+    "evaluation.tune.repeats": 1,
+    "evaluation.tune.block_sizes": [16, 32],
+    "evaluation.tune.seed_drafts": [False],
+    "evaluation.tune.crossover_batch_sizes": [1, 4],
+    "registry.gate.max_accuracy_drop": 1.0,
+    "registry.gate.max_base_accuracy_drop": 1.0,
+}
+# What each stage says while it works (a line of its own in the console, from the flow's logger).
+PROGRESS = {
+    "model": "starting model embedded",
+    "trajectories": "trajectory shards",
+    "training": "step 0/40",
+    "tune": "tuning 16 decode configs",
+    "evaluation": "CLLM model: quality:",
+    "registry": "registry: jf-tiny version 1, gate passed: now champion",
+}
+# A line a user would take for trouble: Python's warnings (with their source line), tracebacks, raw colour codes,
+# and Prefect's warning and error levels.
+ALARMING = re.compile(r"Warning|warnings\.warn|Traceback|\x1b\[|\|\s*(ERROR|WARNING|CRITICAL)\s*\|")
+
+
+def readme() -> str:
+    return (ROOT / "README.md").read_text()
+
+
+def fenced(marker_text: str, lang: str = "bash") -> str:
+    """The body of the first `lang` block holding `marker_text`."""
+    for tag, body in re.findall(r"```(\w*)\n(.*?)```", readme(), re.S):
+        if tag == lang and marker_text in body:
+            return body
+    raise AssertionError(f"no {lang} block with {marker_text!r} in the README")
+
+
+def with_port(line: str, old: int, new: int) -> str:
+    replaced = re.sub(rf"(?<=[ :]){old}\b", str(new), line)
+    assert replaced != line, line
+    return replaced
+
+
+def free_port() -> int:
+    from jacobi_forcing.infra.stack import free_port
+
+    return free_port()
+
+
+@pytest.fixture(scope="module")
+def main_job(tmp_path_factory):
+    """The main job's console output and the environment a reader has after it: a fresh $JF_HOME holding only the
+    embedded model (the session's cached bootstrap), and MLFLOW_TRACKING_URI exported as `jf run` said."""
+    from jf_core.toy.bootstrap import ensure_embedded_model
+
+    model = ensure_embedded_model()
+    home = tmp_path_factory.mktemp("jf_home")
+    (home / "models").mkdir()
+    (home / "models" / model.name).symlink_to(model)
+    line = next(line for line in fenced("jf run").splitlines() if "jf run" in line and not line.startswith("#"))
+    command = line.split("&&")[-1].strip()  # after the setup, which CI has run
+    assert command == ".venv/bin/jf run", command
+    argv = shlex.split(command) + [a for k, v in SMALL.items() for a in ("--set", f"{k}={json.dumps(v)}")]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "PREFECT_", "RAY_"))}
+    env["JF_HOME"] = str(home)
+    done = subprocess.run(
+        argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1100
+    )
+    console = done.stdout  # as a terminal shows it: both streams in order
+    (home / "console.log").write_text(console)  # kept with the test's temporary files, to read when it fails
+    assert done.returncode == 0, console[-5000:]
+    export = re.search(r"export MLFLOW_TRACKING_URI=(\S+)", console)
+    assert export, console[-3000:]
+    workdir = tmp_path_factory.mktemp("reader")  # not the repository: a stray ./mlflow.db would show here
+    return console, {**env, "MLFLOW_TRACKING_URI": export.group(1)}, workdir
+
+
+def test_the_main_job_shows_every_stage_and_no_warning(main_job):
+    console, _, _ = main_job
+    missing = [stage for stage, text in PROGRESS.items() if text not in console]
+    assert not missing, f"no progress from {missing}:\n{console[-5000:]}"
+    alarming = [line for line in console.splitlines() if ALARMING.search(line)]
+    assert not alarming, "\n".join(alarming[:20])
+    # Progress bars of work that took seconds (transformers' loads and checkpoint writes, MLflow's artifact copies)
+    # left two lines each, dozens per round, in place of the stage's own progress lines.
+    instant = [line for line in console.splitlines() if re.search(r"\d+/\d+ \[00:0\d<", line)]
+    assert not instant, "\n".join(instant[:20])
+
+
+def test_the_registry_snippet_works_after_jf_run_alone(main_job):
+    _, env, workdir = main_job
+    snippet = re.search(r"<!-- registry-consumer -->\s*```python\n(.*?)```", readme(), re.S).group(1)
+    out = subprocess.run(
+        [sys.executable, "-c", snippet], cwd=workdir, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "answer 45" in out.stdout, out.stdout  # a=85; step -8; return f: the task's answer
+    assert not list(workdir.iterdir()), list(workdir.iterdir())  # nothing created where the reader stood
+
+
+def test_mlflow_models_serve_and_the_curl_as_written(main_job):
+    _, env, workdir = main_job
+    block = fenced("mlflow models serve")
+    serve = block.splitlines()[0]
+    curl = re.sub(r"\\\n\s*", " ", block[block.index("curl") :]).strip()  # its continuation joined
+    port = free_port()
+    serve = with_port(serve, 5001, port)  # run from the repository root, as the README's $PWD/.venv assumes
+    curl = with_port(curl, 5001, port)
+    log = workdir / "serve.log"
+    with log.open("w") as out:
+        server = subprocess.Popen(
+            ["bash", "-c", serve], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and server.poll() is None:
+            try:
+                if urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=5).status == 200:
+                    break
+            except OSError:
+                time.sleep(2)
+        assert server.poll() is None, log.read_text()[-3000:]
+        answer = subprocess.run(["bash", "-c", curl], cwd=workdir, capture_output=True, text=True, timeout=300)
+        assert answer.returncode == 0, answer.stderr
+        assert "answer 45" in json.loads(answer.stdout)["predictions"][0], answer.stdout
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
