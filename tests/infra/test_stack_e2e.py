@@ -70,6 +70,12 @@ def stack_env(tmp_path_factory):
     watches: dict[str, SocketWatch] = {}
     try:
         info = stack.up(cfg, timeout=180)
+        # The READMEs' `jf stack status`, as written (the stack of this $JF_HOME): every service up and healthy.
+        jf = str(Path(sys.executable).parent / "jf")
+        said = subprocess.run([jf, "stack", "status"], cwd=REPO, capture_output=True, text=True, timeout=60)
+        services = json.loads(said.stdout)["services"]
+        assert all(s["running"] for s in services.values()), services
+        assert services["prefect-server"]["healthy"] and services["mlflow-server"]["healthy"], services
         for name in stack.SERVICES:  # each service's whole process tree, the worker's flow runs included
             watches[name] = SocketWatch(int((stack.stack_dir() / f"{name}.pid").read_text()), every=0.5).__enter__()
         # Only the stack's MLflow and Ray: nothing an earlier in-process test exported may leak into clients.
