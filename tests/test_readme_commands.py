@@ -1,7 +1,8 @@
 """The READMEs' commands and snippets hold as written: every `jf` command line in a code block parses with the real
 CLI (an option renamed or a choice dropped fails here), every Python snippet compiles, every embedded-task prompt
-shown is one the task makes (so the model solves it), and the `jf decode` examples run as written on the embedded
-model: greedy gives the task's answer, and at the sampling example's temperature seeds give different texts."""
+shown is one the task makes (so the model solves it), the `jf decode` examples and the trajectory commands run as
+written on the embedded model (greedy gives the task's answer, and at the sampling example's temperature seeds give
+different texts), and every command line says how CI checks it (`HOW`)"""
 
 from __future__ import annotations
 
@@ -127,7 +128,7 @@ def test_the_commands_that_need_no_model_or_server_run_as_written(capsys):
     assert "cllm:" in out and "# Memory plan: qwen2.5-coder-7b" in out
 
 
-def test_the_trajectory_commands_run_as_written(tmp_path):
+def test_the_trajectory_commands_run_as_written(embedded, tmp_path):  # the tiny profile's model, bootstrapped once
     """`jf trajectories generate / show / verify` as the README writes them, in a fresh directory (so `runs/traj`
     is there), the collection made small by giving `--num-prompts` again (the last value counts)."""
     lines = [line for _, body in _blocks("bash") for line in _command_lines(body) if "jf trajectories " in line]
