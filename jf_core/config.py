@@ -350,6 +350,17 @@ class Profile(_Strict):
                 f"compute.train_workers={self.compute.train_workers} needs training.strategy ddp or fsdp2 "
                 "(strategy single trains in this process)"
             )
+        # AR mixing was skipped without a word where it cannot apply: a round trained without what the profile says.
+        if self.training.mix_ar_every and self.training.strategy != "single":
+            raise ValueError(
+                f"training.mix_ar_every={self.training.mix_ar_every} mixes AR batches in one training process: "
+                f"strategy {self.training.strategy} replays each worker's share (set training.mix_ar_every=0)"
+            )
+        if self.training.mix_ar_every and self.prompts.source != "embedded":
+            raise ValueError(
+                f"training.mix_ar_every={self.training.mix_ar_every} mixes in the embedded task's true answers: "
+                f"prompts.source {self.prompts.source!r} has none (set training.mix_ar_every=0)"
+            )
         return self
 
     def runs_dir(self) -> Path:

@@ -174,6 +174,18 @@ CASES = [
         "compute.train_workers=2 needs training.strategy ddp or fsdp2",
     ),
     Case(
+        "cli-ar-mix-on-workers",
+        "CLI",
+        cli("plan", "--set", "training.strategy=ddp", "--set", "compute.train_workers=2"),
+        "training.mix_ar_every=4 mixes AR batches in one training process: strategy ddp",
+    ),
+    Case(
+        "cli-ar-mix-without-the-embedded-task",
+        "CLI",
+        cli("plan", "--set", "prompts.source={tmp}/p.jsonl"),
+        "prompts.source '{tmp}/p.jsonl' has none (set training.mix_ar_every=0)",
+    ),
+    Case(
         "cli-eval-missing-benchmark",
         "CLI",
         cli("eval", "--benchmark", "gsm8k", "--source", "{tmp}/absent.jsonl"),
