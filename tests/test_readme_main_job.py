@@ -107,7 +107,9 @@ def test_the_main_job_shows_every_stage_and_no_warning(main_job):
     console, _, _ = main_job
     missing = [stage for stage, text in PROGRESS.items() if text not in console]
     assert not missing, f"no progress from {missing}:\n{console[-5000:]}"
-    alarming = [line for line in console.splitlines() if ALARMING.search(line)]
+    # One warning is actionable and may be right on a busy machine: training's thread count against the free CPUs.
+    lines = [line for line in console.splitlines() if "other processes are using" not in line]
+    alarming = [line for line in lines if ALARMING.search(line) and line.strip() != "threads.tick(step)"]
     assert not alarming, "\n".join(alarming[:20])
     # Progress bars of work that took seconds (transformers' loads and checkpoint writes, MLflow's artifact copies)
     # left two lines each, dozens per round, in place of the stage's own progress lines.

