@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import re
 import shlex
-import subprocess
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-READMES = ("README.md", "infra/README.md")
+from tests.readme import ROOT, blocks, command_lines, lines_with, run_as_written
+
 # Placeholders the READMEs write for what the reader supplies, and a value of the right kind for each.
 PLACEHOLDERS = {
     "DIR": "/tmp/model",
@@ -26,28 +24,12 @@ PLACEHOLDERS = {
 }
 
 
-def _blocks(lang: str) -> list[tuple[str, str]]:
-    """(readme, body) of every fenced block in `lang`."""
-    out = []
-    for name in READMES:
-        text = (ROOT / name).read_text()
-        out += [(name, body) for tag, body in re.findall(r"```(\w*)\n(.*?)```", text, re.S) if tag == lang]
-    return out
-
-
-def _command_lines(body: str) -> list[str]:
-    """Shell lines of a block with continuations joined and comments dropped."""
-    joined = re.sub(r"\\\n\s*", " ", body)
-    lines = [line.split(" #", 1)[0].strip() for line in joined.splitlines() if not line.lstrip().startswith("#")]
-    return [line for line in lines if line]
-
-
 def jf_commands() -> list[tuple[str, list[str]]]:
     """(the line as written, its argv after `jf`) for every `jf` invocation in the READMEs; `[...]` marks an optional
     part, left out, and placeholders get a value of their kind."""
     out = []
-    for _readme, body in _blocks("bash"):
-        for line in _command_lines(body):
+    for _readme, body in blocks("bash"):
+        for line in command_lines(body):
             concrete = re.sub(r"\s*\[[^\]]*\]", "", line)
             for placeholder, value in PLACEHOLDERS.items():
                 concrete = re.sub(rf"(?<![\w/]){re.escape(placeholder)}(?![\w/])", value, concrete)
@@ -78,7 +60,7 @@ def test_every_jf_command_in_the_readmes_parses():
 
 
 def test_every_python_snippet_compiles():
-    snippets = _blocks("python")
+    snippets = blocks("python")
     assert len(snippets) >= 2
     for readme, body in snippets:
         compile(body, readme, "exec")
@@ -88,7 +70,7 @@ def test_every_embedded_task_prompt_shown_is_one_the_task_makes():
     """`program: a=3; return a` is not a program of the task: the model answered it with garbage."""
     from jf_core.toy.task import example_of
 
-    prompts = [p for _, body in _blocks("bash") + _blocks("python") for p in re.findall(r"program: [^\"']+", body)]
+    prompts = [p for _, body in blocks("bash") + blocks("python") for p in re.findall(r"program: [^\"']+", body)]
     assert len(prompts) >= 6, prompts
     assert [p for p in prompts if example_of(p) is None] == []
 
@@ -131,12 +113,11 @@ def test_the_commands_that_need_no_model_or_server_run_as_written(capsys):
 def test_the_trajectory_commands_run_as_written(embedded, tmp_path):  # the tiny profile's model, bootstrapped once
     """`jf trajectories generate / show / verify` as the README writes them, in a fresh directory (so `runs/traj`
     is there), the collection made small by giving `--num-prompts` again (the last value counts)."""
-    lines = [line for _, body in _blocks("bash") for line in _command_lines(body) if "jf trajectories " in line]
+    lines = lines_with("jf trajectories ")
     generate, show, verify = (next(line for line in lines if f"trajectories {verb}" in line) for verb in VERBS)
     outputs = []
-    for line, extra in ((generate, " --num-prompts 16"), (show, ""), (verify, "")):
-        command = line.replace(".venv/bin/", f"{ROOT}/.venv/bin/", 1) + extra
-        done = subprocess.run(["bash", "-c", command], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    for line in (generate + " --num-prompts 16", show, verify):
+        done = run_as_written(line, tmp_path, timeout=300)
         assert done.returncode == 0, f"{line}\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
         outputs.append(done.stdout)
     assert "16 prompts -> " in outputs[0] and "at runs/traj" in outputs[0], outputs[0]
@@ -237,7 +218,7 @@ HOW = {
 
 
 def test_every_readme_command_line_says_how_ci_checks_it():
-    lines = {line for _, body in _blocks("bash") for line in _command_lines(body)}
+    lines = {line for _, body in blocks("bash") for line in command_lines(body)}
     assert sorted(lines - set(HOW)) == [], "README lines with no row in HOW"
     assert sorted(set(HOW) - lines) == [], "rows in HOW for lines no README has"
     for line, (how, where) in HOW.items():

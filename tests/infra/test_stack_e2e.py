@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import readme
 from tests.infra.sockets import SocketWatch
 
 REPO = Path(__file__).resolve().parents[2]
@@ -204,10 +205,10 @@ def test_stack_deploy_run_register_gate_schedule(stack_env):
     assert str(v3.version) == "3" and "jf-tiny-v1" in v3.tags["base_model"], v3.tags
     assert "embedded-qwen2" in v3.tags["lineage_base"], v3.tags  # the gate's base: the chain's original model
 
-    snippet = re.search(r"<!-- registry-consumer -->\s*```python\n(.*?)```", (REPO / "README.md").read_text(), re.S)
     out = subprocess.run(
-        [sys.executable, "-c", snippet.group(1)], env=stack_env, capture_output=True, text=True, timeout=300
-    )
+        [sys.executable, "-c", readme.snippet("registry-consumer")], env=stack_env, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
     assert "answer" in out.stdout  # the embedded task's answers end in "answer <number>"
 
@@ -348,8 +349,7 @@ def _serve_the_champion(env) -> None:
         assert "".join(chunks) == greedy(prompt, 48) and len([c for c in chunks if c]) > 1
         # The README's client snippet as written, but for the port (this server's is a free one): its completion,
         # stream and chat each print the champion's greedy text (the chat template hands it the user's program).
-        readme = (REPO / "README.md").read_text()
-        snippet = re.search(r"<!-- openai-client -->\s*```python\n(.*?)```", readme, re.S).group(1)
+        snippet = readme.snippet("openai-client")
         out = subprocess.run(
             [sys.executable, "-c", snippet.replace("http://127.0.0.1:8000", url)],
             env=env, capture_output=True, text=True, timeout=300,

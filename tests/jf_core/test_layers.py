@@ -8,7 +8,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2] / "jf_core"
 # Bottom up: each may import only those before it (module-level and function-local imports alike).
-LOWER = ["checksums", "paths", "threads", "model_dir", "decoding", "models", "training", "serving"]
+LOWER = ["checksums", "paths", "threads", "quiet", "model_dir", "decoding", "models", "training", "serving"]
 
 
 def _arrows() -> dict[str, set[str]]:

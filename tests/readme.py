@@ -1,0 +1,45 @@
+"""The READMEs as tests read them: their fenced blocks, the shell lines in those blocks, a marked snippet, and a
+line run as written from another directory."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+READMES = ("README.md", "infra/README.md")
+
+
+def blocks(lang: str) -> list[tuple[str, str]]:
+    """(readme, body) of every fenced block in `lang`."""
+    out = []
+    for name in READMES:
+        text = (ROOT / name).read_text()
+        out += [(name, body) for tag, body in re.findall(r"```(\w*)\n(.*?)```", text, re.S) if tag == lang]
+    return out
+
+
+def command_lines(body: str) -> list[str]:
+    """Shell lines of a block with continuations joined and comments dropped."""
+    joined = re.sub(r"\\\n\s*", " ", body)
+    lines = [line.split(" #", 1)[0].strip() for line in joined.splitlines() if not line.lstrip().startswith("#")]
+    return [line for line in lines if line]
+
+
+def lines_with(text: str) -> list[str]:
+    """Every shell line of the READMEs that contains `text`, in order."""
+    return [line for _, body in blocks("bash") for line in command_lines(body) if text in line]
+
+
+def snippet(marker: str) -> str:
+    """The Python block after `<!-- marker -->` in README.md."""
+    found = re.search(rf"<!-- {marker} -->\s*```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    assert found, f"README.md has no <!-- {marker} --> python block"
+    return found.group(1)
+
+
+def run_as_written(line: str, cwd: Path, timeout: float = 600, **kwargs) -> subprocess.CompletedProcess:
+    """A README line through bash from `cwd`: its `.venv/bin/` is the repository's, the rest as written."""
+    command = line.replace(".venv/bin/", f"{ROOT}/.venv/bin/", 1)
+    return subprocess.run(["bash", "-c", command], cwd=cwd, capture_output=True, text=True, timeout=timeout, **kwargs)
