@@ -159,8 +159,8 @@ HOW = {
         "as written", "tests/test_readme_commands.py::test_the_trajectory_commands_run_as_written"),
     ".venv/bin/jf bench trajectories": ("not in CI", "a benchmark: minutes of Ray collection, timing only"),
     ".venv/bin/jf run [--profile tiny] [--set section.key=value]": (
-        "as written", "tests/test_readme_main_job.py::main_job"),
-    ".venv/bin/jf run --set evaluation.tune.prompts=8": ("as written", "tests/test_readme_main_job.py::main_job"),
+        "same command", "tests/test_readme_main_job.py::main_job"),
+    ".venv/bin/jf run --set evaluation.tune.prompts=8": ("same command", "tests/test_readme_main_job.py::main_job"),
     ".venv/bin/jf run --progressive": (
         "not in CI", "three whole rounds; each is a jf-round (as the main job) and their overrides are "
                      "tests/flows/test_progressive.py's"),
