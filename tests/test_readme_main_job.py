@@ -10,15 +10,13 @@ import json
 import os
 import re
 import shlex
-import signal
 import subprocess
 import sys
-import time
-import urllib.request
 
 import pytest
 
 from jacobi_forcing.infra.stack import free_port
+from tests.processes import stop_group, wait_for
 from tests.readme import ROOT, lines_with, snippet
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
@@ -126,20 +124,9 @@ def test_mlflow_models_serve_and_the_curl_as_written(main_job, tmp_path):
             ["bash", "-c", serve], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
     try:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and server.poll() is None:
-            try:
-                if urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=5).status == 200:
-                    break
-            except OSError:
-                time.sleep(2)
-        assert server.poll() is None, log.read_text()[-3000:]
+        wait_for(f"http://127.0.0.1:{port}/ping", server, log, timeout=240)
         answer = subprocess.run(["bash", "-c", curl], cwd=tmp_path, capture_output=True, text=True, timeout=300)
         assert answer.returncode == 0, answer.stderr
         assert "answer 45" in json.loads(answer.stdout)["predictions"][0], answer.stdout
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
+        stop_group(server, timeout=30)

@@ -7,11 +7,9 @@ tasks refuse to run a GPU stage without the limit, before any work."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
-import urllib.request
 
 import pytest
 from prefect import flow
@@ -19,6 +17,7 @@ from prefect import flow
 from jacobi_forcing.infra import gpu_limit
 from jacobi_forcing.tasks import round_tasks
 from jacobi_forcing.tasks.gpu_slots import GPULimitMissing, gpu_slots, gpus_needed
+from tests.processes import stop_group, wait_for
 
 LEASE = 60  # Prefect's shortest lease
 
@@ -49,24 +48,11 @@ def prefect_api(tmp_path_factory):
     )  # fmt: skip
     api = f"http://127.0.0.1:{port}/api"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                urllib.request.urlopen(f"{api}/health", timeout=2)
-                break
-            except OSError:
-                assert server.poll() is None, (home / "server.log").read_text()
-                assert time.monotonic() < deadline, "the Prefect server did not start in 120 s"
-                time.sleep(1)
+        wait_for(f"{api}/health", server, home / "server.log", timeout=120)
         with temporary_settings({PREFECT_API_URL: api}):
             yield api
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
+        stop_group(server)
         log.close()
 
 
