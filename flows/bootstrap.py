@@ -7,9 +7,11 @@ from prefect import flow, get_run_logger, task
 
 @task(name="bootstrap-embedded-model", retries=1)
 def bootstrap_embedded(threads: int | None = None) -> str:
+    from jacobi_forcing.tasks.run_logs import library_warnings_in_run_log
     from jf_core.toy.bootstrap import BootstrapConfig, ensure_embedded_model
 
-    return str(ensure_embedded_model(BootstrapConfig(threads=threads)))
+    with library_warnings_in_run_log():
+        return str(ensure_embedded_model(BootstrapConfig(threads=threads)))
 
 
 @flow(name="jf-bootstrap", log_prints=True)

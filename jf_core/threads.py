@@ -24,12 +24,14 @@ Linux only (/proc/stat); elsewhere the governor keeps torch's count. A count set
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+log = logging.getLogger("jf.threads")
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 # Headroom before taking one more thread: with n threads beside a busy process the kernel gives that process only
 # part of a core, so its measured load under-states what it would take back; 0.4 keeps a shared machine on the
@@ -139,16 +141,18 @@ class ThreadGovernor:
             self._set(step, count)
 
     def _warn_contended(self, load: float) -> None:
-        import warnings
-
-        warnings.warn(
-            f"other processes are using {load:.1f} of the {self.budget} CPUs this training may use: it keeps its "
-            f"{self.fixed} threads, so that its model does not depend on the load, and every step now waits for "
-            "the thread they preempt (several times slower). Beside other work, compute.threads set to the CPUs "
-            "left free is faster and still gives the same model on every run with that setting; "
-            "compute.adaptive_threads=true follows the free CPUs as they change, and the model then follows the load.",
-            RuntimeWarning,
-            stacklevel=3,
+        # A log record, not a Python warning: a condition of the machine, not of the caller's code, read as one line
+        # (no file, line and source) in the terminal, and a flow's task forwards it into its run's log
+        # (tasks/run_logs.py), where a worker's stderr would lose it.
+        log.warning(
+            "other processes are using %.1f of the %d CPUs this training may use: it keeps its %d threads, so that "
+            "its model does not depend on the load, and every step now waits for the thread they preempt (several "
+            "times slower). Beside other work, compute.threads set to the CPUs left free is faster and still gives "
+            "the same model on every run with that setting; compute.adaptive_threads=true follows the free CPUs as "
+            "they change, and the model then follows the load.",
+            load,
+            self.budget,
+            self.fixed,
         )
 
     def _set(self, step: int, count: int) -> None:

@@ -22,6 +22,7 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
 from jacobi_forcing.tasks import events, mlflow_runs, model_package, registry
 from jacobi_forcing.tasks.gpu_slots import gpu_slots
+from jacobi_forcing.tasks.run_logs import library_warnings_in_run_log
 from jacobi_forcing.tasks.train_distributed import train_distributed
 from jacobi_forcing.tasks.trajectories import stage_trajectories
 from jf_core.config import Profile
@@ -178,7 +179,8 @@ def resolve_model(uri: str, profile: Profile) -> str:
         trained.append(step)
         say(step, row)
 
-    path = model_package.resolve_model(uri, profile, on_log=on_log)
+    with library_warnings_in_run_log():
+        path = model_package.resolve_model(uri, profile, on_log=on_log)
     if trained:
         done = json.loads((Path(path) / "bootstrap.json").read_text())
         logger.info("bootstrapped the embedded model: accuracy %.3f, %.0f s", done["accuracy"], done["total_seconds"])
@@ -225,7 +227,7 @@ def train(profile: Profile, model_in: str, root: str) -> dict:
     bar = ProgressArtifact(f"{profile.training.method_name} training, {steps} steps")
     logger = get_run_logger()
     on_log = step_logger("", steps, logger.info, bar)
-    with gpu_slots(profile, "train"):
+    with gpu_slots(profile, "train"), library_warnings_in_run_log():
         paths = RoundPaths(Path(root))
         result = stage_train(profile, model_in, paths, progress=False, on_log=on_log, launch=train_distributed)
     bar(steps, steps)

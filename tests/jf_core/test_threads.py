@@ -3,6 +3,7 @@ end gives the thread back; a user's count is never changed; the budget follows t
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -173,7 +174,7 @@ def test_decoding_gives_the_same_tokens_and_forwards_on_any_thread_count(embedde
 
 @linux
 @pytest.mark.skipif(cpu_budget() < 2, reason="needs 2 CPUs for others to take one")
-def test_a_fixed_count_beside_a_busy_process_is_kept_and_its_user_told(restore_threads):
+def test_a_fixed_count_beside_a_busy_process_is_kept_and_its_user_told(restore_threads, caplog):
     governor = ThreadGovernor(fixed=2, budget=2, every_s=0.5)
     governor.start()
     spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
@@ -181,10 +182,14 @@ def test_a_fixed_count_beside_a_busy_process_is_kept_and_its_user_told(restore_t
         time.sleep(0.2)
         governor._last = _sample()  # measure from here: the spinner's whole interval
         time.sleep(0.8)
-        with pytest.warns(RuntimeWarning, match="compute.threads set to the CPUs left free"):
+        with caplog.at_level(logging.WARNING, logger="jf.threads"):
             governor.tick(step=7)
     finally:
         spinner.kill()
         spinner.wait()
     assert torch.get_num_threads() == 2 and governor.changes == [(0, 2)]
     assert governor.record()["contended_at"] == 7
+    # a log record (tasks forward jf.* records into their run's log), said once, naming the setting that helps
+    told = [r for r in caplog.records if r.name == "jf.threads"]
+    assert len(told) == 1 and told[0].levelno == logging.WARNING, caplog.records
+    assert "compute.threads set to the CPUs left free" in told[0].getMessage()
