@@ -79,20 +79,67 @@ class _OptionsAppliedAbove(logging.Filter):
         return "will not be applied" not in record.getMessage()
 
 
+APP = "jacobi-forcing"  # the Serve application `jf serve` runs (route prefix "/")
+
+
+class ServeConflict(ValueError):
+    """Serve on a joined cluster cannot take this server as asked (its HTTP address differs, or the name is taken)."""
+
+
+def _running_serve() -> dict | None:
+    """The details of the Serve instance this Ray already runs (its HTTP options, its applications), or None."""
+    from ray.serve.context import _get_global_client  # serve.status() has the applications, not the HTTP options
+
+    client = _get_global_client(raise_if_no_controller_running=False)
+    return client.get_serve_details() if client is not None else None
+
+
+def _check_joinable(details: dict, host: str, port: int) -> None:
+    """On a cluster whose Serve already runs, the HTTP address is the cluster's: refuse an address it does not have
+    (the server would say a URL nobody listens on), and an application of ours already running (serve.run would
+    replace another user's server without a word)."""
+    http = details.get("http_options") or {}
+    if (http.get("host"), http.get("port")) != (host, port):
+        raise ServeConflict(
+            f"Serve already runs on this Ray with HTTP on {http.get('host')}:{http.get('port')}, not {host}:{port}: "
+            f"its address is the cluster's; pass --host {http.get('host')} --port {http.get('port')}"
+        )
+    if APP in (details.get("applications") or {}):
+        raise ServeConflict(
+            f"Serve on this Ray already runs an application named {APP!r} (another jf serve): stop it first "
+            f"(`serve.delete('{APP}')`), or serve from a Ray of its own (unset RAY_ADDRESS)"
+        )
+
+
 def run(options: ServeOptions, *, host: str = "127.0.0.1", port: int = 8000, replicas: int = 1, ready=None) -> None:
-    """Start Serve on the project's Ray and block until SIGINT/SIGTERM; `ready(url)` is called once it answers."""
+    """Start Serve on the project's Ray and block until SIGINT/SIGTERM; `ready(url)` is called once it answers.
+
+    On a Ray this process did not start (a joined cluster), Serve and its other applications are not ours: at the
+    end only this server's application goes, and Serve itself only when this call started it and nothing else
+    runs on it."""
+    stop = threading.Event()
+    callers = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        _serve_until(stop, options, host=host, port=port, replicas=replicas, ready=ready)
+    finally:
+        for sig, handler in callers.items():  # a caller that goes on (a test, a notebook) gets its Ctrl-C back
+            signal.signal(sig, handler)
+
+
+def _serve_until(stop: threading.Event, options: ServeOptions, *, host: str, port: int, replicas: int, ready) -> None:
     from jacobi_forcing.infra.ray_cluster import ray_session
 
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
     with ray_session() as session:
-        serve.start(http_options={"host": host, "port": port})
-        # serve.run then finds the Serve instance just started here and logs that new http options "will not be
-        # applied": they were, by that start. Said on every start, it reads as a misconfiguration.
-        logging.getLogger("ray.serve").addFilter(_OptionsAppliedAbove())
+        before = None if session.private else _running_serve()
+        if before is not None:
+            _check_joinable(before, host, port)
+        else:
+            serve.start(http_options={"host": host, "port": port})
+            # serve.run then finds the Serve instance just started here and logs that new http options "will not be
+            # applied": they were, by that start. Said on every start, it reads as a misconfiguration.
+            logging.getLogger("ray.serve").addFilter(_OptionsAppliedAbove())
         try:
-            serve.run(application(options, replicas), name="jacobi-forcing", route_prefix="/", blocking=False)
+            serve.run(application(options, replicas), name=APP, route_prefix="/", blocking=False)
             if ready is not None:
                 ready(f"http://{host}:{port}")
             stop.wait()
@@ -101,7 +148,9 @@ def run(options: ServeOptions, *, host: str = "127.0.0.1", port: int = 8000, rep
             # printed Ray's `(raylet) Task ServeController.graceful_shutdown failed ... killed by ray.kill` on every
             # normal stop (the controller kills itself while its own shutdown call is in flight).
             if not session.private:
-                serve.shutdown()
+                serve.delete(APP)
+                if before is None and not serve.status().applications:
+                    serve.shutdown()
 
 
 def build(args: dict):
