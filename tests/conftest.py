@@ -70,6 +70,16 @@ def _temporary_prefect_servers_stop_inside_the_session():
         running.stop()
 
 
+@pytest.fixture(scope="module")
+def prefect_server():
+    """A real temporary Prefect server (Prefect's own test harness) for the module's flows; yields its API URL."""
+    from prefect.settings import PREFECT_API_URL
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield PREFECT_API_URL.value()
+
+
 @pytest.fixture(scope="session", params=sorted(TINY_MODELS))
 def tiny_model(request) -> torch.nn.Module:
     return TINY_MODELS[request.param]()

@@ -6,14 +6,6 @@ import pytest
 import yaml
 
 
-@pytest.fixture(scope="module")
-def prefect_server():
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
-
-
 @pytest.fixture()
 def jf_env(tmp_path, monkeypatch, profile):
     """A profile YAML for the tiny random model with small stages, its MLflow store and JF_HOME under tmp."""

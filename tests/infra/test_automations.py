@@ -28,15 +28,6 @@ def probe() -> None:
     """Never run: a flow for the runs the test creates."""
 
 
-@pytest.fixture(scope="module")
-def prefect_api():
-    from prefect.settings import PREFECT_API_URL
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=120):
-        yield PREFECT_API_URL.value()
-
-
 def _running_flow_run() -> str:
     from prefect.client.orchestration import get_client
     from prefect.states import Running
@@ -71,7 +62,7 @@ def _start_flow_process(api: str) -> tuple[subprocess.Popen, str]:
 
 
 @pytest.mark.faults
-def test_a_killed_flow_run_ends_crashed_a_cancelled_dead_one_cancelled_and_a_live_one_runs(prefect_api):
+def test_a_killed_flow_run_ends_crashed_a_cancelled_dead_one_cancelled_and_a_live_one_runs(prefect_server):
     """The stack's settings (heartbeat 30 s, crashed after 90 s of silence, cancelled 120 s after a cancel request
     nothing acted on): a flow run's process SIGKILLed mid-run (what losing its machine does) ends `Crashed`; one
     killed and then cancelled (`prefect flow-run cancel` with no worker left to stop it) ends `Cancelled`, not stuck
@@ -79,12 +70,12 @@ def test_a_killed_flow_run_ends_crashed_a_cancelled_dead_one_cancelled_and_a_liv
     from prefect.client.orchestration import get_client
     from prefect.states import Cancelling
 
-    first = automations.install(prefect_api)
+    first = automations.install(prefect_server)
     assert set(first) == {automations.ZOMBIE_AUTOMATION, automations.CANCEL_AUTOMATION}
-    assert automations.install(prefect_api) == first  # installed once, brought up to date in place
-    killed, killed_id = _start_flow_process(prefect_api)
-    cancelled, cancelled_id = _start_flow_process(prefect_api)
-    alive, alive_id = _start_flow_process(prefect_api)
+    assert automations.install(prefect_server) == first  # installed once, brought up to date in place
+    killed, killed_id = _start_flow_process(prefect_server)
+    cancelled, cancelled_id = _start_flow_process(prefect_server)
+    alive, alive_id = _start_flow_process(prefect_server)
     try:
         assert {flow_run_state(i) for i in (killed_id, cancelled_id, alive_id)} == {"RUNNING"}
         for proc in (killed, cancelled):
@@ -109,7 +100,7 @@ def test_a_killed_flow_run_ends_crashed_a_cancelled_dead_one_cancelled_and_a_liv
 
 
 @pytest.mark.faults
-def test_mlflow_runs_of_ended_flow_runs_are_closed_failed(prefect_api, tmp_path):
+def test_mlflow_runs_of_ended_flow_runs_are_closed_failed(prefect_server, tmp_path):
     from prefect.client.orchestration import get_client
     from prefect.states import Crashed
 

@@ -6,21 +6,48 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import re
+import subprocess
+import sys
 
 import pytest
 
 pytestmark = pytest.mark.timeout(300)
 
+# A flow as a user's process runs it (its own terminal, Prefect's own console handler): a task whose stage logs
+# through jf_core's loggers, as training's thread governor does (jf_core/threads.py).
+FLOW = """
+import logging
 
-@pytest.fixture(scope="module")
-def prefect_server():
-    from prefect.testing.utilities import prefect_test_harness
+from prefect import flow, task
+from prefect.logging import get_run_logger
 
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
+from jacobi_forcing.tasks.run_logs import library_warnings_in_run_log
+
+threads_log = logging.getLogger("jf.threads")
 
 
-def _run_logs(flow_run_id) -> list[tuple[int, str, bool]]:
+@task
+def train_like_a_round():
+    with library_warnings_in_run_log():
+        threads_log.info("not forwarded: below a warning")
+        threads_log.warning("other processes are using %.1f of the %d CPUs", 1.0, 2)
+    threads_log.warning("after the task's stage: not this run's")
+    assert logging.getLogger("jf").handlers == [] and logging.getLogger("jf").propagate  # as before the stage
+
+
+@flow
+def a_round():
+    get_run_logger().info("flow started")
+    train_like_a_round()
+
+
+print("flow run", a_round(return_state=True).state_details.flow_run_id)
+"""
+
+
+def _run_logs(flow_run_id: str) -> list[tuple[int, str, bool]]:
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
@@ -32,37 +59,16 @@ def _run_logs(flow_run_id) -> list[tuple[int, str, bool]]:
     return asyncio.run(read())
 
 
-def test_a_library_warning_is_a_line_of_the_task_run(prefect_server, capfd):
-    from prefect import flow, task
-    from prefect.logging import get_run_logger
-
-    from jacobi_forcing.tasks.run_logs import library_warnings_in_run_log
-
-    threads_log = logging.getLogger("jf.threads")  # the governor's logger (jf_core/threads.py)
-
-    @task
-    def train_like_a_round():
-        with library_warnings_in_run_log():
-            threads_log.info("not forwarded: below a warning")
-            threads_log.warning("other processes are using %.1f of the %d CPUs", 1.0, 2)
-        threads_log.warning("after the task's stage: not this run's")
-
-    @flow
-    def a_round():
-        get_run_logger().info("flow started")
-        train_like_a_round()
-
-    from prefect.logging.handlers import APILogWorker
-
-    state = a_round(return_state=True)
-    APILogWorker.drain_all(timeout=30)  # logs reach the server in batches
-    logs = _run_logs(state.state_details.flow_run_id)
+def test_a_library_warning_is_a_line_of_the_task_run(prefect_server):
+    env = {**os.environ, "PREFECT_API_URL": prefect_server}
+    done = subprocess.run([sys.executable, "-c", FLOW], env=env, capture_output=True, text=True, timeout=240)
+    terminal = done.stdout + done.stderr
+    assert done.returncode == 0, terminal[-3000:]
+    flow_run_id = re.search(r"flow run (\S+)", done.stdout).group(1)
+    logs = _run_logs(flow_run_id)  # sent before the child exited (Prefect drains its log queue at exit)
     ours = ("CPUs", "below", "after")
     said = [(level, message, in_task) for level, message, in_task in logs if any(w in message for w in ours)]
     assert said == [(logging.WARNING, "other processes are using 1.0 of the 2 CPUs", True)], logs
-    console = capfd.readouterr()
-    terminal = console.out + console.err
     lines = [line for line in terminal.splitlines() if "other processes are using" in line]
     assert len(lines) == 1 and "| WARNING |" in lines[0] and "Task run 'train_like_a_round" in lines[0], terminal
     assert "RuntimeWarning" not in terminal and "threads_log.warning" not in terminal
-    assert logging.getLogger("jf").handlers == [] and logging.getLogger("jf").propagate  # as it was before the task
