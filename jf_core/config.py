@@ -70,6 +70,11 @@ class TrajectoryConfig(_Strict):
     shard_size: int = Field(64, ge=1)  # prompts per shard: the unit of work, retry and resume
     draft_init: Literal["prompt_sample", "repeat_last", "random_vocab"] = "prompt_sample"
     round_id: str = "round-0"
+    # jacobi: every block's states recorded by Jacobi decoding; synthetic: the fixed points from greedy AR (batched,
+    # far cheaper) and each block's states made by corrupting its tail with `corruption` noise, as upstream's
+    # masking-based first round does (jf_core/trajectory/synthetic.py). Same records, `kind` on each row.
+    kind: Literal["jacobi", "synthetic"] = "jacobi"
+    corruption: Literal["context", "vocab"] = "context"
 
     def collect_config(self):
         from jf_core.trajectory.collect import CollectConfig
@@ -133,6 +138,14 @@ class JFTrainConfig(_Strict):
     min_ratio: float = Field(0.0, ge=0, le=1)
     max_ratio: float = Field(1.0, ge=0, le=1)
     mask: Literal["shipped", "clean_context"] = "shipped"
+    # Which draft state a block's noisy copy is: at_packing, the one state the schedule picked when packing (every
+    # visit sees the same); each_visit, drawn again from all the block's recorded states each time its example is
+    # seen (the schedule seeded by the visit: jf_core/training/packing.py `redrawn`).
+    state_pick: Literal["at_packing", "each_visit"] = "at_packing"
+    # On-policy states: every this many steps the model being trained decodes `onpolicy_prompts` of its training
+    # prompts (in turn) and the draft states it visits join those blocks' pools (jf_core/training/onpolicy.py).
+    onpolicy_every: int | None = Field(None, ge=1)
+    onpolicy_prompts: int = Field(8, ge=1)
     max_length: int = Field(2048, ge=8)
     mix_ar_every: int = Field(0, ge=0)  # every k-th batch is plain AR on ground-truth data (embedded task only)
     seed: int = 0
@@ -150,6 +163,22 @@ class JFTrainConfig(_Strict):
             raise ValueError(
                 f"training.tpf_probe_every decodes with the whole model in one process: strategy {self.strategy} "
                 "shards it over workers (set strategy single, or tpf_probe_every null)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _onpolicy(self) -> JFTrainConfig:
+        if self.onpolicy_every is None:
+            return self
+        if self.state_pick != "each_visit":
+            raise ValueError(
+                "training.onpolicy_every adds states to each block's pool, which only each_visit draws from: set "
+                "training.state_pick: each_visit"
+            )
+        if self.strategy != "single":
+            raise ValueError(
+                f"training.onpolicy_every decodes with the whole model in one process: strategy {self.strategy} "
+                "shards it over workers (set strategy single, or onpolicy_every null)"
             )
         return self
 

@@ -65,13 +65,33 @@ def prompts_identity(profile: Profile) -> dict:
     return profile.prompts.identity()
 
 
+# Training fields added after keys existed, with the value that means "as before": left out of a key while they
+# hold it, so rounds trained before them keep their keys.
+_TRAINING_ADDED = {
+    "method": "jacobi_forcing",
+    "state_pick": "at_packing",
+    "onpolicy_every": None,
+    "onpolicy_prompts": 8,
+}
+
+
+def _without_defaults(data: dict, added: dict) -> dict:
+    return {k: v for k, v in data.items() if k not in added or v != added[k]}
+
+
 def training_identity(profile: Profile) -> dict:
-    """The training config as round keys see it: without `method` while it is the default, so rounds trained
-    before the CLLM baseline existed keep their keys."""
+    """The training config as round keys see it: without the fields added later while they hold their defaults
+    (`method`, the CLLM baseline; `state_pick` and the on-policy knobs), so earlier rounds keep their keys."""
     training = profile.training.model_dump(exclude={"tpf_probe_every", "tpf_probe_prompts", "tpf_probe_tokens"})
-    if training["method"] == "jacobi_forcing":
-        del training["method"]
-    return training
+    return _without_defaults(training, _TRAINING_ADDED)
+
+
+def trajectory_identity(profile: Profile) -> dict:
+    """The trajectory config as keys see it, with the record schema's version: trajectories stored under another
+    schema (schema 1 had no `kind`) are another store, generated again rather than mixed."""
+    from jf_core.trajectory.schema import SCHEMA_VERSION
+
+    return {**profile.trajectory.model_dump(), "schema": SCHEMA_VERSION}
 
 
 def trajectory_dir(profile: Profile, model_in: str) -> Path:
@@ -79,7 +99,7 @@ def trajectory_dir(profile: Profile, model_in: str) -> Path:
         {
             "model": model_identity(model_in),
             "prompts": prompts_identity(profile),
-            "trajectory": profile.trajectory.model_dump(),
+            "trajectory": trajectory_identity(profile),
         }
     )
     return profile.runs_dir() / profile.name / "trajectories" / f"n{profile.trajectory.block_size}-{key}"
@@ -102,7 +122,7 @@ def round_dir(profile: Profile, model_in: str) -> Path:
         {
             "model": model_identity(model_in),
             "prompts": prompts_identity(profile),
-            "trajectory": profile.trajectory.model_dump(),
+            "trajectory": trajectory_identity(profile),
             "training": training_identity(profile),
         }
     )

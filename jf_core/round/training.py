@@ -81,6 +81,7 @@ def train_round(
         ar_batches=ar_mix,
         ar_every=t.mix_ar_every,
         dense_mask=attention != "flex_attention",
+        redraw=t.noise_schedule() if t.state_pick == "each_visit" else None,
     )
 
     result = train(
@@ -96,6 +97,8 @@ def train_round(
         threads=threads,
         probe=tpf_probe(profile, model, tok) if t.tpf_probe_every and not distributed else None,
         probe_every=t.tpf_probe_every or 0,
+        refresh=on_policy(profile, examples, model, tok) if t.onpolicy_every else None,
+        refresh_every=t.onpolicy_every or 0,
     )
     state = parallel.full_state_dict(wrapped) if parallel is not None else None  # every worker takes part
     summary = {
@@ -156,3 +159,19 @@ def tpf_probe(profile: Profile, model, tokenizer) -> Callable:
         return {f"probe_tpf_n{cfg.block_size}": stats.tpf}
 
     return probe
+
+
+def on_policy(profile: Profile, examples, model, tokenizer) -> Callable:
+    """On-policy states: the model being trained decodes its own training prompts with the trajectories' draft
+    settings, and what it visits joins the blocks' pools (jf_core/training/onpolicy.py)."""
+    from jf_core.models import stop_tokens
+    from jf_core.training.onpolicy import OnPolicyStates
+
+    return OnPolicyStates(
+        examples,
+        prompts=profile.training.onpolicy_prompts,
+        stop=stop_tokens(model, tokenizer),
+        seed=profile.trajectory.seed,
+        draft_init=profile.trajectory.draft_init,
+        batch_size=profile.trajectory.batch_size,
+    )

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -29,6 +29,9 @@ class PackedExample:
     noisy: list[list[int]]
     clean: list[list[int]]
     lengths: list[int]  # valid tokens per clean block (n, or through EOS)
+    # Every draft state recorded for each block (the fixed point last), so that the noisy copy can be drawn again
+    # each time the example is seen (`redrawn`) and states collected later (on-policy) can join the pool.
+    states: list[list[list[int]]] = field(default_factory=list)
 
     @property
     def num_blocks(self) -> int:
@@ -98,11 +101,27 @@ def pack_records(
                 noisy=noisy,
                 clean=[list(r["fixed_point"]) for r in contiguous],
                 lengths=[r["length"] for r in contiguous],
+                states=[[list(s) for s in r["states"]] for r in contiguous],
             )
         )
         stats.examples += 1
         stats.blocks += len(contiguous)
     return out, stats
+
+
+def redrawn(ex: PackedExample, schedule: NoiseSchedule, visit: int) -> PackedExample:
+    """`ex` with each block's noisy copy drawn again from all its states, as the schedule picks for the `visit`-th
+    time the example is seen: the draw is seeded by (schedule seed, visit, prompt, block), so a seeded schedule
+    (random, progressive_phase, uniform_state) meets a block's other states on later visits, reproducibly, while
+    a deterministic one (progressive, reverse) picks what packing picked. Visit 0 is packing's own pick."""
+    if not ex.states:
+        raise ValueError(f"packed example {ex.prompt_id!r} holds no states to draw from (packed before they were kept)")
+    draw = replace(schedule, seed=schedule.seed + 1_000_003 * visit)
+    noisy = [
+        list(states[draw.pick(states, clean, length, j, ex.prompt_id)])
+        for j, (states, clean, length) in enumerate(zip(ex.states, ex.clean, ex.lengths, strict=True))
+    ]
+    return replace(ex, noisy=noisy)
 
 
 def loss_positions(ex: PackedExample) -> tuple[list[tuple[int, int]], list[tuple[int, int, int]]]:

@@ -100,6 +100,8 @@ def train(
     threads: ThreadGovernor | None = None,
     probe: Callable[[torch.nn.Module], dict[str, float]] | None = None,
     probe_every: int = 0,
+    refresh: Callable[[torch.nn.Module], dict[str, float]] | None = None,
+    refresh_every: int = 0,
 ) -> TrainResult:
     """Run `cfg.steps` optimizer steps. With `checkpoint_dir` and `checkpoint_every`, a checkpoint (weights,
     optimizer state, step) is written atomically every that many steps and at the end, and with `resume` a run
@@ -111,7 +113,11 @@ def train(
 
     `probe`: measured on the model (in eval mode) every `probe_every` steps and after the last, its figures merged
     into that step's history row (e.g. the TPF the model reaches so far: metrics per step in MLflow, a plot). One
-    process only: a probe on one worker of a sharded model would wait forever for the others."""
+    process only: a probe on one worker of a sharded model would wait forever for the others.
+
+    `refresh`: called the same way every `refresh_every` steps (not after the last), but it may change the data the
+    batches are drawn from (on-policy states, jf_core/training/onpolicy.py). Such changes live in memory only: a
+    run resumed from a checkpoint starts again from the packed data."""
     parallel = parallel or Parallel()
     torch.manual_seed(cfg.seed)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -188,11 +194,17 @@ def train(
             if on_log is not None:
                 on_log(step, row)
         done = step + 1
-        if probe is not None and probe_every and (done % probe_every == 0 or done == cfg.steps):
+        hooks = [
+            (probe, probe is not None and probe_every and (done % probe_every == 0 or done == cfg.steps)),
+            (refresh, refresh is not None and refresh_every and done % refresh_every == 0 and done < cfg.steps),
+        ]
+        for hook, due in hooks:
+            if not due:
+                continue
             if parallel.world_size > 1:
                 raise ValueError("a training probe runs in one process only (it decodes with the whole model)")
             model.eval()
-            measured = probe(model)
+            measured = hook(model)
             model.train()
             if not history or history[-1]["step"] != float(step):
                 history.append({"step": float(step)})

@@ -1,4 +1,5 @@
-"""Collect Jacobi trajectories with the decoding engine's recorder: one record per prompt x converged block.
+"""Collect Jacobi trajectories with the decoding engine's recorder: one record per prompt x converged block; or,
+with `kind: synthetic`, the cheaper synthetic ones (synthetic.py) in the same records.
 
 There is no second copy of the Jacobi step: the recorder sees exactly what `JacobiDecoder` iterates. Generation
 runs to EOS or to `max_new_tokens` rounded up to a whole number of blocks, so every block but one ending at EOS
@@ -11,6 +12,7 @@ import math
 import time
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -18,6 +20,7 @@ from jf_core.decoding.draft import DraftInitName
 from jf_core.decoding.jacobi import JacobiConfig, JacobiDecoder
 from jf_core.models import stop_tokens
 from jf_core.trajectory.prompts import PromptItem
+from jf_core.trajectory.synthetic import Corruption, synthesize
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,8 @@ class CollectConfig:
     batch_size: int = 16
     draft_init: DraftInitName = "prompt_sample"
     round_id: str = "round-0"
+    kind: Literal["jacobi", "synthetic"] = "jacobi"  # synthetic: greedy AR + corrupted tails (synthetic.py)
+    corruption: Corruption = "context"  # synthetic only: what replaces a state's tail
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -63,10 +68,13 @@ class CollectResult:
 def collect(
     model: torch.nn.Module, tokenizer, prompts: list[PromptItem], cfg: CollectConfig, *, model_hash: str
 ) -> CollectResult:
+    start = time.perf_counter()
+    if cfg.kind == "synthetic":
+        records, new_tokens = synthesize(model, tokenizer, prompts, cfg, model_hash=model_hash)
+        return CollectResult(records=records, new_tokens=new_tokens, seconds=time.perf_counter() - start)
     jacobi = cfg.jacobi()
     records: list[dict] = []
     new_tokens = 0
-    start = time.perf_counter()
     for first in range(0, len(prompts), cfg.batch_size):
         batch = prompts[first : first + cfg.batch_size]
         recorder = _Recorder()
@@ -88,6 +96,7 @@ def collect(
                     "iterations": len(states) - 1,
                     "model_hash": model_hash,
                     "seed": cfg.seed,
+                    "kind": "jacobi",
                 }
             )
     return CollectResult(records=records, new_tokens=new_tokens, seconds=time.perf_counter() - start)

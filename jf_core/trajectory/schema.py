@@ -15,6 +15,9 @@
 | iterations    | int32               | Jacobi iterations to reach the fixed point (= len(states) - 1)              |
 | model_hash    | string              | content hash of the model that generated it                                 |
 | seed          | int64               | draft seed                                                                  |
+| kind          | string              | `jacobi`: states recorded by Jacobi decoding; `synthetic`: the fixed point  |
+|               |                     | from greedy AR and its states made by corrupting the block's tail           |
+|               |                     | (synthetic.py), `iterations` then counting the corrupted states             |
 
 Shard-level key/value metadata carries `jf.schema_version`, `jf.model_id` and `jf.generation_config` (JSON).
 """
@@ -23,7 +26,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"  # 2: the `kind` column
+KINDS = ("jacobi", "synthetic")
 
 TRAJECTORY_SCHEMA = pa.schema(
     [
@@ -38,6 +42,7 @@ TRAJECTORY_SCHEMA = pa.schema(
         pa.field("iterations", pa.int32(), nullable=False),
         pa.field("model_hash", pa.string(), nullable=False),
         pa.field("seed", pa.int64(), nullable=False),
+        pa.field("kind", pa.string(), nullable=False),
     ]
 )
 
@@ -71,6 +76,8 @@ def validate_record(row: dict, where: str) -> None:
         fail(f"iterations {row['iterations']} != len(states) - 1 = {len(states) - 1}")
     if not row["prompt_ids"]:
         fail("empty prompt_ids")
+    if row["kind"] not in KINDS:
+        fail(f"kind {row['kind']!r} is not one of {KINDS}")
 
 
 def check_schema(schema: pa.Schema, where: str) -> None:
@@ -88,5 +95,6 @@ def check_schema(schema: pa.Schema, where: str) -> None:
     meta = schema.metadata or {}
     if meta.get(b"jf.schema_version") != SCHEMA_VERSION.encode():
         raise TrajectoryValidationError(
-            f"{where} has trajectory schema version {meta.get(b'jf.schema_version')!r}, expected {SCHEMA_VERSION!r}"
+            f"{where} has trajectory schema version {meta.get(b'jf.schema_version')!r}, expected {SCHEMA_VERSION!r}: "
+            "generate its trajectories again"
         )

@@ -69,3 +69,13 @@ def test_training_settings_that_cannot_go_together_are_named():
         check(load_profile("smollm2-135m", training={"steps": 6}))
     with pytest.raises(ValueError, match=r"tpf_probe_every decodes with the whole model in one process"):
         load_profile("qwen2.5-coder-7b", training={"tpf_probe_every": 100})
+
+
+def test_on_policy_states_need_each_visit_and_one_process():
+    from jf_core.config import JFTrainConfig
+
+    with pytest.raises(ValueError, match=r"onpolicy_every adds states .* set training\.state_pick: each_visit"):
+        JFTrainConfig(onpolicy_every=10)
+    with pytest.raises(ValueError, match="onpolicy_every decodes with the whole model in one process: strategy ddp"):
+        JFTrainConfig(onpolicy_every=10, state_pick="each_visit", strategy="ddp")
+    assert JFTrainConfig(onpolicy_every=10, state_pick="each_visit").onpolicy_prompts == 8

@@ -284,3 +284,40 @@ def test_cllm_packing_draws_intermediate_states_uniformly():
     assert next(e for e in packed if e.prompt_id == "converged").noisy == [[1, 2, 3, 4]]
     again, _ = pack_records(recs, schedule, max_length=64)
     assert [e.noisy for e in again] == [e.noisy for e in packed]  # seeded
+
+
+def test_each_visit_draws_every_state_again_reproducibly():
+    """state_pick each_visit: visit 0 is packing's own pick, later visits draw the block's other states (a seeded
+    schedule), the same draw for the same visit; a deterministic schedule keeps packing's pick; the batches
+    `jf_batches` makes with `redraw` carry the drawn states."""
+    from jf_core.training.jf_data import jf_batches
+    from jf_core.training.packing import redrawn
+
+    states = [[1, 9, 9, 9], [1, 2, 9, 9], [1, 2, 3, 9], [1, 2, 3, 4]]
+    recs = [record("p", 0, states, [1, 2, 3, 4]), record("p", 1, [[5, 9, 9, 9], [5, 6, 7, 8]], [5, 6, 7, 8])]
+    for schedule in (NoiseSchedule("uniform_state", seed=2), NoiseSchedule("random", window=4, seed=2)):
+        (ex,), _ = pack_records(recs, schedule, max_length=64)
+        assert ex.states == [states, [[5, 9, 9, 9], [5, 6, 7, 8]]]
+        assert redrawn(ex, schedule, 0).noisy == ex.noisy
+        draws = [tuple(redrawn(ex, schedule, v).noisy[0]) for v in range(1, 60)]
+        assert len(set(draws)) >= 3, draws
+        assert draws == [tuple(redrawn(ex, schedule, v).noisy[0]) for v in range(1, 60)]
+    progressive = NoiseSchedule("progressive", window=2)
+    (ex,), _ = pack_records(recs, progressive, max_length=64)
+    assert all(redrawn(ex, progressive, v).noisy == ex.noisy for v in range(5))
+    schedule = NoiseSchedule("uniform_state", seed=2)
+    (ex,), _ = pack_records(recs, schedule, max_length=64)
+    batches = jf_batches([ex], 1, PAD, seed=0, redraw=schedule)
+    p = len(ex.prompt)
+    seen = [tuple(next(batches)["input_ids"][0, p : p + 4].tolist()) for _ in range(40)]
+    assert seen[0] == tuple(ex.noisy[0]) and set(seen) == {tuple(s) for s in states[:3]}
+    fixed = jf_batches([ex], 1, PAD, seed=0)
+    assert {tuple(next(fixed)["input_ids"][0, p : p + 4].tolist()) for _ in range(10)} == {tuple(ex.noisy[0])}
+
+
+def test_each_visit_refuses_examples_packed_without_their_states():
+    from jf_core.training.packing import redrawn
+
+    ex = PackedExample("old", [5, 6], 4, noisy=[[1, 9, 9, 9]], clean=[[1, 2, 3, 4]], lengths=[4])
+    with pytest.raises(ValueError, match="'old' holds no states to draw from"):
+        redrawn(ex, NoiseSchedule("random"), 1)

@@ -54,3 +54,40 @@ def test_deterministic_and_batch_invariant(tiny_model):
     )
     assert [r["fixed_point"] for r in other_seed.records] == [r["fixed_point"] for r in one.records]
     assert [r["states"][0] for r in other_seed.records] != [r["states"][0] for r in one.records]
+
+
+@pytest.mark.parametrize("corruption", ["context", "vocab"])
+def test_synthetic_records_are_greedy_blocks_with_corrupted_tails(tiny_model, corruption, tmp_path):
+    """kind synthetic: no Jacobi decoding. The fixed points are greedy AR's output block by block, exactly as Jacobi
+    records have them; block states keep the first k + 1 tokens and corrupt the rest, the fixed point last; the
+    records pass the Jacobi records' rules and round-trip through a shard."""
+    from jf_core.trajectory.schema import validate_record
+    from jf_core.trajectory.store import read_shard, write_shard
+
+    prompts = items(3)
+    cfg = CollectConfig(block_size=4, max_new_tokens=10, batch_size=2, kind="synthetic", corruption=corruption)
+    result = collect(tiny_model, TOK, prompts, cfg, model_hash="h")
+    greedy = ar_decode(
+        tiny_model, [p.token_ids for p in prompts], max_new_tokens=12, eos_token_id=None, pad_token_id=PAD
+    ).sequences
+    assert result.new_tokens == sum(len(g) for g in greedy)
+    for p, expected in zip(prompts, greedy, strict=True):
+        rows = [r for r in result.records if r["prompt_id"] == p.prompt_id]
+        assert [r["block_index"] for r in rows] == [0, 1, 2]
+        assert [t for r in rows for t in r["fixed_point"][: r["length"]]] == expected
+        for r in rows:
+            validate_record(r, "synthetic")
+            assert r["kind"] == "synthetic" and r["model_hash"] == "h" and len(r["states"]) == 4
+            context = set(p.token_ids + expected[: 4 * r["block_index"] + 1])
+            for kept, state in enumerate(r["states"][:-1], start=1):
+                assert state[:kept] == r["fixed_point"][:kept]
+                if corruption == "context":  # upstream's noise: tokens of the text before the tail
+                    assert set(state[kept:]) <= context
+    noise = [t for r in result.records for s in r["states"][:-1] for t in s[1:]]
+    assert len(set(noise)) > 10  # noise, not a constant
+    again = collect(tiny_model, TOK, prompts, cfg, model_hash="h")
+    assert again.records == result.records  # seeded by (seed, prompt): reproducible
+    info = write_shard(
+        tmp_path, "k", result.records, {}, prompts=3, new_tokens=result.new_tokens, seconds=result.seconds
+    )
+    assert read_shard(tmp_path / info.file).column("kind").to_pylist() == ["synthetic"] * len(result.records)

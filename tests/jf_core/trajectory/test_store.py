@@ -22,6 +22,7 @@ def record(prompt_id="p0", block=0, n=4):
         "iterations": 2,
         "model_hash": "abc",
         "seed": 0,
+        "kind": "jacobi",
     }
 
 
@@ -56,6 +57,7 @@ def test_invalid_record_leaves_nothing(tmp_path):
         ("iterations", 5, "iterations 5"),
         ("states", [], "no draft states"),
         ("states", [[9, 6, 7, 8], [5, 6, 7, 8]], "initial draft"),
+        ("kind", "masked", "kind 'masked' is not one of"),
     ],
 )
 def test_record_rules(tmp_path, field, value, message):
@@ -145,3 +147,16 @@ def test_a_full_disk_during_shard_writes_keeps_nothing_partial_and_the_rerun_com
     assert sorted(shards) == ["a", "b", "c"] and {k: shards[k]["sha256"] for k in first} == first  # a, b not redone
     ids = store.read().column("prompt_id").to_pylist()
     assert len(ids) == len(set(ids)) == 1004  # every row exactly once
+
+
+def test_a_shard_of_the_schema_before_kinds_is_refused_by_name(tmp_path):
+    """Schema 1 had no `kind` column: such a shard is named and refused, not read as Jacobi data by guess."""
+    from jf_core.trajectory.schema import TRAJECTORY_SCHEMA
+
+    old = pa.schema([f for f in TRAJECTORY_SCHEMA if f.name != "kind"], metadata={"jf.schema_version": "1"})
+    rows = [{k: v for k, v in record().items() if k != "kind"}]
+    pq.write_table(pa.Table.from_pylist(rows, schema=old), tmp_path / "old.parquet")
+    with pytest.raises(
+        TrajectoryValidationError, match=r"old.parquet is not a jf trajectory shard: missing columns \['kind'\]"
+    ):
+        read_shard(tmp_path / "old.parquet")

@@ -1,0 +1,229 @@
+"""The mechanism check: does training on a few questions' own Jacobi trajectories make the model decode those
+questions in parallel, and what does it cost the model's text?
+
+One run: the base model decodes `train` questions (their trajectories are collected) and `held_out` ones; then
+each variant (training overrides of the profile, e.g. `state_pick: each_visit`, `mask: clean_context`,
+`onpolicy_every: 20`) trains the base model on those trajectories through the round's own packing and training
+driver (`train_round`), and its trained model is measured like the base:
+
+- TPF of plain Jacobi at the trajectories' block size, on the trained questions and on the held-out ones;
+- identity with its own greedy AR (the decoder's promise: must be 1.0 in fp32);
+- identity with the *base* model's greedy AR (did the text change?) and the repeated-4-gram rate (did it degenerate?).
+
+A TPF that comes with changed or degenerate text is not a result: the table puts them side by side. `bench/
+mechanism.py` is the command; a CI test runs it on a tiny model.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from jf_core.config import JFTrainConfig, Profile
+from jf_core.decoding.ar import ar_decode
+from jf_core.decoding.jacobi import JacobiConfig, jacobi_decode
+from jf_core.evaluation.degeneracy import output_stats
+from jf_core.models import load_model, stop_tokens
+
+
+@dataclass
+class SetFigures:
+    """One model on one question set."""
+
+    tpf: float
+    identical_to_own_ar: float
+    identical_to_base: float
+    repetition: float
+    mean_length: float
+    outputs: list[list[int]] = field(repr=False, default_factory=list)  # greedy AR's new tokens
+
+
+@dataclass
+class MechanismRow:
+    variant: str
+    overrides: dict
+    trained: SetFigures
+    held_out: SetFigures
+    train_seconds: float = 0.0
+    train_tokens: int = 0  # tokens in the packed sequences trained on (both copies of every block, prompts)
+    final: dict = field(default_factory=dict)  # the last logged training metrics
+    trajectories: dict = field(default_factory=dict)  # the base row: the trajectory data's kind, tokens, seconds
+    history: list[dict] = field(default_factory=list)  # training's logged rows (losses, on-policy TPF, probes)
+
+    def summary(self) -> dict:
+        out = asdict(self)
+        for part in ("trained", "held_out"):
+            out[part].pop("outputs")
+        return out
+
+
+def measure(
+    model: torch.nn.Module,
+    stop: dict,
+    prompts: Sequence[Sequence[int]],
+    *,
+    block_size: int,
+    max_new_tokens: int,
+    base_outputs: Sequence[Sequence[int]] | None,
+    batch_size: int,
+) -> SetFigures:
+    """Greedy AR and plain Jacobi at `block_size` on `prompts`, in batches (TPF is per sequence: batching does not
+    change it)."""
+    ar, jacobi, forwards, tokens = [], [], 0, 0
+    cfg = JacobiConfig(block_size=block_size, max_new_tokens=max_new_tokens)
+    with torch.no_grad():
+        for first in range(0, len(prompts), batch_size):
+            batch = list(prompts[first : first + batch_size])
+            ar += ar_decode(model, batch, max_new_tokens=max_new_tokens, **stop).sequences
+            out = jacobi_decode(model, batch, cfg, **stop)
+            jacobi += out.sequences
+            forwards += out.stats.forwards
+            tokens += out.stats.new_tokens
+    base = base_outputs if base_outputs is not None else ar
+    stats = output_stats(ar, max_new_tokens, _ids(stop["eos_token_id"]))
+    return SetFigures(
+        tpf=tokens / max(forwards, 1),
+        identical_to_own_ar=sum(a == j for a, j in zip(ar, jacobi, strict=True)) / len(ar),
+        identical_to_base=sum(a == b for a, b in zip(ar, base, strict=True)) / len(ar),
+        repetition=stats["repetition"],
+        mean_length=stats["mean_length"],
+        outputs=[list(a) for a in ar],
+    )
+
+
+def _ids(eos) -> list[int]:
+    return list(eos) if isinstance(eos, (list, tuple, set)) else [eos]
+
+
+def variant_profile(profile: Profile, overrides: dict) -> Profile:
+    """The profile with training overrides applied and validated (a bad key or value is refused by name)."""
+    training = JFTrainConfig.model_validate({**profile.training.model_dump(), **overrides})
+    return profile.model_copy(update={"training": training})
+
+
+def run_mechanism(
+    profile: Profile,
+    model_dir: str,
+    variants: dict[str, dict],
+    *,
+    train: Sequence[Sequence[int]],
+    held_out: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    batch_size: int = 4,
+    collect_batch_size: int | None = None,
+    device: str = "cpu",
+    workdir: Path | None = None,
+    on_row: Callable[[MechanismRow], None] | None = None,
+    progress: bool = False,
+) -> list[MechanismRow]:
+    """The base row, then one row per variant (see the module docstring). Trajectories are collected once, by the
+    base model, with the profile's trajectory settings (kind included) at `max_new_tokens`, `collect_batch_size`
+    prompts at a time (default: `batch_size`). Every model decodes in fp32 on `device`; training computes in the
+    profile's model dtype there."""
+    from jf_core.trajectory.collect import CollectConfig, collect
+    from jf_core.trajectory.prompts import PromptItem
+
+    n = profile.trajectory.block_size
+    model, tok = load_model(model_dir, dtype="float32", device=device)
+    stop = stop_tokens(model, tok)
+
+    def measured(m, base_train, base_held):
+        return (
+            measure(m, stop, train, block_size=n, max_new_tokens=max_new_tokens, base_outputs=base_train,
+                    batch_size=batch_size),
+            measure(m, stop, held_out, block_size=n, max_new_tokens=max_new_tokens, base_outputs=base_held,
+                    batch_size=batch_size),
+        )  # fmt: skip
+
+    base = MechanismRow("base", {}, *measured(model, None, None))
+    base_train, base_held = base.trained.outputs, base.held_out.outputs
+    items = [PromptItem(prompt_id=f"q{i}", token_ids=list(p)) for i, p in enumerate(train)]
+    collect_cfg = CollectConfig(
+        block_size=n,
+        max_new_tokens=max_new_tokens,
+        seed=profile.trajectory.seed,
+        batch_size=collect_batch_size or batch_size,
+        draft_init=profile.trajectory.draft_init,
+        kind=profile.trajectory.kind,
+        corruption=profile.trajectory.corruption,
+    )
+    collected = collect(model, tok, items, collect_cfg, model_hash="mechanism")
+    records = collected.records
+    base.trajectories = {
+        "kind": collect_cfg.kind,
+        "blocks": len(records),
+        "tokens": collected.new_tokens,
+        "seconds": collected.seconds,
+        "tokens_per_s": collected.new_tokens / max(collected.seconds, 1e-9),
+    }
+    rows = [base]
+    if on_row:
+        on_row(base)
+    del model
+
+    scratch = Path(tempfile.mkdtemp(prefix="jf-mechanism-", dir=workdir))
+    try:
+        for name, overrides in variants.items():
+            seconds, tokens, history = _train_variant(
+                variant_profile(profile, overrides), model_dir, records, scratch / name, progress, device
+            )
+            trained, _ = load_model(str(scratch / name / "model"), dtype="float32", device=device)
+            final = {k: v for k, v in (history or [{}])[-1].items() if isinstance(v, float)}
+            row = MechanismRow(name, overrides, *measured(trained, base_train, base_held), seconds, tokens, final)
+            row.history = history
+            rows.append(row)
+            shutil.rmtree(scratch / name, ignore_errors=True)  # a SmolLM2 model directory is 540 MB
+            if on_row:
+                on_row(row)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return rows
+
+
+def _train_variant(
+    profile: Profile, model_dir: str, records: list[dict], where: Path, progress: bool, device: str
+) -> tuple[float, int, list[dict]]:
+    """Pack and train one variant through the round's driver: (seconds, about how many packed tokens it trained
+    on, training's logged rows)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from jf_core.round.training import train_round
+    from jf_core.training.packing import pack_records
+
+    t = profile.training
+    packed, _ = pack_records(records, t.noise_schedule(), t.max_length)
+    where.mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist([asdict(e) for e in packed]), where / "examples.parquet")
+    start = time.perf_counter()
+    summary = train_round(
+        profile, model_dir, where / "examples.parquet", where / "checkpoints", where / "model",
+        device=torch.device(device), progress=progress,
+    )  # fmt: skip
+    seconds = time.perf_counter() - start
+    per_example = sum(e.total_length for e in packed) / len(packed)
+    tokens = int(per_example * t.steps * t.batch_size * t.grad_accum)
+    return seconds, tokens, summary["history"]
+
+
+def table(rows: Sequence[MechanismRow]) -> str:
+    """The rows as a Markdown table: TPF before/after beside identity and repetition, for both question sets."""
+    head = (
+        "| variant | TPF trained | TPF held-out | = own AR (trained / held-out) | = base text (trained / held-out) "
+        "| repetition (trained / held-out) | train s | train tokens |\n|---|---|---|---|---|---|---|---|"
+    )
+    lines = [head]
+    for r in rows:
+        a, b = r.trained, r.held_out
+        lines.append(
+            f"| {r.variant} | {a.tpf:.3f} | {b.tpf:.3f} | {a.identical_to_own_ar:.2f} / {b.identical_to_own_ar:.2f} "
+            f"| {a.identical_to_base:.2f} / {b.identical_to_base:.2f} | {a.repetition:.3f} / {b.repetition:.3f} "
+            f"| {r.train_seconds:.0f} | {r.train_tokens} |"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,88 @@
+"""Synthetic trajectories: upstream's masking-based preparation (`1_progressive_masking_based_prepare_trajectory.py`,
+`corrupt_chunk`), on the model's own greedy output instead of a dataset's reference answer.
+
+No Jacobi decoding: greedy AR generates each prompt's answer in batches (far cheaper per token than Jacobi's
+n-wide windows at TPF ~1), the answer is cut into blocks of n, and block j's states are its fixed point with the
+last r tokens replaced by noise, for r = n - 1 down to 0 (the fixed point itself, last). The block's first token
+is never corrupted: in a Jacobi block it is the known-correct token. Noise (`trajectory.corruption`):
+
+- `context`: tokens drawn uniformly from the last `LOOKUP` tokens of prompt + answer up to the block's first token
+  (upstream's `lookup_context_len=128`; the decoder's `prompt_sample` initial draft draws from the same text);
+- `vocab`: uniform random vocabulary ids.
+
+The records have the Jacobi records' schema and invariants (schema.py), `kind` "synthetic", so packing, the
+noise schedules and training take either. Upstream pads answers with EOS; here, as in Jacobi records, a block
+ending at EOS holds pad tokens after it and `length` counts through EOS.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from typing import Literal
+
+import torch
+
+from jf_core.decoding.ar import ar_decode
+from jf_core.models import stop_tokens
+
+Corruption = Literal["context", "vocab"]
+LOOKUP = 128
+
+
+def corrupted_states(
+    fixed_point: Sequence[int], context: Sequence[int], corruption: Corruption, vocab_size: int, rng: random.Random
+) -> list[list[int]]:
+    """Block states from the most corrupted (all but the first token) to the fixed point itself: n states."""
+    n = len(fixed_point)
+    pool = list(context[-LOOKUP:]) if corruption == "context" else None
+    states = []
+    for r in range(n - 1, -1, -1):
+        noise = rng.choices(pool, k=r) if pool else [rng.randrange(vocab_size) for _ in range(r)]
+        states.append(list(fixed_point[: n - r]) + noise)
+    states[-1] = list(fixed_point)
+    return states
+
+
+def synthesize(model: torch.nn.Module, tokenizer, prompts, cfg, *, model_hash: str) -> tuple[list[dict], int]:
+    """(records, new tokens generated) for `prompts` (PromptItem) under a CollectConfig whose `kind` is synthetic:
+    one record per prompt x block, as `collect` writes Jacobi ones."""
+    stop = stop_tokens(model, tokenizer)
+    eos = stop["eos_token_id"]
+    eos_ids = set(eos) if isinstance(eos, (list, tuple, set)) else {eos}
+    n, pad = cfg.block_size, stop["pad_token_id"]
+    max_new = math.ceil(cfg.max_new_tokens / n) * n  # whole blocks, as Jacobi collection generates
+    records: list[dict] = []
+    new_tokens = 0
+    for first in range(0, len(prompts), cfg.batch_size):
+        batch = prompts[first : first + cfg.batch_size]
+        with torch.no_grad():
+            out = ar_decode(model, [p.token_ids for p in batch], max_new_tokens=max_new, **stop)
+        new_tokens += out.stats.new_tokens
+        for item, answer in zip(batch, out.sequences, strict=True):
+            rng = random.Random(f"{cfg.seed}:synthetic:{item.prompt_id}")
+            for j in range(math.ceil(len(answer) / n)):
+                chunk = list(answer[j * n : (j + 1) * n])
+                ends = any(t in eos_ids for t in chunk)
+                length = next(i + 1 for i, t in enumerate(chunk) if t in eos_ids) if ends else len(chunk)
+                fixed = chunk[:length] + [pad] * (n - length)
+                context = list(item.token_ids) + list(answer[: j * n + 1])
+                states = corrupted_states(fixed, context, cfg.corruption, model.config.vocab_size, rng)
+                records.append(
+                    {
+                        "prompt_id": item.prompt_id,
+                        "round_id": cfg.round_id,
+                        "block_index": j,
+                        "n": n,
+                        "prompt_ids": item.token_ids,
+                        "states": states,
+                        "fixed_point": fixed,
+                        "length": length,
+                        "iterations": len(states) - 1,
+                        "model_hash": model_hash,
+                        "seed": cfg.seed,
+                        "kind": "synthetic",
+                    }
+                )
+    return records, new_tokens
