@@ -21,6 +21,7 @@ request's noise at that output position) instead of the argmax. Given the noise 
 from __future__ import annotations
 
 import random
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -73,6 +74,21 @@ class BlockRecorder(Protocol):
     def block_state(self, sequence: int, block: int, state: list[int]) -> None: ...
 
     def block_converged(self, sequence: int, block: int, fixed_point: list[int], length: int) -> None: ...
+
+
+class BlockStates:
+    """The BlockRecorder that keeps everything: every state of every (sequence, block), in order, and each converged
+    block's (fixed point, length). Trajectory collection and on-policy states read it."""
+
+    def __init__(self) -> None:
+        self.states: dict[tuple[int, int], list[list[int]]] = defaultdict(list)
+        self.fixed: dict[tuple[int, int], tuple[list[int], int]] = {}
+
+    def block_state(self, sequence: int, block: int, state: list[int]) -> None:
+        self.states[(sequence, block)].append(state)
+
+    def block_converged(self, sequence: int, block: int, fixed_point: list[int], length: int) -> None:
+        self.fixed[(sequence, block)] = (fixed_point, length)
 
 
 @dataclass

@@ -27,6 +27,7 @@ import torch
 
 from jf_core.config import JFTrainConfig, Profile
 from jf_core.decoding.ar import ar_decode
+from jf_core.decoding.common import eos_set
 from jf_core.decoding.jacobi import JacobiConfig, jacobi_decode
 from jf_core.evaluation.degeneracy import output_stats
 from jf_core.models import load_model, stop_tokens
@@ -86,7 +87,7 @@ def measure(
             forwards += out.stats.forwards
             tokens += out.stats.new_tokens
     base = base_outputs if base_outputs is not None else ar
-    stats = output_stats(ar, max_new_tokens, _ids(stop["eos_token_id"]))
+    stats = output_stats(ar, max_new_tokens, eos_set(stop["eos_token_id"]))
     return SetFigures(
         tpf=tokens / max(forwards, 1),
         identical_to_own_ar=sum(a == j for a, j in zip(ar, jacobi, strict=True)) / len(ar),
@@ -95,10 +96,6 @@ def measure(
         mean_length=stats["mean_length"],
         outputs=[list(a) for a in ar],
     )
-
-
-def _ids(eos) -> list[int]:
-    return list(eos) if isinstance(eos, (list, tuple, set)) else [eos]
 
 
 def variant_profile(profile: Profile, overrides: dict) -> Profile:

@@ -65,25 +65,10 @@ def prompts_identity(profile: Profile) -> dict:
     return profile.prompts.identity()
 
 
-# Training fields added after keys existed, with the value that means "as before": left out of a key while they
-# hold it, so rounds trained before them keep their keys.
-_TRAINING_ADDED = {
-    "method": "jacobi_forcing",
-    "state_pick": "at_packing",
-    "onpolicy_every": None,
-    "onpolicy_prompts": 8,
-}
-
-
-def _without_defaults(data: dict, added: dict) -> dict:
-    return {k: v for k, v in data.items() if k not in added or v != added[k]}
-
-
 def training_identity(profile: Profile) -> dict:
-    """The training config as round keys see it: without the fields added later while they hold their defaults
-    (`method`, the CLLM baseline; `state_pick` and the on-policy knobs), so earlier rounds keep their keys."""
-    training = profile.training.model_dump(exclude={"tpf_probe_every", "tpf_probe_prompts", "tpf_probe_tokens"})
-    return _without_defaults(training, _TRAINING_ADDED)
+    """The training config as round keys see it: every field but the TPF probe's, which reads the model and changes
+    nothing in it."""
+    return profile.training.model_dump(exclude={"tpf_probe_every", "tpf_probe_prompts", "tpf_probe_tokens"})
 
 
 def trajectory_identity(profile: Profile) -> dict:

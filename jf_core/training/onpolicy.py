@@ -14,27 +14,12 @@ mechanism's own signal, free with the states.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Sequence
 
 import torch
 
-from jf_core.decoding.jacobi import JacobiConfig, JacobiDecoder
+from jf_core.decoding.jacobi import BlockStates, JacobiConfig, JacobiDecoder
 from jf_core.training.packing import PackedExample
-
-
-class _StateRecorder:
-    """The decoder's BlockRecorder: every state of every block, and each converged block's fixed point."""
-
-    def __init__(self) -> None:
-        self.states: dict[tuple[int, int], list[list[int]]] = defaultdict(list)
-        self.fixed: dict[tuple[int, int], tuple[list[int], int]] = {}
-
-    def block_state(self, sequence: int, block: int, state: list[int]) -> None:
-        self.states[(sequence, block)].append(state)
-
-    def block_converged(self, sequence: int, block: int, fixed_point: list[int], length: int) -> None:
-        self.fixed[(sequence, block)] = (fixed_point, length)
 
 
 class OnPolicyStates:
@@ -78,7 +63,7 @@ class OnPolicyStates:
                 draft_init=self.draft_init,  # type: ignore[arg-type]
                 seed=self.seed,
             )
-            recorder = _StateRecorder()
+            recorder = BlockStates()
             with torch.no_grad():
                 out = JacobiDecoder(model, cfg, **self.stop, recorder=recorder).decode([e.prompt for e in batch])
             forwards += out.stats.forwards

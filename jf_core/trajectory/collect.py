@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import math
 import time
-from collections import defaultdict
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 
 from jf_core.decoding.draft import DraftInitName
-from jf_core.decoding.jacobi import JacobiConfig, JacobiDecoder
+from jf_core.decoding.jacobi import BlockStates, JacobiConfig, JacobiDecoder
 from jf_core.models import stop_tokens
 from jf_core.trajectory.prompts import PromptItem
 from jf_core.trajectory.synthetic import Corruption, synthesize
@@ -46,18 +45,6 @@ class CollectConfig:
         )
 
 
-class _Recorder:
-    def __init__(self) -> None:
-        self.states: dict[tuple[int, int], list[list[int]]] = defaultdict(list)
-        self.converged: list[tuple[int, int, list[int], int]] = []
-
-    def block_state(self, sequence: int, block: int, state: list[int]) -> None:
-        self.states[(sequence, block)].append(state)
-
-    def block_converged(self, sequence: int, block: int, fixed_point: list[int], length: int) -> None:
-        self.converged.append((sequence, block, fixed_point, length))
-
-
 @dataclass
 class CollectResult:
     records: list[dict]
@@ -77,11 +64,11 @@ def collect(
     new_tokens = 0
     for first in range(0, len(prompts), cfg.batch_size):
         batch = prompts[first : first + cfg.batch_size]
-        recorder = _Recorder()
+        recorder = BlockStates()
         decoder = JacobiDecoder(model, jacobi, **stop_tokens(model, tokenizer), recorder=recorder)
         out = decoder.decode([p.token_ids for p in batch])
         new_tokens += out.stats.new_tokens
-        for sequence, block, fixed_point, length in sorted(recorder.converged, key=lambda c: (c[0], c[1])):
+        for (sequence, block), (fixed_point, length) in sorted(recorder.fixed.items()):
             states = recorder.states[(sequence, block)]
             records.append(
                 {

@@ -25,6 +25,7 @@ from typing import Literal
 import torch
 
 from jf_core.decoding.ar import ar_decode
+from jf_core.decoding.common import eos_set, first_eos
 from jf_core.models import stop_tokens
 
 Corruption = Literal["context", "vocab"]
@@ -49,8 +50,7 @@ def synthesize(model: torch.nn.Module, tokenizer, prompts, cfg, *, model_hash: s
     """(records, new tokens generated) for `prompts` (PromptItem) under a CollectConfig whose `kind` is synthetic:
     one record per prompt x block, as `collect` writes Jacobi ones."""
     stop = stop_tokens(model, tokenizer)
-    eos = stop["eos_token_id"]
-    eos_ids = set(eos) if isinstance(eos, (list, tuple, set)) else {eos}
+    eos_ids = eos_set(stop["eos_token_id"])
     n, pad = cfg.block_size, stop["pad_token_id"]
     max_new = math.ceil(cfg.max_new_tokens / n) * n  # whole blocks, as Jacobi collection generates
     records: list[dict] = []
@@ -64,8 +64,8 @@ def synthesize(model: torch.nn.Module, tokenizer, prompts, cfg, *, model_hash: s
             rng = random.Random(f"{cfg.seed}:synthetic:{item.prompt_id}")
             for j in range(math.ceil(len(answer) / n)):
                 chunk = list(answer[j * n : (j + 1) * n])
-                ends = any(t in eos_ids for t in chunk)
-                length = next(i + 1 for i, t in enumerate(chunk) if t in eos_ids) if ends else len(chunk)
+                end = first_eos(chunk, eos_ids)
+                length = end + 1 if end is not None else len(chunk)
                 fixed = chunk[:length] + [pad] * (n - length)
                 context = list(item.token_ids) + list(answer[: j * n + 1])
                 states = corrupted_states(fixed, context, cfg.corruption, model.config.vocab_size, rng)
