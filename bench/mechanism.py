@@ -13,21 +13,29 @@ to `--out` as they finish (JSON lines, with each variant's training history), so
 goes. Threads: `--threads` (default 2; run it alone, or with 1 beside other work).
 
 The same round at a GPU's budget (no network there: the model comes as a copied .gguf file, imported next to it
-on first use; the prompt file as a copied path), every GSM8K train-split question, 64 held-out ones:
+on first use; the prompt file as a copied path), every GSM8K train-split question (1,055), TPF measured on 64 of
+them and on 64 held-out ones:
 
     python bench/mechanism.py --device cuda --model smollm2.gguf --set prompts.source=gsm8k_test.jsonl \
-        --set model.dtype=bfloat16 --train 100000 --held-out 64 --max-new-tokens 256 \
-        --batch-size 64 --collect-batch-size 64 --set trajectory.kind=synthetic \
-        --variant 'each_visit:{"mask": "clean_context", "state_pick": "each_visit", "batch_size": 32, "grad_accum": 1,
-                   "steps": 1000, "lr": 1e-4, "warmup_steps": 50}' --out gpu_round.json
+        --set model.dtype=bfloat16 --set trajectory.kind=synthetic --set training.checkpoint_every=100000 \
+        --set training.tpf_probe_every=175 --train 100000 --measure-trained 64 --held-out 64 \
+        --max-new-tokens 256 --batch-size 64 --collect-batch-size 128 --threads 8 \
+        --variant 'each_visit:{"mask": "clean_context", "state_pick": "each_visit", "batch_size": 32,
+                   "grad_accum": 1, "steps": 700, "lr": 1e-4, "warmup_steps": 50}' --out gpu_round.json
 
-(1000 steps x 32 packed sequences of about 650 tokens: 2 x 10^7 training tokens.) The lent GPU machines' image
-has torch, transformers and pyarrow but not pydantic or gguf: carry their wheels (`pip download pydantic gguf -d
-wheels`, installed there with `--no-index`); the 98 MB GGUF goes over in two parts (the device tool's README).
-Rehearsed on this CPU at a tiny size, from a copied GGUF file (2026-11-26: `--device cpu --model /tmp/gguf/
-smollm2.gguf --set trajectory.kind=synthetic --train 2 --held-out 2 --max-new-tokens 16 --batch-size 2 --threads 1`
-with the variant above at `"batch_size": 2, "steps": 2, "warmup_steps": 0`: imported, collected, trained, measured
-in 92 s); not yet run on a GPU.
+(700 steps x 32 packed sequences of about 485 tokens: 1.1 x 10^7 training tokens.) Measured on an H200 on
+2026-11-27 at 190 steps (2.9 x 10^6 tokens; README "The mechanism, measured factor by factor" has the table): the
+synthetic trajectories of 1,055 questions took 57 s (3,520 tokens/s), a training step 0.24 s (66,000 tokens/s, bf16
+autocast over fp32 masters, FlexAttention), a TPF probe about 18 s (the probe decodes through FlexAttention), and
+the rest of the round (import, loading, four measuring passes, saving) about 95 s: 700 steps come to about 7
+minutes. `--random-weights` runs the same shapes on random weights (the config and tokenizer suffice), which is how
+that run was sized before the weights were on the machine, and how the CUDA path was checked first.
+
+The lent GPU machines' image (2026-11: Python 3.12, torch 2.11, transformers 5.17) lacks pydantic and gguf: carry
+their wheels (pydantic, pydantic-core, annotated-types, typing-inspection, typing-extensions, gguf: `pip download
+--only-binary=:all: --python-version 3.12 ... -d .whl`, installed there with `--no-index --target`); the 98 MB GGUF
+goes over in two parts (the device tool's README). Don't let the profile's `checkpoint_every: 25` stand there: each
+checkpoint is 1.6 GB of weights and AdamW state.
 """
 
 from __future__ import annotations
@@ -74,6 +82,22 @@ def _model_dir(model: str | None, profile, threads: int) -> str:
     return str(out)
 
 
+def _random_weights(model_dir: str) -> str:
+    """The model's shape and tokenizer with seeded random weights, in a directory beside it: the whole round at
+    its real shapes (collection, FlexAttention training, decoding) timed before the weights are on the machine.
+    `model_dir` needs only its config and tokenizer files. Its text means nothing: only shapes and seconds do."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from jf_core.model_dir import save_model_dir
+
+    out = Path(model_dir).with_name(Path(model_dir).name + ".random")
+    if not (out / "config.json").is_file():
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
+        save_model_dir(model, out, tokenizer=AutoTokenizer.from_pretrained(model_dir))
+    return str(out)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--profile", default="smollm2-135m")
@@ -81,10 +105,16 @@ def main() -> int:
     ap.add_argument("--model", help="a model directory or a .gguf file (default: the profile's model)")
     ap.add_argument("--train", type=int, default=8, help="questions trained on (the prompts' train split)")
     ap.add_argument("--held-out", type=int, default=8, help="questions never trained on (the test split)")
+    ap.add_argument("--measure-trained", type=int, help="TPF on the first N trained questions (default: all)")
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--batch-size", type=int, default=4, help="decode batch (TPF is per sequence)")
     ap.add_argument("--collect-batch-size", type=int, help="trajectory batch (default: --batch-size)")
     ap.add_argument("--device", default="cpu", help="where every model decodes and trains (cpu, cuda)")
+    ap.add_argument(
+        "--random-weights",
+        action="store_true",
+        help="the model's shape with random weights: a timing rehearsal (--model may hold no weights)",
+    )
     ap.add_argument("--variant", type=_variant, action="append", required=True, metavar="NAME:JSON")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", required=True, help="JSON lines, one row per model")
@@ -92,6 +122,8 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     profile = load_profile(args.profile, **parse_overrides(args.set or []))
     model_dir = _model_dir(args.model, profile, args.threads)
+    if args.random_weights:
+        model_dir = _random_weights(model_dir)
     _, tok = load_model(model_dir, dtype="float32")
     held_split = profile.evaluation.split or "test"
     train = load_prompts(profile.prompts.model_copy(update={"split": "train", "limit": args.train}), tok).items
@@ -114,6 +146,7 @@ def main() -> int:
         max_new_tokens=args.max_new_tokens,
         batch_size=args.batch_size,
         collect_batch_size=args.collect_batch_size,
+        measure_trained=args.measure_trained,
         device=args.device,
         on_row=on_row,
         progress=True,

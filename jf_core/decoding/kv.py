@@ -100,6 +100,8 @@ def attention_layout(model: torch.nn.Module) -> AttentionLayout:
             f"{name} has {', '.join(unknown)} layers; the exact decoders support full and sliding-window attention "
             "only (a draft's rejected tokens must be droppable from every layer's cache)"
         )
+    if isinstance(kwargs, dict):  # transformers 5.17 gives one dict for all layers, 5.24 one per layer
+        kwargs = [kwargs if t == "sliding_attention" else {} for t in types]
     windows = {t: kw.get("sliding_window") for t, kw in zip(types, kwargs, strict=True) if t != "dummy"}
     if len(set(windows.values())) == 1:  # one kind of attention layer: one mask serves all
         return AttentionLayout({"all": next(iter(windows.values()))})

@@ -114,6 +114,7 @@ def run_mechanism(
     max_new_tokens: int,
     batch_size: int = 4,
     collect_batch_size: int | None = None,
+    measure_trained: int | None = None,
     device: str = "cpu",
     workdir: Path | None = None,
     on_row: Callable[[MechanismRow], None] | None = None,
@@ -121,8 +122,9 @@ def run_mechanism(
 ) -> list[MechanismRow]:
     """The base row, then one row per variant (see the module docstring). Trajectories are collected once, by the
     base model, with the profile's trajectory settings (kind included) at `max_new_tokens`, `collect_batch_size`
-    prompts at a time (default: `batch_size`). Every model decodes in fp32 on `device`; training computes in the
-    profile's model dtype there."""
+    prompts at a time (default: `batch_size`). TPF on the trained questions is measured on the first
+    `measure_trained` of them (default: all; a GPU round trains on a thousand and measures a sample). Every model
+    decodes in fp32 on `device`; training computes in the profile's model dtype there."""
     from jf_core.trajectory.collect import CollectConfig, collect
     from jf_core.trajectory.prompts import PromptItem
 
@@ -130,9 +132,11 @@ def run_mechanism(
     model, tok = load_model(model_dir, dtype="float32", device=device)
     stop = stop_tokens(model, tok)
 
+    sample = list(train[:measure_trained] if measure_trained is not None else train)
+
     def measured(m, base_train, base_held):
         return (
-            measure(m, stop, train, block_size=n, max_new_tokens=max_new_tokens, base_outputs=base_train,
+            measure(m, stop, sample, block_size=n, max_new_tokens=max_new_tokens, base_outputs=base_train,
                     batch_size=batch_size),
             measure(m, stop, held_out, block_size=n, max_new_tokens=max_new_tokens, base_outputs=base_held,
                     batch_size=batch_size),

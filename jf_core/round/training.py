@@ -54,7 +54,8 @@ def train_round(
     )
     examples = read_packed_share(packed, rank, world)
     if t.lean_loss:  # a property of the architecture: checked on the plain model, before wrapping or sharding
-        check_lean_head(model, next(jf_batches(examples, 1, tok.pad_token_id, seed=t.seed, variant=t.mask)), t.mask)
+        first = next(jf_batches(examples, 1, tok.pad_token_id, seed=t.seed, variant=t.mask))
+        check_lean_head(model, {k: v.to(model.device) for k, v in first.items()}, t.mask)
 
     parallel = Distributed(t.strategy) if distributed else None
     if t.strategy == "fsdp2":

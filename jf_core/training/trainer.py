@@ -189,6 +189,8 @@ def train(
         optimizer.zero_grad(set_to_none=True)
         if step % cfg.log_every == 0 or step == cfg.steps - 1:
             row = {"step": float(step), "lr": optimizer.param_groups[0]["lr"], "grad_norm": grad_norm, **step_metrics}
+            # Seconds since this process began training (a resumed run counts from its resume): the step rate.
+            row["elapsed_s"] = time.perf_counter() - start
             history.append(row)
             bar.set_postfix({k: f"{v:.3g}" for k, v in step_metrics.items()})
             if on_log is not None:

@@ -171,3 +171,23 @@ def test_forwards_pass_the_cache_under_the_name_the_model_takes():
     assert ar == reference("llama")[:1]
     name = next(iter(cache_kwargs(gpt2, None)))
     assert name in __import__("inspect").signature(type(gpt2).forward).parameters
+
+
+def test_layouts_read_transformers_517_layer_kwargs(monkeypatch):
+    """transformers 5.17 (the lent GPU machines' image) returns one kwargs dict for all layers where 5.24 returns
+    one per layer: the same layouts come out of both shapes, hybrid windows included."""
+    import transformers.cache_utils as cache_utils
+
+    current = cache_utils.get_layer_types_and_kwargs
+
+    def as_517(config):
+        types, per_layer = current(config)
+        shared = {}
+        for kw in per_layer:
+            shared.update({k: v for k, v in kw.items() if v is not None})
+        return types, shared
+
+    archs = ["qwen2", "mistral-window", "qwen2-hybrid-window", "gemma3-window"]
+    want = {a: attention_layout(build(a, "eager")) for a in archs}
+    monkeypatch.setattr(cache_utils, "get_layer_types_and_kwargs", as_517)
+    assert {a: attention_layout(build(a, "eager")) for a in archs} == want
