@@ -1,0 +1,32 @@
+"""bench/train_throughput.py on the tiny Qwen2: each option trains through the round's own driver and its tokens
+a second come from the training history's step times."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.train_throughput import measure, step_seconds
+from jf_core.models import load_model
+from jf_core.trajectory.collect import collect
+from jf_core.trajectory.prompts import load_prompts
+
+
+def test_step_seconds_is_the_median_gap_after_step_zero():
+    history = [{"step": 0.0, "elapsed_s": 5.0}, {"step": 1.0, "elapsed_s": 6.0}, {"step": 1.0, "probe": 1.0},
+               {"step": 2.0, "elapsed_s": 8.0}, {"step": 4.0, "elapsed_s": 9.0}]  # fmt: skip
+    assert step_seconds(history) == 1.0  # gaps 1, 2, 0.5 a step
+    with pytest.raises(ValueError, match="two logged steps"):
+        step_seconds(history[:1])
+
+
+def test_options_train_and_count_their_tokens(profile, tmp_path):
+    model, tok = load_model(profile.model.path)
+    items = load_prompts(profile.prompts.model_copy(update={"limit": 4}), tok).items
+    cfg = profile.trajectory.model_copy(update={"kind": "synthetic"}).collect_config()
+    records = collect(model, tok, items, cfg, model_hash="t").records
+    one = measure(profile, profile.model.path, records, {"batch_size": 1, "grad_accum": 2}, 4, tmp_path / "a")
+    two = measure(profile, profile.model.path, records, {"batch_size": 2, "grad_accum": 2}, 4, tmp_path / "b")
+    assert two["tokens_per_step"] == pytest.approx(2 * one["tokens_per_step"])
+    for row in (one, two):
+        assert row["step_seconds"] > 0
+        assert row["tokens_per_s"] == pytest.approx(row["tokens_per_step"] / row["step_seconds"])
