@@ -126,6 +126,11 @@ class JFTrainConfig(_Strict):
     consistency_weight: float = Field(1.0, ge=0)
     temperature: float = Field(1.0, gt=0)  # tau
     hard_targets: bool = False
+    # Keeping the model's own text: weight of KL(base || model) on the next-token distributions at every answer
+    # position the AR loss scores, against a frozen copy of the input model (one more forward a step, no backward).
+    # 0: no base copy is loaded. The AR loss holds only the argmax on the trained text; this holds the whole
+    # distribution, near-ties included (losses.py).
+    base_kl_weight: float = Field(0.0, ge=0)
     # jacobi_forcing: noisy blocks picked by the noise schedule, conditioned on noisy context (the mask); cllm: the
     # CLLM baseline (Kou et al. 2024): a uniformly drawn intermediate Jacobi state of each block, conditioned on the
     # fixed point before it (mask clean_context), pulled to the fixed point's predictions, no noise schedule. Under
@@ -183,6 +188,15 @@ class JFTrainConfig(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _base_kl_in_one_process(self) -> JFTrainConfig:
+        if self.base_kl_weight and self.strategy != "single":
+            raise ValueError(
+                f"training.base_kl_weight keeps a whole frozen copy of the input model in one process: strategy "
+                f"{self.strategy} shards the model over workers (set strategy single, or base_kl_weight 0)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _cllm_mask(self) -> JFTrainConfig:
         if self.method == "cllm" and self.mask != "clean_context":
             raise ValueError(
@@ -208,7 +222,8 @@ class JFTrainConfig(_Strict):
             self.noise_kind, window=self.window, min_ratio=self.min_ratio, max_ratio=self.max_ratio, seed=self.seed
         )
 
-    def objective(self):
+    def objective(self, base=None):
+        """The loss; `base`: the frozen input model that `base_kl_weight` compares against (needed when it is > 0)."""
         from jf_core.training.losses import JacobiForcingObjective, JFLossConfig
 
         loss = JFLossConfig(
@@ -217,8 +232,9 @@ class JFTrainConfig(_Strict):
             temperature=self.temperature,
             hard_targets=self.hard_targets,
             chunk=self.loss_chunk,
+            base_kl_weight=self.base_kl_weight,
         )
-        return JacobiForcingObjective(loss, self.mask, lean=self.lean_loss)
+        return JacobiForcingObjective(loss, self.mask, lean=self.lean_loss, base=base)
 
     def every(self) -> int:
         return self.checkpoint_every or max(1, self.steps // 10)

@@ -88,7 +88,7 @@ def train_round(
     result = train(
         wrapped,
         batches,
-        t.objective(),
+        t.objective(base=_frozen_base(model_in, device, attention) if t.base_kl_weight else None),
         t.loop(compute_dtype=str(compute).removeprefix("torch."), **({"log_every": log_every} if log_every else {})),
         progress=progress,
         on_log=on_log,
@@ -140,6 +140,12 @@ def _plain_model(config):
 
     with torch.device("meta"):
         return AutoModelForCausalLM.from_config(config)
+
+
+def _frozen_base(model_in: str, device: torch.device, attention: str) -> torch.nn.Module:
+    """The input model, frozen, beside the one being trained: what `training.base_kl_weight` holds it to."""
+    base, _ = load_model(model_in, dtype="float32", device=str(device), attn_implementation=attention)
+    return base.requires_grad_(False)
 
 
 def tpf_probe(profile: Profile, model, tokenizer) -> Callable:

@@ -6,6 +6,10 @@
   tau^2 to keep gradient size independent of tau). Written as KL(teacher || student): the same gradient as
   upstream's soft cross entropy, but 0 when noisy and clean agree. `hard_targets` uses cross entropy against the
   fixed-point tokens instead.
+- Base KL (optional, `base_kl_weight`): KL(base || model) at the AR loss's positions, the base being a frozen copy
+  of the input model run on the same packed batch. The AR loss keeps the argmax of the trained text; this keeps
+  the whole next-token distribution there, near-ties included, which is what decides the text the model writes
+  on questions it was not trained on.
 
 Token-weighted: each term is a sum over its positions divided by a normaliser, by default the batch's own count of
 those positions (a mean). The trainer passes the count over every micro-batch of the step on every worker instead,
@@ -42,11 +46,12 @@ class JFLossConfig:
     hard_targets: bool = False
     mixed_ar_weight: float = 1.0  # weight of plain AR batches of ground-truth data, when mixed in
     chunk: int = 1024  # LM-head rows per checkpointed chunk
+    base_kl_weight: float = 0.0  # KL(base || model) at the AR positions; needs the objective's `base` model
 
     def __post_init__(self) -> None:
         if self.temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
-        if self.ar_weight < 0 or self.consistency_weight < 0:
+        if self.ar_weight < 0 or self.consistency_weight < 0 or self.base_kl_weight < 0:
             raise ValueError("loss weights must be >= 0")
         if self.chunk < 1:
             raise ValueError(f"chunk must be >= 1, got {self.chunk}")
@@ -128,8 +133,10 @@ def jf_losses(
     batch: Batch,
     cfg: JFLossConfig,
     norm: dict[str, float] | None = None,
+    base: tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]] | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Both losses from the final hidden states; `norm` defaults to this batch's own counts (means)."""
+    """Both losses from the final hidden states; `norm` defaults to this batch's own counts (means). `base`: the
+    frozen base model's final hidden states on the same batch and its head, for the base KL term."""
     local = loss_counts(batch, cfg)
     norm = norm or local
     ar_valid = batch["ar_tgt"] != -100
@@ -165,7 +172,25 @@ def jf_losses(
     ar_mean = ar / max(norm["ar"], 1)
     cons_mean = cons / max(norm["consistency"], 1)
     loss = cfg.ar_weight * ar_mean + cfg.consistency_weight * cons_mean
+    extra = {}
+    if cfg.base_kl_weight:
+        if base is None:
+            raise ValueError("base_kl_weight > 0 needs the base model's hidden states (the objective's `base`)")
+        base_hidden, base_head = base
+
+        def base_kl_sum(rows: torch.Tensor, base_rows: torch.Tensor) -> torch.Tensor:
+            log_base = F.log_softmax(base_head(base_rows), dim=-1)
+            return F.kl_div(F.log_softmax(head(rows), dim=-1), log_base, log_target=True, reduction="sum")
+
+        base_kl = _chunked(
+            base_kl_sum, _pick(hidden, batch["ar_src"], ar_valid), _pick(base_hidden, batch["ar_src"], ar_valid),
+            chunk=cfg.chunk,
+        )  # fmt: skip
+        base_kl_mean = base_kl / max(norm["ar"], 1)
+        loss = loss + cfg.base_kl_weight * base_kl_mean
+        extra = {"base_kl": float(base_kl_mean.detach()), "base_kl_sum": float(base_kl.detach())}
     return loss, {
+        **extra,
         "loss": float(loss.detach()),
         "ar_loss": float(ar_mean.detach()),
         "consistency_loss": float(cons_mean.detach()),
@@ -211,10 +236,15 @@ class JacobiForcingObjective:
     hidden states (memory-lean by default). Plain AR batches of ground-truth data (those with `labels`) are scored
     with the ordinary causal LM loss."""
 
-    def __init__(self, cfg: JFLossConfig, mask_variant: str = "shipped", lean: bool = True) -> None:
+    def __init__(
+        self, cfg: JFLossConfig, mask_variant: str = "shipped", lean: bool = True, base: torch.nn.Module | None = None
+    ) -> None:
+        if cfg.base_kl_weight and base is None:
+            raise ValueError("base_kl_weight > 0 needs the frozen base model (JacobiForcingObjective's `base`)")
         self.cfg = cfg
         self.mask_variant = mask_variant
         self.lean = lean
+        self.base = base.requires_grad_(False).eval() if base is not None else None
 
     def summarize(self, totals: dict[str, float]) -> dict[str, float]:
         """A step's metrics from its summed per-batch metrics (all micro-batches, all workers): token-weighted."""
@@ -226,6 +256,9 @@ class JacobiForcingObjective:
             "consistency_loss": cons,
             "consistency_positions": totals.get("consistency_positions", 0.0),
         }
+        if "base_kl_sum" in totals:
+            out["base_kl"] = totals["base_kl_sum"] / max(totals.get("ar_positions", 0.0), 1.0)
+            out["loss"] += self.cfg.base_kl_weight * out["base_kl"]
         if totals.get("lm_positions"):
             out["mixed_ar_loss"] = totals["lm_loss_sum"] / totals["lm_positions"]
         return out
@@ -246,12 +279,21 @@ class JacobiForcingObjective:
             loss, metrics = causal_lm_loss(model, batch, norm)
             return self.cfg.mixed_ar_weight * loss, metrics
         kwargs = _forward_kwargs(model, batch, self.mask_variant)
+        base = None
+        if self.cfg.base_kl_weight:
+            with torch.no_grad():
+                if self.lean:
+                    with hidden_states_at_head(self.base) as seen:
+                        self.base(**kwargs)
+                    base = (seen["hidden"], head_fn(self.base))
+                else:
+                    base = (self.base(**kwargs).logits.float(), lambda rows: rows)
         if self.lean:
             with hidden_states_at_head(model) as captured:
                 model(**kwargs)
-            return jf_losses(captured["hidden"], head_fn(model), batch, self.cfg, norm)
+            return jf_losses(captured["hidden"], head_fn(model), batch, self.cfg, norm, base)
         logits = model(**kwargs).logits.float()
-        return jf_losses(logits, lambda rows: rows, batch, self.cfg, norm)
+        return jf_losses(logits, lambda rows: rows, batch, self.cfg, norm, base)
 
 
 def flex_block_mask(kind: torch.Tensor, block: torch.Tensor, variant: str):

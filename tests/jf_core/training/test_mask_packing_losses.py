@@ -321,3 +321,53 @@ def test_each_visit_refuses_examples_packed_without_their_states():
     ex = PackedExample("old", [5, 6], 4, noisy=[[1, 9, 9, 9]], clean=[[1, 2, 3, 4]], lengths=[4])
     with pytest.raises(ValueError, match="'old' holds no states to draw from"):
         redrawn(ex, NoiseSchedule("random"), 1)
+
+
+@pytest.mark.parametrize("lean", [True, False])
+def test_base_kl_is_zero_at_the_base_and_pulls_a_moved_model_back(lean):
+    """KL(base || model) at the AR positions: 0 while the model is the base (the loss is the plain one), positive once
+    it moved, equal to a direct computation from full logits, and its gradient reaches the model only."""
+    import copy
+
+    import torch.nn.functional as F
+
+    base = TINY_MODELS["qwen2"]()
+    examples = _random_examples(seed=5, shapes=((3, 3), (5, 2)))
+    batch = collate(examples, PAD)
+    cfg = JFLossConfig(chunk=3, base_kl_weight=2.0)
+    plain, _ = JacobiForcingObjective(JFLossConfig(chunk=3), lean=lean)(copy.deepcopy(base), batch)
+    same, m = JacobiForcingObjective(cfg, lean=lean, base=copy.deepcopy(base))(copy.deepcopy(base), batch)
+    assert m["base_kl"] == pytest.approx(0.0, abs=1e-6) and same.item() == pytest.approx(plain.item(), abs=1e-6)
+
+    moved = copy.deepcopy(base).train()
+    with torch.no_grad():
+        for p in moved.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    frozen = copy.deepcopy(base)
+    loss, m = JacobiForcingObjective(cfg, lean=lean, base=frozen)(moved, batch)
+    kwargs = {k: batch[k] for k in ("input_ids", "position_ids", "attention_mask")}
+    with torch.no_grad():
+        valid = batch["ar_tgt"] != -100
+        rows = lambda logits: torch.gather(  # noqa: E731
+            logits, 1, batch["ar_src"][..., None].expand(-1, -1, logits.shape[-1])
+        )[valid]
+        want = F.kl_div(
+            F.log_softmax(rows(moved(**kwargs).logits.float()), -1),
+            F.log_softmax(rows(base(**kwargs).logits.float()), -1),
+            log_target=True,
+            reduction="batchmean",
+        )
+    assert m["base_kl"] == pytest.approx(want.item(), rel=1e-4) and m["base_kl"] > 1e-4
+    loss.backward()
+    assert all(p.grad is None for p in frozen.parameters())
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in moved.parameters())
+
+
+def test_base_kl_needs_its_base_and_one_process():
+    from jf_core.config import JFTrainConfig
+
+    with pytest.raises(ValueError, match="frozen base model"):
+        JacobiForcingObjective(JFLossConfig(base_kl_weight=1.0))
+    with pytest.raises(ValueError, match="base_kl_weight keeps a whole frozen copy"):
+        JFTrainConfig(base_kl_weight=1.0, strategy="fsdp2")
+    assert JFTrainConfig(base_kl_weight=1.0).objective(base=TINY_MODELS["qwen2"]()).cfg.base_kl_weight == 1.0
