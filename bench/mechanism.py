@@ -18,18 +18,19 @@ them and on 64 held-out ones:
 
     python bench/mechanism.py --device cuda --model smollm2.gguf --set prompts.source=gsm8k_test.jsonl \
         --set model.dtype=bfloat16 --set trajectory.kind=synthetic --set training.checkpoint_every=100000 \
-        --set training.tpf_probe_every=175 --train 100000 --measure-trained 64 --held-out 64 \
-        --max-new-tokens 256 --batch-size 64 --collect-batch-size 128 --threads 8 \
+        --set training.tpf_probe_every=88 --set training.tpf_probe_prompts=32 --set training.tpf_probe_tokens=256 \
+        --train 100000 --measure-trained 64 --held-out 64 --max-new-tokens 256 --batch-size 64 \
+        --collect-batch-size 128 --threads 8 --plot curve.png \
         --variant 'each_visit:{"mask": "clean_context", "state_pick": "each_visit", "batch_size": 32,
                    "grad_accum": 1, "steps": 700, "lr": 1e-4, "warmup_steps": 50}' --out gpu_round.json
 
-(700 steps x 32 packed sequences of about 485 tokens: 1.1 x 10^7 training tokens.) Measured on an H200 on
-2026-11-27 at 190 steps (2.9 x 10^6 tokens; README "The mechanism, measured factor by factor" has the table): the
-synthetic trajectories of 1,055 questions took 57 s (3,520 tokens/s), a training step 0.24 s (66,000 tokens/s, bf16
-autocast over fp32 masters, FlexAttention), a TPF probe about 18 s (the probe decodes through FlexAttention), and
-the rest of the round (import, loading, four measuring passes, saving) about 95 s: 700 steps come to about 7
-minutes. `--random-weights` runs the same shapes on random weights (the config and tokenizer suffice), which is how
-that run was sized before the weights were on the machine, and how the CUDA path was checked first.
+(700 steps x 32 packed sequences of about 485 tokens: 1.09 x 10^7 training tokens, TPF probed 8 times on 32
+calibration questions.) Measured on an H200 on 2026-11-27 (README "The mechanism, measured factor by factor" has the
+table and the curve): the whole command took 7.7 minutes; the synthetic trajectories of 1,055 questions 65 s (3,080
+tokens/s), training 294 s (0.35 s a step with the probes, beside the GPU check on the same GPU; 0.24 s a step in the
+first lease's run). `--random-weights` runs the same shapes on random weights (the config and tokenizer suffice),
+which is how the first run was sized before the weights were on the machine, and how the CUDA path was checked
+first.
 
 The lent GPU machines' image (2026-11: Python 3.12, torch 2.11, transformers 5.17) lacks pydantic and gguf: carry
 their wheels (pydantic, pydantic-core, annotated-types, typing-inspection, typing-extensions, gguf: `pip download
@@ -47,24 +48,11 @@ from pathlib import Path
 
 import torch
 
-from jf_cli.common import parse_overrides
+from jf_cli.common import named_overrides, parse_overrides
 from jf_core.config import load_profile
 from jf_core.models import load_model
 from jf_core.round.mechanism import MechanismRow, run_mechanism, table
 from jf_core.trajectory.prompts import load_prompts
-
-
-def _variant(text: str) -> tuple[str, dict]:
-    name, sep, body = text.partition(":")
-    if not sep or not name:
-        raise argparse.ArgumentTypeError(f"--variant expects NAME:JSON, got {text!r}")
-    try:
-        overrides = json.loads(body)
-    except json.JSONDecodeError as e:
-        raise argparse.ArgumentTypeError(f"--variant {name}: not JSON ({e})") from None
-    if not isinstance(overrides, dict):
-        raise argparse.ArgumentTypeError(f"--variant {name}: expected a JSON object of training overrides")
-    return name, overrides
 
 
 def _model_dir(model: str | None, profile, threads: int) -> str:
@@ -115,9 +103,11 @@ def main() -> int:
         action="store_true",
         help="the model's shape with random weights: a timing rehearsal (--model may hold no weights)",
     )
-    ap.add_argument("--variant", type=_variant, action="append", required=True, metavar="NAME:JSON")
+    ap.add_argument("--variant", type=named_overrides("--variant"), action="append", required=True, metavar="NAME:JSON")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", required=True, help="JSON lines, one row per model")
+    ap.add_argument("--plot", type=Path, help="a PNG of TPF against training tokens (needs training.tpf_probe_every)")
+    ap.add_argument("--keep", type=Path, help="keep each variant's trained model as KEEP/<variant> (default: deleted)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     profile = load_profile(args.profile, **parse_overrides(args.set or []))
@@ -148,10 +138,19 @@ def main() -> int:
         collect_batch_size=args.collect_batch_size,
         measure_trained=args.measure_trained,
         device=args.device,
+        keep=args.keep,
         on_row=on_row,
         progress=True,
     )
     print("\n" + table(rows))
+    if args.plot:
+        from jf_core.evaluation.plots import tpf_against_tokens
+
+        fig = tpf_against_tokens([r.summary() for r in rows[1:]])
+        if fig is None:
+            print("--plot: no run was probed (set training.tpf_probe_every)", file=sys.stderr)
+        else:
+            fig.savefig(args.plot, dpi=120)
     return 0
 
 

@@ -24,7 +24,7 @@ from jf_core.config import load_profile
 from jf_core.evaluation.evaluate import eval_set, model_methods
 from jf_core.evaluation.speed import bench
 from jf_core.models import load_model, stop_tokens
-from jf_core.trajectory.prompts import PromptFormat
+from jf_core.trajectory.prompts import PromptFormat, load_prompts
 
 
 def main() -> int:
@@ -33,7 +33,12 @@ def main() -> int:
     ap.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="override a profile field")
     ap.add_argument("--base", required=True, help="the round's input model directory")
     ap.add_argument("--trained", required=True, help="the round's trained model directory")
-    ap.add_argument("--num-prompts", type=int, default=8, help="held-out questions")
+    ap.add_argument("--num-prompts", type=int, default=8, help="questions")
+    ap.add_argument(
+        "--split",
+        help="the prompt file's split to time: default the evaluation's held-out questions; `train` times the "
+        "questions trained on (bench/mechanism.py's first --train N)",
+    )
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[4], help="one run per batch size")
     ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     ap.add_argument("--out", required=True, help="JSON with every row")
@@ -45,7 +50,12 @@ def main() -> int:
         model, tokenizer = load_model(path, dtype=profile.model.dtype)
         for name, decoder in model_methods(model, stop_tokens(model, tokenizer), profile.evaluation).items():
             methods[f"{label}/{name}"] = decoder
-    prompts = eval_set(profile.evaluation, tokenizer, PromptFormat.of(profile.prompts), limit=args.num_prompts).prompts
+    if args.split:
+        chosen = profile.prompts.model_copy(update={"split": args.split, "limit": args.num_prompts})
+        prompts = [p.token_ids for p in load_prompts(chosen, tokenizer).items]
+    else:
+        fmt = PromptFormat.of(profile.prompts)
+        prompts = eval_set(profile.evaluation, tokenizer, fmt, limit=args.num_prompts).prompts
     twins = {m: f"{m.split('/')[0]}/ar" for m in methods}  # each model against its own greedy AR
     results: dict[int, dict] = {}
     for b in args.batch_sizes:

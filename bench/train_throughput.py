@@ -26,28 +26,16 @@ import shutil
 import statistics
 import sys
 import tempfile
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
-from jf_cli.common import parse_overrides
+from jf_cli.common import named_overrides, parse_overrides
 from jf_core.config import load_profile
 from jf_core.models import load_model
-from jf_core.round.mechanism import variant_profile
+from jf_core.round.mechanism import train_on_records, variant_profile
 from jf_core.trajectory.collect import collect
 from jf_core.trajectory.prompts import load_prompts
-
-
-def _option(text: str) -> tuple[str, dict]:
-    name, sep, body = text.partition(":")
-    try:
-        overrides = json.loads(body) if sep and name else None
-    except json.JSONDecodeError as e:
-        raise argparse.ArgumentTypeError(f"--option {name}: not JSON ({e})") from None
-    if not isinstance(overrides, dict):
-        raise argparse.ArgumentTypeError(f"--option expects NAME:JSON (a JSON object), got {text!r}")
-    return name, overrides
 
 
 def step_seconds(history: list[dict]) -> float:
@@ -60,12 +48,6 @@ def step_seconds(history: list[dict]) -> float:
 
 
 def measure(profile, model_dir: str, records: list[dict], overrides: dict, steps: int, where: Path) -> dict:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from jf_core.round.training import train_round
-    from jf_core.training.packing import pack_records
-
     overrides = {
         **overrides,
         "steps": steps,
@@ -75,16 +57,9 @@ def measure(profile, model_dir: str, records: list[dict], overrides: dict, steps
         "onpolicy_every": None,
     }
     p = variant_profile(profile, overrides)
-    t = p.training
-    packed, _ = pack_records(records, t.noise_schedule(), t.max_length)
-    where.mkdir(parents=True)
-    pq.write_table(pa.Table.from_pylist([asdict(e) for e in packed]), where / "examples.parquet")
-    summary = train_round(
-        p, model_dir, where / "examples.parquet", where / "checkpoints", where / "model",
-        device=torch.device("cpu"), log_every=1,
-    )  # fmt: skip
+    summary, packed = train_on_records(p, model_dir, records, where, device="cpu", log_every=1)
     seconds = step_seconds(summary["history"])
-    tokens = statistics.fmean(e.total_length for e in packed) * t.batch_size * t.grad_accum
+    tokens = statistics.fmean(e.total_length for e in packed) * p.training.batch_size * p.training.grad_accum
     return {"step_seconds": seconds, "tokens_per_step": tokens, "tokens_per_s": tokens / seconds}
 
 
@@ -92,7 +67,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--profile", default="smollm2-135m")
     ap.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="override a profile field")
-    ap.add_argument("--option", type=_option, action="append", required=True, metavar="NAME:JSON")
+    ap.add_argument("--option", type=named_overrides("--option"), action="append", required=True, metavar="NAME:JSON")
     ap.add_argument("--questions", type=int, default=8, help="train-split questions whose trajectories are packed")
     ap.add_argument("--max-new-tokens", type=int, help="answer length (default: the profile's trajectories')")
     ap.add_argument("--steps", type=int, default=8)

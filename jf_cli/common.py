@@ -48,6 +48,27 @@ def positive(name: str):
     return parse
 
 
+def named_overrides(flag: str):
+    """An argparse type for `NAME:JSON` (a name and a JSON object of overrides), as the benches' `--variant` and
+    `--option` take them; a malformed one is refused naming `flag`."""
+
+    def parse(text: str) -> tuple[str, dict]:
+        import json
+
+        name, sep, body = text.partition(":")
+        if not sep or not name:
+            raise argparse.ArgumentTypeError(f"{flag} expects NAME:JSON, got {text!r}")
+        try:
+            overrides = json.loads(body)
+        except json.JSONDecodeError as e:
+            raise argparse.ArgumentTypeError(f"{flag} {name}: not JSON ({e})") from None
+        if not isinstance(overrides, dict):
+            raise argparse.ArgumentTypeError(f"{flag} {name}: expected a JSON object of overrides")
+        return name, overrides
+
+    return parse
+
+
 def add_threads_option(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--threads",

@@ -122,6 +122,18 @@ def attention_backend(model: torch.nn.Module, name: str) -> Iterator[None]:
         model.set_attn_implementation(current)
 
 
+@contextlib.contextmanager
+def decoding_attention(model: torch.nn.Module) -> Iterator[None]:
+    """Decode a model that trains on FlexAttention on SDPA instead. FlexAttention earns its place in training (a
+    block-sparse noise-aware mask over long packed sequences); a decoder's masks are small and change shape every
+    forward, which sends FlexAttention through recompiles: the round's TPF probe took 18 s on an H200 that way."""
+    if getattr(model.config, "_attn_implementation", None) != "flex_attention":
+        yield
+        return
+    with attention_backend(model, "sdpa"):
+        yield
+
+
 # Window masks by width, built once per process: the hot path would otherwise allocate them every forward. Never
 # written to (every use combines them into new tensors).
 @functools.lru_cache(maxsize=512)

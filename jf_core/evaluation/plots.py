@@ -129,3 +129,31 @@ def ablation_bars(rows: Sequence[dict]) -> Figure:
     fig.suptitle(f"Ablation at equal compute: mean ± sd over {'/'.join(map(str, seeds))} seeds")
     fig.tight_layout()
     return fig
+
+
+def tpf_against_tokens(runs: Sequence[dict]) -> Figure | None:
+    """TPF against packed training tokens (log axis), one line per run: bench/mechanism.py's row summaries
+    (`variant`, `train_tokens`, `history` with the training probe's `probe_tpf_n<N>`). Tokens at a probe are the
+    run's tokens per step times the steps done. None when no run was probed."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    drawn = False
+    for run in runs:
+        history = run.get("history") or []
+        steps = max((row["step"] for row in history), default=-1) + 1
+        keys = sorted({k for row in history for k in row if k.startswith("probe_tpf_n")})
+        for key in keys:
+            rows = [row for row in history if key in row]
+            per_step = run["train_tokens"] / steps
+            x = [(row["step"] + 1) * per_step for row in rows]
+            ax.plot(x, [row[key] for row in rows], marker="o", label=f"{run['variant']} ({key.removeprefix('probe_')})")
+            drawn = True
+    if not drawn:
+        plt.close(fig)
+        return None
+    ax.set_xscale("log")
+    ax.set_xlabel("packed training tokens")
+    ax.set_ylabel("tokens per forward (calibration prompts)")
+    ax.set_title("TPF against training tokens")
+    ax.legend()
+    fig.tight_layout()
+    return fig

@@ -17,6 +17,7 @@ mechanism.py` is the command; a CI test runs it on a tiny model.
 from __future__ import annotations
 
 import shutil
+import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -30,6 +31,7 @@ from jf_core.decoding.ar import ar_decode
 from jf_core.decoding.common import eos_set
 from jf_core.decoding.jacobi import JacobiConfig, jacobi_decode
 from jf_core.evaluation.degeneracy import output_stats
+from jf_core.evaluation.speed import first_divergence
 from jf_core.models import load_model, stop_tokens
 
 
@@ -42,6 +44,9 @@ class SetFigures:
     identical_to_base: float
     repetition: float
     mean_length: float
+    # How far the text stays the base model's before it departs: the median tokens in common from the start (an
+    # unchanged answer counts its whole length). "= base" alone is all or nothing.
+    base_prefix: float = 0.0
     outputs: list[list[int]] = field(repr=False, default_factory=list)  # greedy AR's new tokens
 
 
@@ -88,12 +93,14 @@ def measure(
             tokens += out.stats.new_tokens
     base = base_outputs if base_outputs is not None else ar
     stats = output_stats(ar, max_new_tokens, eos_set(stop["eos_token_id"]))
+    shared = [len(a) if (d := first_divergence(b, a)) is None else d for a, b in zip(ar, base, strict=True)]
     return SetFigures(
         tpf=tokens / max(forwards, 1),
         identical_to_own_ar=sum(a == j for a, j in zip(ar, jacobi, strict=True)) / len(ar),
         identical_to_base=sum(a == b for a, b in zip(ar, base, strict=True)) / len(ar),
         repetition=stats["repetition"],
         mean_length=stats["mean_length"],
+        base_prefix=float(statistics.median(shared)),
         outputs=[list(a) for a in ar],
     )
 
@@ -117,6 +124,7 @@ def run_mechanism(
     measure_trained: int | None = None,
     device: str = "cpu",
     workdir: Path | None = None,
+    keep: Path | None = None,
     on_row: Callable[[MechanismRow], None] | None = None,
     progress: bool = False,
 ) -> list[MechanismRow]:
@@ -124,7 +132,9 @@ def run_mechanism(
     base model, with the profile's trajectory settings (kind included) at `max_new_tokens`, `collect_batch_size`
     prompts at a time (default: `batch_size`). TPF on the trained questions is measured on the first
     `measure_trained` of them (default: all; a GPU round trains on a thousand and measures a sample). Every model
-    decodes in fp32 on `device`; training computes in the profile's model dtype there."""
+    decodes in fp32 on `device`; training computes in the profile's model dtype there. With `keep`, each variant's
+    trained model stays as `keep/<variant>` (for timing it: bench/real_round_speed.py); otherwise it is deleted once
+    measured (a SmolLM2 model directory is 540 MB)."""
     from jf_core.trajectory.collect import CollectConfig, collect
     from jf_core.trajectory.prompts import PromptItem
 
@@ -179,7 +189,12 @@ def run_mechanism(
             row = MechanismRow(name, overrides, *measured(trained, base_train, base_held), seconds, tokens, final)
             row.history = history
             rows.append(row)
-            shutil.rmtree(scratch / name, ignore_errors=True)  # a SmolLM2 model directory is 540 MB
+            if keep is not None:
+                keep.mkdir(parents=True, exist_ok=True)
+                # Across file systems a move is a copy: under a temporary name, renamed once whole.
+                partial = shutil.move(scratch / name / "model", keep / f".{name}.partial")
+                Path(partial).rename(keep / name)
+            shutil.rmtree(scratch / name, ignore_errors=True)
             if on_row:
                 on_row(row)
     finally:
@@ -187,11 +202,12 @@ def run_mechanism(
     return rows
 
 
-def _train_variant(
-    profile: Profile, model_dir: str, records: list[dict], where: Path, progress: bool, device: str
-) -> tuple[float, int, list[dict]]:
-    """Pack and train one variant through the round's driver: (seconds, about how many packed tokens it trained
-    on, training's logged rows)."""
+def train_on_records(
+    profile: Profile, model_dir: str, records: list[dict], where: Path, *, device: str, progress: bool = False, **kw
+) -> tuple[dict, list]:
+    """Pack trajectory `records` with the profile's noise schedule and train `model_dir` on them through the round's
+    driver (`train_round`), in `where` (its packed Parquet, checkpoints and `model/`): (training's summary, the
+    packed examples). The one path the benches train by (`**kw`: train_round's, e.g. `log_every`)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -202,11 +218,20 @@ def _train_variant(
     packed, _ = pack_records(records, t.noise_schedule(), t.max_length)
     where.mkdir(parents=True)
     pq.write_table(pa.Table.from_pylist([asdict(e) for e in packed]), where / "examples.parquet")
-    start = time.perf_counter()
     summary = train_round(
         profile, model_dir, where / "examples.parquet", where / "checkpoints", where / "model",
-        device=torch.device(device), progress=progress,
+        device=torch.device(device), progress=progress, **kw,
     )  # fmt: skip
+    return summary, packed
+
+
+def _train_variant(
+    profile: Profile, model_dir: str, records: list[dict], where: Path, progress: bool, device: str
+) -> tuple[float, int, list[dict]]:
+    """Pack and train one variant: (seconds, about how many packed tokens it trained on, training's logged rows)."""
+    t = profile.training
+    start = time.perf_counter()
+    summary, packed = train_on_records(profile, model_dir, records, where, device=device, progress=progress)
     seconds = time.perf_counter() - start
     per_example = sum(e.total_length for e in packed) / len(packed)
     tokens = int(per_example * t.steps * t.batch_size * t.grad_accum)
@@ -216,7 +241,8 @@ def _train_variant(
 def table(rows: Sequence[MechanismRow]) -> str:
     """The rows as a Markdown table: TPF before/after beside identity and repetition, for both question sets."""
     head = (
-        "| variant | TPF trained | TPF held-out | = own AR (trained / held-out) | = base text (trained / held-out) "
+        "| variant | TPF trained | TPF held-out | = own AR (trained / held-out) | = base text (trained / held-out; "
+        "median tokens kept) "
         "| repetition (trained / held-out) | train s | train tokens |\n|---|---|---|---|---|---|---|---|"
     )
     lines = [head]
@@ -224,7 +250,8 @@ def table(rows: Sequence[MechanismRow]) -> str:
         a, b = r.trained, r.held_out
         lines.append(
             f"| {r.variant} | {a.tpf:.3f} | {b.tpf:.3f} | {a.identical_to_own_ar:.2f} / {b.identical_to_own_ar:.2f} "
-            f"| {a.identical_to_base:.2f} / {b.identical_to_base:.2f} | {a.repetition:.3f} / {b.repetition:.3f} "
+            f"| {a.identical_to_base:.2f} / {b.identical_to_base:.2f} ({a.base_prefix:.0f} / {b.base_prefix:.0f}) "
+            f"| {a.repetition:.3f} / {b.repetition:.3f} "
             f"| {r.train_seconds:.0f} | {r.train_tokens} |"
         )
     return "\n".join(lines)

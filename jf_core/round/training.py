@@ -152,6 +152,7 @@ def tpf_probe(profile: Profile, model, tokenizer) -> Callable:
     """TPF of the model being trained: plain Jacobi at the round's block size on a few calibration prompts (never
     the test set), greedy, fp32 (training's masters; no autocast)."""
     from jf_core.decoding.jacobi import JacobiConfig, jacobi_decode
+    from jf_core.decoding.kv import decoding_attention
     from jf_core.models import stop_tokens
     from jf_core.trajectory.prompts import calibration_prompts
 
@@ -161,7 +162,7 @@ def tpf_probe(profile: Profile, model, tokenizer) -> Callable:
     stop = stop_tokens(model, tokenizer)
 
     def probe(m) -> dict[str, float]:
-        with torch.no_grad():
+        with torch.no_grad(), decoding_attention(m):
             stats = jacobi_decode(m, prompts, cfg, **stop).stats
         return {f"probe_tpf_n{cfg.block_size}": stats.tpf}
 

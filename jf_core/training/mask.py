@@ -8,8 +8,10 @@ Who sees whom (True = the query may attend to the key):
 - clean block C_j: the whole prompt, the earlier clean blocks, and C_j causally;
 - padding: only itself (a query that sees nothing would make softmax NaN), and no real query sees padding.
 
-`build_mask` gives the dense [B, 1, L, L] bool mask SDPA and eager take as is. `mask_mod` states the same rule
-for FlexAttention's BlockMask on GPUs.
+`build_mask` gives the dense [B, 1, L, L] bool mask SDPA takes as is (eager would not: transformers adds a 4D mask
+to the scores, so a bool one must become additive; training runs SDPA or FlexAttention only,
+jf_core/training/losses.py `training_attention`). `mask_mod` states the same rule for FlexAttention's BlockMask on
+GPUs.
 """
 
 from __future__ import annotations

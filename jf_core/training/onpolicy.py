@@ -19,6 +19,7 @@ from collections.abc import Sequence
 import torch
 
 from jf_core.decoding.jacobi import BlockStates, JacobiConfig, JacobiDecoder
+from jf_core.decoding.kv import decoding_attention
 from jf_core.training.packing import PackedExample
 
 
@@ -64,7 +65,7 @@ class OnPolicyStates:
                 seed=self.seed,
             )
             recorder = BlockStates()
-            with torch.no_grad():
+            with torch.no_grad(), decoding_attention(model):
                 out = JacobiDecoder(model, cfg, **self.stop, recorder=recorder).decode([e.prompt for e in batch])
             forwards += out.stats.forwards
             tokens += out.stats.new_tokens

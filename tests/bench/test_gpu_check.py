@@ -30,3 +30,16 @@ def test_gpu_check_runs_in_smoke_mode(tmp_path):
     assert data["numerics"]["fp32"]["batch 8"]["identical_fraction"] == 1.0
     assert all(len(c["ms"]) == 3 for c in data["forward_cost"].values())
     assert "Lossless" in (tmp_path / "gpu_check.md").read_text()
+
+
+def test_gpu_check_runs_only_the_sections_asked_for(tmp_path):
+    """`--only`: a lease too short for the whole check runs what is left of it; an unknown section is refused."""
+    script = [sys.executable, str(REPO / "bench" / "gpu_check.py"), "--device", "cpu", "--smoke"]
+    script += ["--out", str(tmp_path)]
+    out = subprocess.run([*script, "--only", "forward_cost"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    data = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert "forward_cost" in data and not {"lossless", "numerics", "flash", "flex_training"} & set(data)
+    assert "Forward cost" in (tmp_path / "gpu_check.md").read_text()
+    bad = subprocess.run([*script, "--only", "forward_cost,speed"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "--only: no section speed" in bad.stderr

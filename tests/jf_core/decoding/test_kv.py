@@ -186,3 +186,29 @@ def test_eager_attention_gets_an_additive_mask(tiny_model):
     got = next_logits(kv, [40, 41])
     for row, p in enumerate(prompts):
         torch.testing.assert_close(got[row], fresh_logits(tiny_model, [*p, [40, 41][row]]), rtol=1e-4, atol=1e-4)
+
+
+def test_a_model_that_trains_on_flex_attention_decodes_on_sdpa(monkeypatch):
+    """The round's TPF probe and on-policy states decode the model being trained, which on CUDA runs
+    FlexAttention: under `decoding_attention` every forward goes through SDPA (the stand-in FlexAttention refuses to
+    run), the tokens equal the SDPA model's, and the model trains on FlexAttention again afterwards."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    from jf_core.decoding.jacobi import JacobiConfig, jacobi_decode
+    from jf_core.decoding.kv import decoding_attention
+    from tests.conftest import _qwen2
+
+    def refuse(*_a, **_k):
+        raise AssertionError("a decoder ran FlexAttention")
+
+    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS, "flex_attention", refuse)
+    sdpa, trained = _qwen2(), _qwen2()
+    trained.config._attn_implementation = "flex_attention"  # as training_attention sets it on CUDA
+    prompts = [[5, 9, 13, 2], [7, 3]]
+    cfg = JacobiConfig(block_size=4, max_new_tokens=12)
+    with pytest.raises(AssertionError, match="ran FlexAttention"):
+        jacobi_decode(trained, prompts, cfg, eos_token_id=None, pad_token_id=PAD)
+    with decoding_attention(trained):
+        out = jacobi_decode(trained, prompts, cfg, eos_token_id=None, pad_token_id=PAD)
+    assert out.sequences == jacobi_decode(sdpa, prompts, cfg, eos_token_id=None, pad_token_id=PAD).sequences
+    assert trained.config._attn_implementation == "flex_attention"

@@ -3,6 +3,8 @@ decodes them in fewer forwards, stays identical to its own greedy AR, and the ta
 
 from __future__ import annotations
 
+import statistics
+
 from jf_core.models import load_model
 from jf_core.round.mechanism import run_mechanism, table
 from jf_core.trajectory.prompts import load_prompts
@@ -10,6 +12,7 @@ from jf_core.trajectory.prompts import load_prompts
 
 def test_training_on_its_own_trajectories_raises_their_tpf_losslessly(profile, tmp_path):
     _, tok = load_model(profile.model.path)
+    (tmp_path / "work").mkdir()
     prompts = [p.token_ids for p in load_prompts(profile.prompts.model_copy(update={"limit": 6}), tok).items]
     strong = {"steps": 40, "lr": 3e-3, "warmup_steps": 2, "batch_size": 2, "ar_weight": 1.0, "checkpoint_every": 1000}
     rows = run_mechanism(
@@ -28,7 +31,8 @@ def test_training_on_its_own_trajectories_raises_their_tpf_losslessly(profile, t
         measure_trained=2,  # TPF on a sample of the trained questions, as a GPU round measures 64 of a thousand
         held_out=prompts[3:5],
         max_new_tokens=16,
-        workdir=tmp_path,
+        workdir=(tmp_path / "work"),
+        keep=tmp_path / "kept",  # the trained models, for timing them (bench/real_round_speed.py)
     )
     base, fixed, onpolicy = rows
     assert all(len(r.trained.outputs) == 2 and len(r.held_out.outputs) == 2 for r in rows)
@@ -37,6 +41,10 @@ def test_training_on_its_own_trajectories_raises_their_tpf_losslessly(profile, t
         assert row.trained.identical_to_own_ar == 1.0 and row.held_out.identical_to_own_ar == 1.0
         assert 1.0 <= row.trained.tpf <= 8.0
     assert base.trained.identical_to_base == 1.0 and base.train_tokens == 0
+    for row in rows:  # the text kept from the start: the whole answer wherever the text is the base's
+        for part in (row.trained, row.held_out):
+            if part.identical_to_base == 1.0:
+                assert part.base_prefix == statistics.median(len(o) for o in part.outputs)
     assert onpolicy.trained.tpf > base.trained.tpf, table(rows)
     assert fixed.train_tokens > 0 and onpolicy.train_tokens > 0 and onpolicy.final["loss"] >= 0
     refreshes = [h for h in onpolicy.history if "onpolicy_tpf" in h]
@@ -44,5 +52,8 @@ def test_training_on_its_own_trajectories_raises_their_tpf_losslessly(profile, t
     elapsed = [h["elapsed_s"] for h in onpolicy.history if "loss" in h]  # the step rate, from the logged rows
     assert len(elapsed) >= 4 and elapsed == sorted(elapsed) and elapsed[0] > 0
     assert base.trajectories["kind"] == "jacobi" and base.trajectories["blocks"] == 6
-    assert list(tmp_path.iterdir()) == []  # trained models are measured, then removed
+    assert list((tmp_path / "work").iterdir()) == []  # the scratch is removed
+    kept = sorted(p.name for p in (tmp_path / "kept").iterdir())
+    assert kept == ["at_packing", "each_visit_onpolicy"]  # whole: no partial directory left beside them
+    assert all((tmp_path / "kept" / k / "config.json").exists() for k in kept)
     assert "| each_visit_onpolicy |" in table(rows)
