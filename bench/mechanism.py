@@ -25,8 +25,8 @@ them and on 64 held-out ones:
                    "grad_accum": 1, "steps": 700, "lr": 1e-4, "warmup_steps": 50}' --out gpu_round.json
 
 (700 steps x 32 packed sequences of about 485 tokens: 1.09 x 10^7 training tokens, TPF probed 8 times on 32
-calibration questions.) Measured on an H200 on 2026-11-27 (README "The mechanism, measured factor by factor" has the
-table and the curve): the whole command took 7.7 minutes; the synthetic trajectories of 1,055 questions 65 s (3,080
+calibration questions.) Measured on an H200 on 2026-11-27 (docs/real-models.md, "The mechanism", has the table
+and the curve): the whole command took 7.7 minutes; the synthetic trajectories of 1,055 questions 65 s (3,080
 tokens/s), training 294 s (0.35 s a step with the probes, beside the GPU check on the same GPU; 0.24 s a step in the
 first lease's run). `--random-weights` runs the same shapes on random weights (the config and tokenizer suffice),
 which is how the first run was sized before the weights were on the machine, and how the CUDA path was checked

@@ -100,7 +100,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         f"speedup vs our AR {head.speedup_vs_ar:.2f}x; trained {report.train.train_seconds:.0f} s"
         f"{resumed_note(report)}\n"
         f"identical to greedy AR: {report.identical_fraction:.3f} of the evaluation prompts ({dtype}"
-        + ("; fp32 promises 1.000)" if dtype == "float32" else "; measured, see README 'Numerics')")
+        + ("; fp32 promises 1.000)" if dtype == "float32" else "; measured, see docs/decoding.md, 'numerics')")
     )
     verdict = "passed: now champion" if reg["gate_passed"] else "failed: champion unchanged"
     print(f"registry: {reg['model_name']} version {reg['version']}, gate {verdict}")

@@ -28,7 +28,7 @@ class ModelConfig(_Strict):
     path: str = "embedded"  # local directory, hub id, or "embedded" (bootstrapped on first use)
     # fp32: greedy Jacobi decoding is token-for-token greedy AR. bf16/fp16: every committed token is the argmax of
     # the forward that verified it, but a wide window and a one-token step run different kernels and near-tied
-    # argmaxes can flip (measured and reported as the identical fraction). README, "Numerics".
+    # argmaxes can flip (measured and reported as the identical fraction): docs/decoding.md, "numerics".
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     device: str = "auto"
     attn_implementation: str = "auto"

@@ -14,10 +14,12 @@ with the `gguf` extra (`pip install 'jacobi-forcing[gguf]'`), never by default.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import importlib.util
 import json
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -136,6 +138,26 @@ class ImportResult:
     provenance: dict
 
 
+@contextlib.contextmanager
+def _gguf_bar_on_terminals_only() -> Iterator[None]:
+    """transformers' GGUF reader draws its "Converting and de-quantizing" bar with a bare tqdm, to a log file too
+    (hundreds of carriage-return frames on one line). tqdm's `disable=None` draws only on a terminal. The reader's
+    module-level `tqdm` name is the hook (transformers 5.x); where it is gone, nothing changes."""
+    import functools
+
+    from transformers import modeling_gguf_pytorch_utils as reader
+
+    bar = getattr(reader, "tqdm", None)
+    if bar is None:
+        yield
+        return
+    reader.tqdm = functools.partial(bar, disable=None)
+    try:
+        yield
+    finally:
+        reader.tqdm = bar
+
+
 def import_gguf(
     source: str | Path,
     out_dir: str | Path,
@@ -167,7 +189,8 @@ def import_gguf(
     try:
         tokenizer = AutoTokenizer.from_pretrained(path.parent, **kwargs)
         # Dequantized to fp32 first: the saved dtype is a cast of exact fp32 values, whatever was asked.
-        model = AutoModelForCausalLM.from_pretrained(path.parent, dtype=torch.float32, **kwargs)
+        with _gguf_bar_on_terminals_only():
+            model = AutoModelForCausalLM.from_pretrained(path.parent, dtype=torch.float32, **kwargs)
     except (ValueError, KeyError, NotImplementedError) as err:
         raise ModelImportError(f"{path}: transformers cannot load it as a causal LM ({err})") from err
     from jf_core.decoding.kv import UnsupportedModelError, attention_layout

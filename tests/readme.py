@@ -8,7 +8,8 @@ import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-READMES = ("README.md", "infra/README.md")
+# The READMEs and the documentation site's pages: every command and snippet in any of them is held to the same tests.
+READMES = ("README.md", "infra/README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")))
 
 
 def blocks(lang: str) -> list[tuple[str, str]]:
@@ -33,10 +34,12 @@ def lines_with(text: str) -> list[str]:
 
 
 def snippet(marker: str) -> str:
-    """The Python block after `<!-- marker -->` in README.md."""
-    found = re.search(rf"<!-- {marker} -->\s*```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
-    assert found, f"README.md has no <!-- {marker} --> python block"
-    return found.group(1)
+    """The Python block after `<!-- marker -->` in the READMEs or the docs (the first that has it)."""
+    for name in READMES:
+        found = re.search(rf"<!-- {marker} -->\s*```python\n(.*?)```", (ROOT / name).read_text(), re.S)
+        if found:
+            return found.group(1)
+    raise AssertionError(f"no README or docs page has a <!-- {marker} --> python block")
 
 
 def run_as_written(line: str, cwd: Path, timeout: float = 600, **kwargs) -> subprocess.CompletedProcess:

@@ -1,6 +1,6 @@
 """What a decoding call measured, with one definition of each number for every decoder.
 
-Definitions (README "Metrics" repeats them):
+Definitions (docs/decoding.md, "Metrics", repeats them):
 - forward: one call of the model. The prefill forward counts; it yields the first new token.
 - new tokens: tokens generated per sequence up to and including EOS (or up to max_new_tokens).
 - TPF (tokens per forward) = new tokens / forwards that sequence took part in, prefill included, so greedy AR

@@ -1,4 +1,4 @@
-"""Sequence packing: [prompt][noisy_0][clean_0][noisy_1][clean_1]... per prompt, and the batch collator.
+"""Sequence packing: `[prompt][noisy_0][clean_0][noisy_1][clean_1]...` per prompt, and the batch collator.
 
 Both copies of block j share position ids P + j*n + (0..n-1), so the noisy and the clean stream are two causal
 "universes" over the same prompt. The mask (mask.py) is built in the collator from the layout, never stored.
