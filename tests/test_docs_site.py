@@ -68,3 +68,26 @@ def test_the_readme_is_a_front_page_whose_links_land(site):
         if anchor:
             html = (site / Path(target).relative_to("docs").with_suffix("") / "index.html").read_text()
             assert f'id="{anchor}"' in html, f"README links to {target}#{anchor}, which has no such heading"
+
+
+def test_every_jf_subcommand_is_documented():
+    """What `jf --help` lists, the README or the docs show in use (`jf bench forward`, `jf prompts add`, ...)."""
+    import argparse
+
+    from jf_cli.main import build_parser
+
+    text = "\n".join(
+        p.read_text() for p in [ROOT / "README.md", ROOT / "infra/README.md", *(ROOT / "docs").glob("*.md")]
+    )
+
+    def commands(parser: argparse.ArgumentParser, prefix: str = "") -> list[str]:
+        out = []
+        for action in parser._actions:  # argparse keeps its subcommands here: no public accessor
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    out += [f"{prefix}{name}", *commands(sub, f"{prefix}{name} ")]
+        return out
+
+    listed = commands(build_parser())
+    assert len(listed) >= 20, listed
+    assert [c for c in listed if not re.search(rf"\bjf {re.escape(c)}\b", text)] == []
