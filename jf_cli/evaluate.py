@@ -124,6 +124,8 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
     if args.jf_model:
         from jf_core.model_dir import read_block
 
+        # One door for every model option: `models:/name@champion`, `package:`, a hub id or a directory.
+        args.jf_model = model_path(args.jf_model, profile)
         jf_model, jf_tok = load_model(args.jf_model, **profile.model.decode_kwargs())
         saved = load_decode_config(args.jf_model)
         rows, same = jf_methods(

@@ -240,11 +240,6 @@ def import_gguf(
     return ImportResult(directory, provenance)
 
 
-def read_provenance(model_dir: str | Path) -> dict | None:
-    p = Path(model_dir) / PROVENANCE
-    return json.loads(p.read_text()) if p.is_file() else None
-
-
 def ensure_package_model(spec: str, dtype: str = "float32", home: Path | None = None) -> Path:
     """`package:<name>`: the model the installed package holds, imported once under $JF_HOME/models (keyed by the
     package's version and the dtype) and reused after."""

@@ -23,8 +23,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
-import torch
-
 from jf_core.decoding.common import eos_set
 from jf_core.decoding.dispatch import Decoder, Dispatch, prior_speedup
 from jf_core.decoding.sampling import Sampling
@@ -180,6 +178,3 @@ def _tokens_of_prefix(tokenizer, tokens: list[int], chars: int) -> list[int]:
             return tokens[:i]
     return tokens
 
-
-def default_device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -182,3 +182,22 @@ def test_a_fresh_venv_with_only_the_declared_requirements_loads_and_predicts(reg
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads(out.stdout.strip().splitlines()[-1]) == greedy_texts(registered["model_dir"], PROMPTS, 24)
+
+
+def test_bench_decode_takes_its_jf_model_from_the_registry(registered, capsys):
+    """`jf bench decode --jf-model models:/jf-test@champion` (it failed with transformers' "Repo id must use
+    alphanumeric chars" when only `--model` went through the CLI's resolver): the registered checkpoint's rows."""
+    import yaml
+
+    from jf_cli.common import model_path
+    from jf_cli.main import main
+
+    profile_yaml = registered["tmp"] / "profile.yaml"
+    profile_yaml.write_text(yaml.safe_dump(registered["profile"].model_dump(mode="json")))
+    out = registered["tmp"] / "bench"
+    argv = ["bench", "decode", "--profile", str(profile_yaml), "--num-prompts", "2", "--repeats", "1"]
+    argv += ["--block-sizes", "4", "--jf-model", "models:/jf-test@champion", "--batch-sizes", "1", "--out", str(out)]
+    assert main(argv) == 0
+    data = json.loads((out / "bench.json").read_text())  # one batch size: no per-size folders
+    assert data["meta"]["jf_model"] == model_path("models:/jf-test@champion")
+    assert all(m["identical_fraction"] == 1.0 for k, m in data["methods"].items() if k.startswith("jf_"))
