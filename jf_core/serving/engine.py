@@ -177,4 +177,3 @@ def _tokens_of_prefix(tokenizer, tokens: list[int], chars: int) -> list[int]:
         if len(tokenizer.decode(tokens[:i], skip_special_tokens=True)) >= chars:
             return tokens[:i]
     return tokens
-
