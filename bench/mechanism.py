@@ -55,6 +55,41 @@ from jf_core.round.mechanism import MechanismRow, run_mechanism, table
 from jf_core.trajectory.prompts import load_prompts
 
 
+def log_to_mlflow(profile, rows: list[dict], plot: Path | None = None, source: str = "") -> list[str]:
+    """Each row as an MLflow run in the profile's store and experiment (tags `jf.kind: mechanism`): the variant's
+    overrides as params, its figures on the trained and held-out questions as metrics, its training history as
+    metrics by step (losses, `probe_tpf_n16`: the TPF-against-tokens curve, with `train_tokens` per step), and the
+    plot as an artifact. Returns the run ids."""
+    from jacobi_forcing.tasks.mlflow_runs import connect, mlflow_run
+
+    client, experiment = connect(profile)
+    ids = []
+    for row in rows:
+        tags = {"jf.kind": "mechanism", "jf.variant": row["variant"], "jf.source": source}
+        with mlflow_run(client, experiment, f"mechanism {row['variant']}", profile=profile, tags=tags) as run_id:
+            for key, value in row["overrides"].items():
+                client.log_param(run_id, key, json.dumps(value))
+            for part in ("trained", "held_out"):
+                for key, value in row[part].items():
+                    if isinstance(value, int | float):
+                        client.log_metric(run_id, f"{part}.{key}", float(value))
+            client.log_metric(run_id, "train_seconds", row["train_seconds"])
+            client.log_metric(run_id, "train_tokens", row["train_tokens"])
+            history = row.get("history") or []
+            steps = max((h["step"] for h in history), default=-1) + 1
+            for h in history:
+                step = int(h["step"])
+                for key, value in h.items():
+                    if key != "step" and isinstance(value, int | float):
+                        client.log_metric(run_id, key, float(value), step=step)
+                if steps and any(k.startswith("probe_tpf") for k in h):
+                    client.log_metric(run_id, "probe_tokens", row["train_tokens"] * (step + 1) / steps, step=step)
+            if plot is not None and plot.is_file():
+                client.log_artifact(run_id, str(plot))
+            ids.append(run_id)
+    return ids
+
+
 def _model_dir(model: str | None, profile, threads: int) -> str:
     """A .gguf file is imported once, next to itself (`<file>.jf-fp32/`), so a copied file is all a machine needs."""
     if model is None:
@@ -103,14 +138,28 @@ def main() -> int:
         action="store_true",
         help="the model's shape with random weights: a timing rehearsal (--model may hold no weights)",
     )
-    ap.add_argument("--variant", type=named_overrides("--variant"), action="append", required=True, metavar="NAME:JSON")
+    ap.add_argument("--variant", type=named_overrides("--variant"), action="append", metavar="NAME:JSON")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", required=True, help="JSON lines, one row per model")
+    ap.add_argument("--out", help="JSON lines, one row per model")
     ap.add_argument("--plot", type=Path, help="a PNG of TPF against training tokens (needs training.tpf_probe_every)")
+    ap.add_argument(
+        "--mlflow",
+        action="store_true",
+        help="log every row to the profile's MLflow store (with --from-json: rows a run wrote elsewhere, a GPU's)",
+    )
+    ap.add_argument(
+        "--from-json", type=Path, nargs="+", help="no run: read the rows of earlier --out files (for --mlflow, --plot)"
+    )
     ap.add_argument("--keep", type=Path, help="keep each variant's trained model as KEEP/<variant> (default: deleted)")
     args = ap.parse_args()
+    if args.from_json is None and not (args.variant and args.out):
+        ap.error("--variant and --out are required (or --from-json FILE to plot or log an earlier run's rows)")
     torch.set_num_threads(args.threads)
     profile = load_profile(args.profile, **parse_overrides(args.set or []))
+    if args.from_json is not None:
+        rows = [json.loads(line) for f in args.from_json for line in f.read_text().splitlines() if line.strip()]
+        _publish(profile, rows, args.plot, args.mlflow, " ".join(map(str, args.from_json)))
+        return 0
     model_dir = _model_dir(args.model, profile, args.threads)
     if args.random_weights:
         model_dir = _random_weights(model_dir)
@@ -143,15 +192,24 @@ def main() -> int:
         progress=True,
     )
     print("\n" + table(rows))
-    if args.plot:
+    _publish(profile, [r.summary() for r in rows], args.plot, args.mlflow, " ".join(sys.argv[1:]))
+    return 0
+
+
+def _publish(profile, rows: list[dict], plot: Path | None, mlflow: bool, source: str) -> None:
+    """The curve as a PNG (`--plot`) and the rows in MLflow (`--mlflow`)."""
+    if plot is not None:
         from jf_core.evaluation.plots import tpf_against_tokens
 
-        fig = tpf_against_tokens([r.summary() for r in rows[1:]])
+        fig = tpf_against_tokens([r for r in rows if r["train_tokens"]])
         if fig is None:
             print("--plot: no run was probed (set training.tpf_probe_every)", file=sys.stderr)
+            plot = None
         else:
-            fig.savefig(args.plot, dpi=120)
-    return 0
+            fig.savefig(plot, dpi=120)
+    if mlflow:
+        ids = log_to_mlflow(profile, rows, plot, source)
+        print(f"logged {len(ids)} runs to MLflow: {', '.join(ids)}")
 
 
 if __name__ == "__main__":

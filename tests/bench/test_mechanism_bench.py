@@ -41,3 +41,30 @@ def test_tpf_against_tokens_puts_each_probe_at_its_training_tokens():
     assert list(line.get_xdata()) == [2000.0, 4000.0] and list(line.get_ydata()) == [1.1, 1.4]
     assert fig.axes[0].get_xscale() == "log"
     assert tpf_against_tokens([{"variant": "x", "train_tokens": 10, "history": history[:1]}]) is None
+
+
+def test_mechanism_rows_go_to_mlflow_with_the_curve_by_step(profile, tmp_path, monkeypatch):
+    """`--mlflow` (or `--from-json FILE --mlflow` for rows a GPU machine wrote): a run per row in a real MLflow
+    store, its figures as metrics, its probes as a curve by step with the packed tokens at each, the plot attached."""
+    from mlflow.tracking import MlflowClient
+
+    from bench.mechanism import log_to_mlflow
+
+    monkeypatch.setenv("JF_HOME", str(tmp_path / "home"))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    p = profile.model_copy(update={"registry": profile.registry.model_copy(update={"tracking_uri": uri})})
+    figures = {"tpf": 1.3, "identical_to_own_ar": 1.0, "identical_to_base": 0.5, "repetition": 0.2, "mean_length": 9}
+    history = [{"step": 0.0, "loss": 3.0}, {"step": 1.0, "probe_tpf_n16": 1.1}, {"step": 3.0, "probe_tpf_n16": 1.4}]
+    row = {"variant": "both", "overrides": {"mask": "clean_context"}, "trained": figures, "held_out": figures,
+           "train_seconds": 5.0, "train_tokens": 4000, "history": history}  # fmt: skip
+    plot = tmp_path / "curve.png"
+    plot.write_bytes(b"png")
+    (run_id,) = log_to_mlflow(p, [row], plot, source="test")
+    client = MlflowClient(uri)
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED" and run.data.tags["jf.kind"] == "mechanism"
+    assert run.data.params["mask"] == '"clean_context"' and run.data.metrics["held_out.tpf"] == 1.3
+    curve = client.get_metric_history(run_id, "probe_tpf_n16")
+    assert [(m.step, m.value) for m in curve] == [(1, 1.1), (3, 1.4)]
+    assert [m.value for m in client.get_metric_history(run_id, "probe_tokens")] == [2000.0, 4000.0]
+    assert [a.path for a in client.list_artifacts(run_id)] == ["curve.png"]
