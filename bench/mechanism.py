@@ -19,18 +19,18 @@ them and on 64 held-out ones:
     python bench/mechanism.py --device cuda --model smollm2.gguf --set prompts.source=gsm8k_test.jsonl \
         --set model.dtype=bfloat16 --set trajectory.kind=synthetic --set training.checkpoint_every=100000 \
         --set training.tpf_probe_every=88 --set training.tpf_probe_prompts=32 --set training.tpf_probe_tokens=256 \
-        --train 100000 --measure-trained 64 --held-out 64 --max-new-tokens 256 --batch-size 64 \
-        --collect-batch-size 128 --threads 8 --plot curve.png \
+        --set 'training.tpf_probe_block_sizes=[32]' --train 100000 --measure-trained 64 --held-out 64 \
+        --max-new-tokens 256 --batch-size 64 --collect-batch-size 128 --threads 8 --plot curve.png \
         --variant 'each_visit:{"mask": "clean_context", "state_pick": "each_visit", "batch_size": 32,
                    "grad_accum": 1, "steps": 700, "lr": 1e-4, "warmup_steps": 50}' --out gpu_round.json
 
-(700 steps x 32 packed sequences of about 485 tokens: 1.09 x 10^7 training tokens, TPF probed 8 times on 32
-calibration questions.) Measured on an H200 on 2026-11-27 (docs/real-models.md, "The mechanism", has the table
-and the curve): the whole command took 7.7 minutes; the synthetic trajectories of 1,055 questions 65 s (3,080
-tokens/s), training 294 s (0.35 s a step with the probes, beside the GPU check on the same GPU; 0.24 s a step in the
-first lease's run). `--random-weights` runs the same shapes on random weights (the config and tokenizer suffice),
-which is how the first run was sized before the weights were on the machine, and how the CUDA path was checked
-first.
+(700 steps x 32 packed sequences of about 485 tokens: 1.09 x 10^7 training tokens, TPF at n = 16 and 32 probed 8
+times on 32 calibration questions; the run measured below probed n = 16 only, before the probe took more sizes.)
+Measured on an H200 on 2026-11-27 (docs/real-models.md, "The mechanism", has the table and the curve): the whole
+command took 7.7 minutes; the synthetic trajectories of 1,055 questions 65 s (3,080 tokens/s), training 294 s (0.35
+s a step with the probes, beside the GPU check on the same GPU; 0.24 s a step in the first lease's run). `--random-
+weights` runs the same shapes on random weights (the config and tokenizer suffice), which is how the first run was
+sized before the weights were on the machine, and how the CUDA path was checked first.
 
 The lent GPU machines' image (2026-11: Python 3.12, torch 2.11, transformers 5.17) lacks pydantic and gguf: carry
 their wheels (pydantic, pydantic-core, annotated-types, typing-inspection, typing-extensions, gguf: `pip download

@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, create_model, field_validator, model_validator
@@ -154,12 +154,14 @@ class JFTrainConfig(_Strict):
     max_length: int = Field(2048, ge=8)
     mix_ar_every: int = Field(0, ge=0)  # every k-th batch is plain AR on ground-truth data (embedded task only)
     seed: int = 0
-    # TPF against training steps: every this many steps (None: never), plain Jacobi at the round's block size on
-    # `tpf_probe_prompts` calibration prompts, `tpf_probe_tokens` new tokens each (one-process training only). It
-    # reads the model and changes nothing in it: rounds with and without it train the same weights.
+    # TPF against training steps: every this many steps (None: never), plain Jacobi at the round's block size (and
+    # at each of `tpf_probe_block_sizes`, e.g. [16, 32]) on `tpf_probe_prompts` calibration prompts,
+    # `tpf_probe_tokens` new tokens each (one-process training only). It reads the model and changes nothing in it:
+    # rounds with and without it train the same weights.
     tpf_probe_every: int | None = Field(None, ge=1)
     tpf_probe_prompts: int = Field(4, ge=1)
     tpf_probe_tokens: int = Field(64, ge=1)
+    tpf_probe_block_sizes: list[Annotated[int, Field(ge=1)]] = []
 
     # The one mapping from this config to the training objects, shared by the local and the distributed trainer.
     @model_validator(mode="after")

@@ -68,7 +68,9 @@ def prompts_identity(profile: Profile) -> dict:
 def training_identity(profile: Profile) -> dict:
     """The training config as round keys see it: every field but the TPF probe's, which reads the model and changes
     nothing in it."""
-    return profile.training.model_dump(exclude={"tpf_probe_every", "tpf_probe_prompts", "tpf_probe_tokens"})
+    return profile.training.model_dump(
+        exclude={"tpf_probe_every", "tpf_probe_prompts", "tpf_probe_tokens", "tpf_probe_block_sizes"}
+    )
 
 
 def trajectory_identity(profile: Profile) -> dict:

@@ -149,8 +149,8 @@ def _frozen_base(model_in: str, device: torch.device, attention: str) -> torch.n
 
 
 def tpf_probe(profile: Profile, model, tokenizer) -> Callable:
-    """TPF of the model being trained: plain Jacobi at the round's block size on a few calibration prompts (never
-    the test set), greedy, fp32 (training's masters; no autocast)."""
+    """TPF of the model being trained: plain Jacobi at the round's block size and `tpf_probe_block_sizes` on a few
+    calibration prompts (never the test set), greedy, fp32 (training's masters; no autocast)."""
     from jf_core.decoding.jacobi import JacobiConfig, jacobi_decode
     from jf_core.decoding.kv import decoding_attention
     from jf_core.models import stop_tokens
@@ -158,13 +158,13 @@ def tpf_probe(profile: Profile, model, tokenizer) -> Callable:
 
     t = profile.training
     prompts = calibration_prompts(profile.prompts, tokenizer, t.tpf_probe_prompts, profile.evaluation.calibration_split)
-    cfg = JacobiConfig(block_size=profile.trajectory.block_size, max_new_tokens=t.tpf_probe_tokens)
+    sizes = sorted({profile.trajectory.block_size, *t.tpf_probe_block_sizes})
+    cfgs = [JacobiConfig(block_size=n, max_new_tokens=t.tpf_probe_tokens) for n in sizes]
     stop = stop_tokens(model, tokenizer)
 
     def probe(m) -> dict[str, float]:
         with torch.no_grad(), decoding_attention(m):
-            stats = jacobi_decode(m, prompts, cfg, **stop).stats
-        return {f"probe_tpf_n{cfg.block_size}": stats.tpf}
+            return {f"probe_tpf_n{cfg.block_size}": jacobi_decode(m, prompts, cfg, **stop).stats.tpf for cfg in cfgs}
 
     return probe
 

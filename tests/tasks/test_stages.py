@@ -103,9 +103,14 @@ def test_the_train_stage_probes_tpf_against_steps_into_its_history_and_plot(prof
     from jf_core.round.paths import RoundPaths, round_dir
     from jf_core.round.stages import stage_pack, stage_train
 
-    training = JFTrainConfig(steps=4, warmup_steps=1, batch_size=2, tpf_probe_every=2, tpf_probe_prompts=2)
+    wide = 2 * profile.trajectory.block_size  # a second width beside the round's (n = 16 and 32 on SmolLM2)
+    training = JFTrainConfig(
+        steps=4, warmup_steps=1, batch_size=2, tpf_probe_every=2, tpf_probe_prompts=2, tpf_probe_block_sizes=[wide]
+    )
     p = profile.model_copy(update={"training": training})
-    unprobed = profile.model_copy(update={"training": training.model_copy(update={"tpf_probe_every": None})})
+    unprobed = profile.model_copy(
+        update={"training": training.model_copy(update={"tpf_probe_every": None, "tpf_probe_block_sizes": []})}
+    )
     assert round_dir(p, p.model.path) == round_dir(unprobed, p.model.path)
     paths = RoundPaths(tmp_path / "round")
     stage_trajectories(p, p.model.path, paths, progress=False)
@@ -114,5 +119,6 @@ def test_the_train_stage_probes_tpf_against_steps_into_its_history_and_plot(prof
     n = p.trajectory.block_size
     probed = [row for row in history if f"probe_tpf_n{n}" in row]
     assert [row["step"] for row in probed] == [1.0, 3.0] and all(row[f"probe_tpf_n{n}"] >= 1 for row in probed)
+    assert all(row[f"probe_tpf_n{wide}"] >= 1 for row in probed)
     assert tpf_during_training(history) is not None
     assert tpf_during_training([row for row in history if row not in probed]) is None
