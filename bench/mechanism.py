@@ -28,9 +28,9 @@ them and on 64 held-out ones:
 times on 32 calibration questions; the run measured below probed n = 16 only, before the probe took more sizes.)
 Measured on an H200 on 2026-11-27 (docs/real-models.md, "The mechanism", has the table and the curve): the whole
 command took 7.7 minutes; the synthetic trajectories of 1,055 questions 65 s (3,080 tokens/s), training 294 s (0.35
-s a step with the probes, beside the GPU check on the same GPU; 0.24 s a step in the first lease's run). `--random-
-weights` runs the same shapes on random weights (the config and tokenizer suffice), which is how the first run was
-sized before the weights were on the machine, and how the CUDA path was checked first.
+s a step with the probes, beside the GPU check on the same GPU; 0.24 s a step in the first lease's run).
+`--random-weights` runs the same shapes on random weights (the config and tokenizer suffice), which is how the first
+run was sized before the weights were on the machine, and how the CUDA path was checked first.
 
 The lent GPU machines' image (2026-11: Python 3.12, torch 2.11, transformers 5.17) lacks pydantic and gguf: carry
 their wheels (pydantic, pydantic-core, annotated-types, typing-inspection, typing-extensions, gguf: `pip download
