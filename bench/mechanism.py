@@ -90,6 +90,31 @@ def log_to_mlflow(profile, rows: list[dict], plot: Path | None = None, source: s
     return ids
 
 
+def _scoring(profile, tokenizer, train, held):
+    """References and a scorer for the questions' answers, where the profile's benchmark scores the prompt file's
+    own rows (GSM8K: the final number of `answer`): accuracy beside TPF. (None, None) otherwise."""
+    from jf_core.evaluation.benchmarks import BenchmarkItem, score
+    from jf_core.trajectory.prompts import rows_by_prompt_id
+
+    benchmark = profile.evaluation.benchmark
+    if benchmark not in ("gsm8k", "math", "embedded"):
+        return None, None
+    held_split = profile.evaluation.split or "test"
+    train_rows = rows_by_prompt_id(profile.prompts.model_copy(update={"split": "train", "limit": None}))
+    held_rows = rows_by_prompt_id(profile.prompts.model_copy(update={"split": held_split, "limit": None}))
+    references = ([train_rows[p.prompt_id] for p in train], [held_rows[p.prompt_id] for p in held])
+    if benchmark == "embedded":  # the task's rows are prompts: their answers are worked out
+        from jf_core.toy.task import example_of
+
+        references = tuple([{"answer": example_of(r["prompt"]).answer} for r in rows] for rows in references)
+
+    def correct(tokens: list[int], row: dict) -> bool:
+        text = tokenizer.decode(tokens, skip_special_tokens=True)
+        return score(benchmark, BenchmarkItem(uid="", prompt="", record=row), text)
+
+    return references, correct
+
+
 def _model_dir(model: str | None, profile, threads: int) -> str:
     """A .gguf file is imported once, next to itself (`<file>.jf-fp32/`), so a copied file is all a machine needs."""
     if model is None:
@@ -167,6 +192,7 @@ def main() -> int:
     held_split = profile.evaluation.split or "test"
     train = load_prompts(profile.prompts.model_copy(update={"split": "train", "limit": args.train}), tok).items
     held = load_prompts(profile.prompts.model_copy(update={"split": held_split, "limit": args.held_out}), tok).items
+    references, score = _scoring(profile, tok, train, held)
     out = Path(args.out)
     out.write_text("")
 
@@ -188,6 +214,8 @@ def main() -> int:
         measure_trained=args.measure_trained,
         device=args.device,
         keep=args.keep,
+        references=references,
+        score=score,
         on_row=on_row,
         progress=True,
     )

@@ -47,6 +47,7 @@ class SetFigures:
     # How far the text stays the base model's before it departs: the median tokens in common from the start (an
     # unchanged answer counts its whole length). "= base" alone is all or nothing.
     base_prefix: float = 0.0
+    accuracy: float | None = None  # the answers scored against the questions' references (None: not scored)
     outputs: list[list[int]] = field(repr=False, default_factory=list)  # greedy AR's new tokens
 
 
@@ -78,6 +79,8 @@ def measure(
     max_new_tokens: int,
     base_outputs: Sequence[Sequence[int]] | None,
     batch_size: int,
+    references: Sequence[dict] | None = None,
+    score: Callable[[list[int], dict], bool] | None = None,
 ) -> SetFigures:
     """Greedy AR and plain Jacobi at `block_size` on `prompts`, in batches (TPF is per sequence: batching does not
     change it)."""
@@ -101,6 +104,11 @@ def measure(
         repetition=stats["repetition"],
         mean_length=stats["mean_length"],
         base_prefix=float(statistics.median(shared)),
+        accuracy=(
+            sum(score(list(a), ref) for a, ref in zip(ar, references, strict=True)) / len(ar)
+            if score is not None and references is not None
+            else None
+        ),
         outputs=[list(a) for a in ar],
     )
 
@@ -125,6 +133,8 @@ def run_mechanism(
     device: str = "cpu",
     workdir: Path | None = None,
     keep: Path | None = None,
+    references: tuple[Sequence[dict], Sequence[dict]] | None = None,
+    score: Callable[[list[int], dict], bool] | None = None,
     on_row: Callable[[MechanismRow], None] | None = None,
     progress: bool = False,
 ) -> list[MechanismRow]:
@@ -134,7 +144,8 @@ def run_mechanism(
     `measure_trained` of them (default: all; a GPU round trains on a thousand and measures a sample). Every model
     decodes in fp32 on `device`; training computes in the profile's model dtype there. With `keep`, each variant's
     trained model stays as `keep/<variant>` (for timing it: bench/real_round_speed.py); otherwise it is deleted once
-    measured (a SmolLM2 model directory is 540 MB)."""
+    measured (a SmolLM2 model directory is 540 MB). With `references` (the source rows of the trained questions and
+    of the held-out ones) and `score(answer tokens, row)`, each set's accuracy stands beside its TPF."""
     from jf_core.trajectory.collect import CollectConfig, collect
     from jf_core.trajectory.prompts import PromptItem
 
@@ -143,13 +154,16 @@ def run_mechanism(
     stop = stop_tokens(model, tok)
 
     sample = list(train[:measure_trained] if measure_trained is not None else train)
+    train_refs, held_refs = references if references is not None else (None, None)
+    if train_refs is not None:
+        train_refs = list(train_refs)[: len(sample)]
 
     def measured(m, base_train, base_held):
         return (
             measure(m, stop, sample, block_size=n, max_new_tokens=max_new_tokens, base_outputs=base_train,
-                    batch_size=batch_size),
+                    batch_size=batch_size, references=train_refs, score=score),
             measure(m, stop, held_out, block_size=n, max_new_tokens=max_new_tokens, base_outputs=base_held,
-                    batch_size=batch_size),
+                    batch_size=batch_size, references=held_refs, score=score),
         )  # fmt: skip
 
     base = MechanismRow("base", {}, *measured(model, None, None))
@@ -238,12 +252,17 @@ def _train_variant(
     return seconds, tokens, summary["history"]
 
 
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
 def table(rows: Sequence[MechanismRow]) -> str:
     """The rows as a Markdown table: TPF before/after beside identity and repetition, for both question sets."""
     head = (
         "| variant | TPF trained | TPF held-out | = own AR (trained / held-out) | = base text (trained / held-out; "
         "median tokens kept) "
-        "| repetition (trained / held-out) | train s | train tokens |\n|---|---|---|---|---|---|---|---|"
+        "| repetition (trained / held-out) | accuracy (trained / held-out) | train s | train tokens |"
+        "\n|---|---|---|---|---|---|---|---|---|"
     )
     lines = [head]
     for r in rows:
@@ -251,7 +270,7 @@ def table(rows: Sequence[MechanismRow]) -> str:
         lines.append(
             f"| {r.variant} | {a.tpf:.3f} | {b.tpf:.3f} | {a.identical_to_own_ar:.2f} / {b.identical_to_own_ar:.2f} "
             f"| {a.identical_to_base:.2f} / {b.identical_to_base:.2f} ({a.base_prefix:.0f} / {b.base_prefix:.0f}) "
-            f"| {a.repetition:.3f} / {b.repetition:.3f} "
+            f"| {a.repetition:.3f} / {b.repetition:.3f} | {_share(a.accuracy)} / {_share(b.accuracy)} "
             f"| {r.train_seconds:.0f} | {r.train_tokens} |"
         )
     return "\n".join(lines)

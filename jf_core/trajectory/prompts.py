@@ -274,6 +274,13 @@ def usable_rows(
         yield row_id, row, text, ids
 
 
+def rows_by_prompt_id(cfg: PromptSourceConfig) -> dict[str, dict]:
+    """The source's rows (of its split) by the prompt id `load_prompts` gives their prompts: what a prompt's answer
+    is scored against. The main source only (`extra_sources` have no references)."""
+    return {str(row[cfg.id_field]) if cfg.id_field and cfg.id_field in row else row_id: row
+            for row_id, row in read_rows(cfg)}  # fmt: skip
+
+
 def load_prompts(
     cfg: PromptSourceConfig, tokenizer, *, context_length: int | None = None, max_new_tokens: int = 0
 ) -> PromptSet:

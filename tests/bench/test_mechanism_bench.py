@@ -68,3 +68,40 @@ def test_mechanism_rows_go_to_mlflow_with_the_curve_by_step(profile, tmp_path, m
     assert [(m.step, m.value) for m in curve] == [(1, 1.1), (3, 1.4)]
     assert [m.value for m in client.get_metric_history(run_id, "probe_tokens")] == [2000.0, 4000.0]
     assert [a.path for a in client.list_artifacts(run_id)] == ["curve.png"]
+
+
+def test_mechanism_answers_are_scored_against_their_own_rows(profile, tmp_path):
+    """Accuracy beside TPF: each trained and held-out question's answer is scored against its own row of the
+    prompt file (GSM8K: the final number), found by the prompt id the questions were loaded under."""
+    import json
+
+    from bench.mechanism import _scoring
+    from jf_core.trajectory.prompts import load_prompts
+
+    rows = [{"question": f"What is {i} plus 2?", "answer": f"{i} + 2 = {i + 2}\n#### {i + 2}"} for i in range(40)]
+    (tmp_path / "q.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    prompts = profile.prompts.model_copy(
+        update={
+            "source": str(tmp_path / "q.jsonl"),
+            "text_field": "question",
+            "hash_splits": {"train": 0.5, "test": 0.5},
+        }
+    )
+    p = profile.model_copy(
+        update={"prompts": prompts, "evaluation": profile.evaluation.model_copy(update={"benchmark": "gsm8k"})}
+    )
+    _, tok = load_model(profile.model.path)
+    train = load_prompts(prompts.model_copy(update={"split": "train", "limit": 3}), tok).items
+    held = load_prompts(prompts.model_copy(update={"split": "test", "limit": 3}), tok).items
+    (train_refs, held_refs), correct = _scoring(p, tok, train, held)
+    assert (
+        len(train_refs) == 3
+        and len(held_refs) == 3
+        and not {r["question"] for r in train_refs} & {r["question"] for r in held_refs}
+    )
+    for row in train_refs + held_refs:
+        n = int(row["answer"].rsplit("#### ", 1)[1])
+        assert correct(tok(f"The answer is {n}.")["input_ids"], row)
+        assert not correct(tok(f"The answer is {n + 1}.")["input_ids"], row)
+    assert _scoring(p.model_copy(update={"evaluation": p.evaluation.model_copy(update={"benchmark": "humaneval"})}),
+                    tok, train, held) == (None, None)  # fmt: skip

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import statistics
 
-from jf_core.models import load_model
+from jf_core.decoding.ar import ar_decode
+from jf_core.models import load_model, stop_tokens
 from jf_core.round.mechanism import run_mechanism, table
 from jf_core.trajectory.prompts import load_prompts
 
@@ -13,7 +14,17 @@ from jf_core.trajectory.prompts import load_prompts
 def test_training_on_its_own_trajectories_raises_their_tpf_losslessly(profile, tmp_path):
     _, tok = load_model(profile.model.path)
     (tmp_path / "work").mkdir()
-    prompts = [p.token_ids for p in load_prompts(profile.prompts.model_copy(update={"limit": 6}), tok).items]
+    items = load_prompts(profile.prompts.model_copy(update={"limit": 6}), tok).items
+    prompts = [p.token_ids for p in items]
+    # References for the accuracy column: the base model's own greedy answers, scored by exact match, so the base
+    # scores 1.0 and a trained model scores its share of unchanged answers: accuracy must equal "= base".
+    base_model, _ = load_model(profile.model.path)
+    greedy = ar_decode(base_model, prompts[:5], max_new_tokens=16, **stop_tokens(base_model, tok)).sequences
+    answers = [{"tokens": list(g)} for g in greedy]
+
+    def same_answer(tokens: list[int], row: dict) -> bool:
+        return list(tokens) == row["tokens"]
+
     strong = {"steps": 40, "lr": 3e-3, "warmup_steps": 2, "batch_size": 2, "ar_weight": 1.0, "checkpoint_every": 1000}
     rows = run_mechanism(
         profile,
@@ -33,6 +44,8 @@ def test_training_on_its_own_trajectories_raises_their_tpf_losslessly(profile, t
         max_new_tokens=16,
         workdir=(tmp_path / "work"),
         keep=tmp_path / "kept",  # the trained models, for timing them (bench/real_round_speed.py)
+        references=(answers[:3], answers[3:5]),
+        score=same_answer,
     )
     base, fixed, onpolicy = rows
     assert all(len(r.trained.outputs) == 2 and len(r.held_out.outputs) == 2 for r in rows)
@@ -41,6 +54,10 @@ def test_training_on_its_own_trajectories_raises_their_tpf_losslessly(profile, t
         assert row.trained.identical_to_own_ar == 1.0 and row.held_out.identical_to_own_ar == 1.0
         assert 1.0 <= row.trained.tpf <= 8.0
     assert base.trained.identical_to_base == 1.0 and base.train_tokens == 0
+    assert base.trained.accuracy == 1.0 and base.held_out.accuracy == 1.0
+    for row in rows:  # each set scored against its own questions' references, question for question
+        assert row.trained.accuracy == row.trained.identical_to_base
+        assert row.held_out.accuracy == row.held_out.identical_to_base
     for row in rows:  # the text kept from the start: the whole answer wherever the text is the base's
         for part in (row.trained, row.held_out):
             if part.identical_to_base == 1.0:
