@@ -102,11 +102,15 @@ def _scoring(profile, tokenizer, train, held):
     held_split = profile.evaluation.split or "test"
     train_rows = rows_by_prompt_id(profile.prompts.model_copy(update={"split": "train", "limit": None}))
     held_rows = rows_by_prompt_id(profile.prompts.model_copy(update={"split": held_split, "limit": None}))
-    references = ([train_rows[p.prompt_id] for p in train], [held_rows[p.prompt_id] for p in held])
+    trained = [train_rows[p.prompt_id] for p in train]
+    # A question written by `prompts.number_variants` has no reference answer: the trained set is then not scored.
+    references = (None if any("variant_of" in r for r in trained) else trained, [held_rows[p.prompt_id] for p in held])
     if benchmark == "embedded":  # the task's rows are prompts: their answers are worked out
         from jf_core.toy.task import example_of
 
-        references = tuple([{"answer": example_of(r["prompt"]).answer} for r in rows] for rows in references)
+        references = tuple(
+            None if rows is None else [{"answer": example_of(r["prompt"]).answer} for r in rows] for rows in references
+        )
 
     def correct(tokens: list[int], row: dict) -> bool:
         text = tokenizer.decode(tokens, skip_special_tokens=True)

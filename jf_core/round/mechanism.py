@@ -133,7 +133,7 @@ def run_mechanism(
     device: str = "cpu",
     workdir: Path | None = None,
     keep: Path | None = None,
-    references: tuple[Sequence[dict], Sequence[dict]] | None = None,
+    references: tuple[Sequence[dict] | None, Sequence[dict] | None] | None = None,
     score: Callable[[list[int], dict], bool] | None = None,
     on_row: Callable[[MechanismRow], None] | None = None,
     progress: bool = False,

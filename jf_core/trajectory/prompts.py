@@ -15,12 +15,14 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import random
+import re
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 
 class PromptSourceError(ValueError):
@@ -45,6 +47,18 @@ class PromptSourceConfig(BaseModel):
     # in order, e.g. {train: 0.8, calib: 0.05, test: 0.15}; `split` picks one. The same text lands in the same split
     # whatever the file's order, so a benchmark over the same file (evaluation.split) holds out exactly the rest.
     hash_splits: dict[str, float] | None = None
+    # More questions of the same kind: the `train` split also yields this many variants of each row, its integers
+    # replaced by others of as many digits (the same one wherever a number recurs), seeded by the row. Trajectories
+    # need no reference answer (a block's fixed point is the model's own greedy text), so a variant is as good a
+    # training prompt as its source; it inherits its source's split, so no held-out question's variant is trained
+    # on. `limit` counts variants too. Text fields only.
+    number_variants: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _variants_of_text(self) -> PromptSourceConfig:
+        if self.number_variants and self.messages_field is not None:
+            raise ValueError("prompts.number_variants rewrites a text field; this source gives chat messages")
+        return self
 
     @field_validator("hash_splits")
     @classmethod
@@ -56,10 +70,11 @@ class PromptSourceConfig(BaseModel):
         return value
 
     def identity(self, *, exclude: set[str] = frozenset()) -> dict:
-        """This config as cache keys see it: fields added after keys existed (extra_sources, hash_splits) only
+        """This config as cache keys see it: fields added after keys existed (extra_sources, hash_splits,
+        number_variants) only
         while they are set, so the keys of profiles that do not use them are unchanged."""
         data = self.model_dump(exclude=set(exclude))
-        for name in ("extra_sources", "hash_splits"):
+        for name in ("extra_sources", "hash_splits", "number_variants"):
             if name in data and not data[name]:
                 del data[name]
         return data
@@ -74,6 +89,24 @@ def hash_split(text: str, fractions: dict[str, float]) -> str:
         if point < total:
             return name
     return name  # rounding at the very top
+
+
+NUMBER = re.compile(r"\d+")
+
+
+def number_variant(text: str, rng: random.Random) -> str:
+    """`text` with each distinct run of digits replaced by another of as many digits, the same replacement wherever
+    it recurs ("3 sprints 3 times, 60 meters" -> "7 sprints 7 times, 48 meters"); a run with a leading zero stays."""
+    swapped: dict[str, str] = {}
+
+    def swap(match: re.Match) -> str:
+        digits = match.group(0)
+        if digits not in swapped:
+            n = len(digits)
+            swapped[digits] = digits if digits[0] == "0" and n > 1 else str(rng.randint(10 ** (n - 1), 10**n - 1))
+        return swapped[digits]
+
+    return NUMBER.sub(swap, text)
 
 
 def split_key(row: dict, cfg: PromptSourceConfig) -> str:
@@ -141,7 +174,18 @@ def _read_datasets(source: str, split: str) -> Iterator[tuple[str, dict]]:
 
 
 def read_rows(cfg: PromptSourceConfig) -> Iterator[tuple[str, dict]]:
-    """The source's rows as (row id, row); with `hash_splits`, only those of `split`."""
+    """The source's rows as (row id, row); with `hash_splits`, only those of `split`; in `train`, each followed by
+    its `number_variants` (ids `<row id>~1`, `~2`, ...; the row holds the rewritten text and `variant_of`)."""
+    for row_id, row in _split_rows(cfg):
+        yield row_id, row
+        if cfg.number_variants and cfg.split == "train":
+            text = str(row.get(cfg.text_field, ""))
+            rng = random.Random(f"{row_id}\n{text}")  # str seeds are hashed with sha512: the same on every machine
+            for k in range(1, cfg.number_variants + 1):
+                yield f"{row_id}~{k}", {cfg.text_field: number_variant(text, rng), "variant_of": row_id}
+
+
+def _split_rows(cfg: PromptSourceConfig) -> Iterator[tuple[str, dict]]:
     rows = _read_source(cfg)
     if not cfg.hash_splits or cfg.source == "embedded":
         yield from rows

@@ -105,3 +105,8 @@ def test_mechanism_answers_are_scored_against_their_own_rows(profile, tmp_path):
         assert not correct(tok(f"The answer is {n + 1}.")["input_ids"], row)
     assert _scoring(p.model_copy(update={"evaluation": p.evaluation.model_copy(update={"benchmark": "humaneval"})}),
                     tok, train, held) == (None, None)  # fmt: skip
+    # Questions written by prompts.number_variants have no reference: the trained set goes unscored, not misscored.
+    grown = p.model_copy(update={"prompts": prompts.model_copy(update={"number_variants": 2})})
+    variants = load_prompts(grown.prompts.model_copy(update={"limit": 6}), tok).items
+    (train_refs, held_refs), _ = _scoring(grown, tok, variants, held)
+    assert train_refs is None and len(held_refs) == 3

@@ -2,13 +2,14 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from jf_core.toy.tokenizer import build_tokenizer
-from jf_core.trajectory.prompts import PromptSourceConfig, PromptSourceError, load_prompts
+from jf_core.trajectory.prompts import PromptSourceConfig, PromptSourceError, load_prompts, read_rows
 
 CODE = "def f(x):\n    if x:\n        return 1\n\n    return 2\n"
 
@@ -155,3 +156,43 @@ def test_the_evaluation_holds_out_its_hash_split_of_the_prompt_file(tok):
         load_profile("smollm2-135m", evaluation={"split": "train"})
     with pytest.raises(ValueError, match=r"needs prompts\.hash_splits naming it"):
         load_profile("smollm2-135m", evaluation={"split": "holdout"})
+
+
+def test_number_variants_rewrite_each_number_consistently_and_reproducibly():
+    import random
+
+    from jf_core.trajectory.prompts import number_variant
+
+    text = "Ana has 23 apples and buys 4 packs of 23 apples at $1.05 each in 2019."
+    a, b = number_variant(text, random.Random("s")), number_variant(text, random.Random("s"))
+    assert a == b  # seeded
+    assert re.sub(r"\d", "#", a) == re.sub(r"\d", "#", text)  # every number keeps its digits, the words stay
+    first, *_ = re.findall(r"\d+", a)
+    assert re.findall(r"\d+", a)[2] == first  # 23 is replaced the same way both times it appears
+    assert ".05" in a  # a run with a leading zero stays
+    assert a != text
+
+
+def test_number_variants_grow_the_train_split_only_and_inherit_their_source_split(tok):
+    """More training questions of the same kind; the held-out split gets none, and no variant of a held-out
+    question is trained on."""
+    base = PromptSourceConfig(source=str(FIXTURE), text_field="question", hash_splits=SPLITS, split="train")
+    grown = base.model_copy(update={"number_variants": 3})
+    plain_ids = [i for i, _ in read_rows(base)]
+    rows = list(read_rows(grown))
+    assert len(rows) == 4 * len(plain_ids)
+    originals = {i: r for i, r in read_rows(base)}
+    for row_id, row in rows:
+        if "~" in row_id:
+            source = originals[row["variant_of"]]
+            assert row_id.split("~")[0] == row["variant_of"] and row["question"] != source["question"]
+            assert re.sub(r"\d", "#", row["question"]) == re.sub(r"\d", "#", source["question"])
+    assert list(read_rows(grown)) == rows  # the same variants on every read
+    test = base.model_copy(update={"split": "test"})
+    assert list(read_rows(test.model_copy(update={"number_variants": 3}))) == list(read_rows(test))
+    items = load_prompts(grown, tok).items
+    assert len({i.prompt_id for i in items}) == len(items) == len(rows)
+    assert base.identity() == PromptSourceConfig(**base.model_dump(exclude={"number_variants"})).identity()
+    assert "number_variants" not in base.identity() and grown.identity()["number_variants"] == 3
+    with pytest.raises(ValueError, match="number_variants rewrites a text field"):
+        PromptSourceConfig(source=str(FIXTURE), messages_field="messages", number_variants=2)
