@@ -61,6 +61,7 @@ def log_to_mlflow(profile, rows: list[dict], plot: Path | None = None, source: s
     metrics by step (losses, `probe_tpf_n16`: the TPF-against-tokens curve, with `train_tokens` per step), and the
     plot as an artifact. Returns the run ids."""
     from jacobi_forcing.tasks.mlflow_runs import connect, mlflow_run
+    from jf_core.evaluation.plots import probe_curves
 
     client, experiment = connect(profile)
     ids = []
@@ -75,15 +76,13 @@ def log_to_mlflow(profile, rows: list[dict], plot: Path | None = None, source: s
                         client.log_metric(run_id, f"{part}.{key}", float(value))
             client.log_metric(run_id, "train_seconds", row["train_seconds"])
             client.log_metric(run_id, "train_tokens", row["train_tokens"])
-            history = row.get("history") or []
-            steps = max((h["step"] for h in history), default=-1) + 1
-            for h in history:
-                step = int(h["step"])
+            for h in row.get("history") or []:
                 for key, value in h.items():
                     if key != "step" and isinstance(value, int | float):
-                        client.log_metric(run_id, key, float(value), step=step)
-                if steps and any(k.startswith("probe_tpf") for k in h):
-                    client.log_metric(run_id, "probe_tokens", row["train_tokens"] * (step + 1) / steps, step=step)
+                        client.log_metric(run_id, key, float(value), step=int(h["step"]))
+            # Probed sizes share their steps: one `probe_tokens` series places them all.
+            for step, tokens, _ in next(iter(probe_curves(row).values()), []):
+                client.log_metric(run_id, "probe_tokens", tokens, step=step)
             if plot is not None and plot.is_file():
                 client.log_artifact(run_id, str(plot))
             ids.append(run_id)

@@ -131,21 +131,29 @@ def ablation_bars(rows: Sequence[dict]) -> Figure:
     return fig
 
 
+def probe_curves(run: dict) -> dict[str, list[tuple[int, float, float]]]:
+    """A mechanism row's probes (`bench/mechanism.py`'s summaries: `train_tokens`, `history` with the training
+    probe's `probe_tpf_n<N>`) as {key: [(step, packed tokens by then, TPF)]}: the run's tokens per step times the
+    steps done."""
+    history = run.get("history") or []
+    steps = max((row["step"] for row in history), default=-1) + 1
+    keys = sorted({k for row in history for k in row if k.startswith("probe_tpf_n")})
+    per_step = run["train_tokens"] / steps if steps else 0.0
+    return {
+        key: [(int(row["step"]), (row["step"] + 1) * per_step, row[key]) for row in history if key in row]
+        for key in keys
+    }
+
+
 def tpf_against_tokens(runs: Sequence[dict]) -> Figure | None:
-    """TPF against packed training tokens (log axis), one line per run: bench/mechanism.py's row summaries
-    (`variant`, `train_tokens`, `history` with the training probe's `probe_tpf_n<N>`). Tokens at a probe are the
-    run's tokens per step times the steps done. None when no run was probed."""
+    """TPF against packed training tokens (log axis), one line per run and probed block size (`probe_curves`).
+    None when no run was probed."""
     fig, ax = plt.subplots(figsize=(7, 4))
     drawn = False
     for run in runs:
-        history = run.get("history") or []
-        steps = max((row["step"] for row in history), default=-1) + 1
-        keys = sorted({k for row in history for k in row if k.startswith("probe_tpf_n")})
-        for key in keys:
-            rows = [row for row in history if key in row]
-            per_step = run["train_tokens"] / steps
-            x = [(row["step"] + 1) * per_step for row in rows]
-            ax.plot(x, [row[key] for row in rows], marker="o", label=f"{run['variant']} ({key.removeprefix('probe_')})")
+        for key, points in probe_curves(run).items():
+            label = f"{run['variant']} ({key.removeprefix('probe_')})"
+            ax.plot([t for _, t, _ in points], [v for _, _, v in points], marker="o", label=label)
             drawn = True
     if not drawn:
         plt.close(fig)
