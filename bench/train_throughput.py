@@ -58,7 +58,7 @@ def measure(profile, model_dir: str, records: list[dict], overrides: dict, steps
     }
     p = variant_profile(profile, overrides)
     summary, packed = train_on_records(p, model_dir, records, where, device="cpu", log_every=1)
-    seconds = step_seconds(summary["history"])
+    seconds = step_seconds(summary.history)
     tokens = statistics.fmean(e.total_length for e in packed) * p.training.batch_size * p.training.grad_accum
     return {"step_seconds": seconds, "tokens_per_step": tokens, "tokens_per_s": tokens / seconds}
 

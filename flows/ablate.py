@@ -25,8 +25,7 @@ from jacobi_forcing.tasks import mlflow_runs, round_tasks
 from jacobi_forcing.tasks.reporting import artifact_key
 from jf_core import ablation
 from jf_core.config import Profile, ProfileOverrides, overrides_dict
-from jf_core.round.paths import eval_path, round_paths
-from jf_core.round.stages import noise_profile
+from jf_core.round.paths import round_paths
 
 # What an ablation measures by default: accuracy and TPF at two block sizes. The tuner and the speed benchmark
 # (wall-clock TPS) answer other questions and would cost most of each run's time; overrides may turn them back on.
@@ -45,16 +44,15 @@ def _run(prof: Profile, model_in: str, variant: str, seed: int, decode, client, 
     model = str(paths.model)
     if saved_decode_config(model) != asdict(decode):
         save_decode_config(model, decode)
-    result = round_tasks.cached(round_tasks.evaluate, eval_path(prof, model), prof, model, f"{variant}, seed {seed}")
-    noise = packed.get("noise") or noise_profile(prof, paths)  # packs from before the measurement existed
+    result = round_tasks.evaluate(prof, model, f"{variant}, seed {seed}")
     row = {
         "variant": variant,
         "seed": seed,
         "accuracy": result.accuracy,
         "tpf": result.tpf,
         "multiblock_tpf": result.methods["tuned"].tpf,
-        "noise": noise,
-        "train_seconds": trained["train_seconds"],
+        "noise": packed.noise.model_dump(),  # the ablation's rows are plain JSON (jf_core/ablation.py)
+        "train_seconds": trained.train_seconds,
         "round_dir": root,
     }
     tags = {"jf.variant": variant, "jf.seed": str(seed), "prefect.flow_run_id": str(flow_run.id or "")}
@@ -63,12 +61,12 @@ def _run(prof: Profile, model_in: str, variant: str, seed: int, decode, client, 
         mlflow_runs.log_params(client, run_id, prof)
         metrics = {
             "accuracy": result.accuracy,
-            "train_seconds": trained["train_seconds"],
-            "picked_noise_mean": noise["picked_mean"],
-            "picked_noise_above_half": noise["picked_above_half"],
-            "blocks_per_answer": noise["blocks_per_answer"]["mean"],
+            "train_seconds": trained.train_seconds,
+            "picked_noise_mean": packed.noise.picked_mean,
+            "picked_noise_above_half": packed.noise.picked_above_half,
+            "blocks_per_answer": packed.noise.blocks_per_answer.mean,
             **{f"tpf_n{n}": v for n, v in result.tpf.items()},
-            "tpf_multiblock": row["multiblock_tpf"],
+            "tpf_multiblock": result.methods["tuned"].tpf,
         }
         for key, value in metrics.items():
             client.log_metric(run_id, key, float(value))
@@ -133,7 +131,7 @@ def jf_ablate(
         mlflow_runs.log_params(client, parent, base)
         client.log_dict(parent, spec.model_dump(mode="json"), "ablation/config.json")
         model_in = round_tasks.resolve_model(model or base.model.path, base)
-        input_eval = round_tasks.cached(round_tasks.evaluate, eval_path(base, model_in), base, model_in, "input model")
+        input_eval = round_tasks.evaluate(base, model_in, "input model")
         rows = []
         for i, ((name, seed), prof) in enumerate(runs.items(), start=1):
             logger.info("run %d/%d: %s, seed %d", i, len(runs), name, seed)

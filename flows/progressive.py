@@ -9,6 +9,7 @@ from prefect.runtime import flow_run
 from jacobi_forcing.flows.round import jf_round, load
 from jacobi_forcing.tasks import mlflow_runs
 from jf_core.config import ProfileOverrides, merge_overrides, overrides_dict
+from jf_core.round.report import RoundSummary
 
 
 def round_overrides(overrides: ProfileOverrides | dict | None, prof, i: int) -> dict:
@@ -18,13 +19,15 @@ def round_overrides(overrides: ProfileOverrides | dict | None, prof, i: int) -> 
 
 
 @flow(name="jf-progressive", flow_run_name="jf-progressive-{profile}", log_prints=True)
-def jf_progressive(profile: str = "tiny", overrides: ProfileOverrides | None = None, model: str | None = None) -> list:
+def jf_progressive(
+    profile: str = "tiny", overrides: ProfileOverrides | None = None, model: str | None = None
+) -> list[RoundSummary]:
     prof = load(profile, overrides)
     if not prof.rounds:
         raise ValueError(f"profile {prof.name!r} lists no rounds")
     client, experiment = mlflow_runs.connect(prof)
     tags = {"prefect.flow_run_id": str(flow_run.id or "")}
-    summaries: list[dict] = []
+    summaries: list[RoundSummary] = []
     with mlflow_runs.mlflow_run(
         client, experiment, f"jf-progressive {prof.name}", profile=prof, tags=tags, logger=get_run_logger()
     ) as parent:
@@ -32,12 +35,12 @@ def jf_progressive(profile: str = "tiny", overrides: ProfileOverrides | None = N
             summary = jf_round(
                 profile,
                 overrides=round_overrides(overrides, prof, i),
-                model=summaries[-1]["model"] if summaries else model,
+                model=summaries[-1].model if summaries else model,
                 parent_run_id=parent,
-                history=[{k: s[k] for k in ("tpf", "base_tpf", "block_size")} for s in summaries],
+                history=summaries,
             )
             summaries.append(summary)
             get_run_logger().info(
-                "round %d (n=%d): accuracy %.3f, TPF %s", i, summary["block_size"], summary["accuracy"], summary["tpf"]
+                "round %d (n=%d): accuracy %.3f, TPF %s", i, summary.block_size, summary.accuracy, summary.tpf
             )
     return summaries

@@ -20,8 +20,8 @@ from jacobi_forcing.tasks import mlflow_runs, reporting, round_tasks
 from jf_core import planning
 from jf_core.config import Profile, ProfileOverrides, load_profile, overrides_dict
 from jf_core.model_dir import lineage_base
-from jf_core.round.paths import eval_path, round_paths
-from jf_core.round.report import round_report
+from jf_core.round.paths import round_paths
+from jf_core.round.report import RoundSummary, round_report
 from jf_core.trajectory.prompts import PromptSourceError
 
 
@@ -60,9 +60,9 @@ def jf_round(
     overrides: ProfileOverrides | None = None,
     model: str | None = None,
     parent_run_id: str | None = None,
-    history: list[dict] | None = None,
+    history: list[RoundSummary] | None = None,
     new_prompts: str | None = None,
-) -> dict:
+) -> RoundSummary:
     """`parent_run_id`: the MLflow run of a calling flow (jf-progressive); `history`: earlier rounds' reports,
     for the TPF-per-round plot; `new_prompts`: a prompt file merged into the profile's prompts (the URI a
     `jf.prompts.added` event carries: prefect.yaml's retrain-on-new-prompts)."""
@@ -88,27 +88,26 @@ def jf_round(
         paths = round_paths(prof, model_in)
         root = str(paths.root)
         logger.info("round directory %s", root)
-        cached = round_tasks.cached
         traj, packed, trained = round_tasks.train_chain(prof, model_in, paths)
-        round_tasks.tune(prof, root, wait_for=[trained])
-        base = cached(round_tasks.evaluate, eval_path(prof, model_in), prof, model_in, "input model")
+        round_tasks.tune(prof, root, trained)
+        base = round_tasks.evaluate(prof, model_in, "input model")
         jf_model = str(paths.model)
-        label = f"{prof.training.method_name} model"
-        jf = cached(round_tasks.evaluate, eval_path(prof, jf_model), prof, jf_model, label)
+        jf = round_tasks.evaluate(prof, jf_model, f"{prof.training.method_name} model")
         origin = lineage_base(model_in)  # the gate holds every round to the chain's original base model
         lineage = None
         if origin != model_in:
             origin_path = round_tasks.resolve_model(origin, prof)
-            at = eval_path(prof, origin_path)
-            lineage = (origin, cached(round_tasks.evaluate, at, prof, origin_path, "lineage base model"))
-        report = round_report(
-            prof, model_in, paths, {"trajectories": traj, "pack": packed, "train": trained}, base, jf, lineage
-        )
+            lineage = (origin, round_tasks.evaluate(prof, origin_path, "lineage base model"))
+        report = round_report(prof, model_in, paths, traj, packed, trained, base, jf, lineage)
         report.save(paths.root / "report.json")
         champion = round_tasks.champion_figures(prof, report.eval_key)
-        registry = round_tasks.register(prof, run_id, report, history or [], champion)
-        registry["model_name"] = prof.model_name
-        reporting.publish(report, registry, url)
-    summary = {**report.summary(), "registry": registry, "mlflow_run_id": run_id, "mlflow_url": url}
-    logger.info("round summary: %s", json.dumps({k: summary[k] for k in ("accuracy", "headline_tpf", "speedup_vs_ar")}))
+        registration = round_tasks.register(prof, run_id, report, history or [], champion)
+        reporting.publish(report, registration, url)
+    summary = report.summary().model_copy(update={"registry": registration, "mlflow_run_id": run_id, "mlflow_url": url})
+    logger.info(
+        "round summary: accuracy %.4f, headline TPF %.3f, %.2fx our AR",
+        summary.accuracy,
+        summary.headline_tpf,
+        summary.speedup_vs_ar,
+    )
     return summary

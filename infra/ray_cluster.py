@@ -35,6 +35,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from jf_core import pins
+
+pins.require("ray")  # the private names this module and serve_app.py use (jf_core/pins.py), refused by version
+
 LOCAL_ONLY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray's local-only mode (node IP 127.0.0.1, no worker nodes)
 AUTH_MODE, AUTH_TOKEN, AUTH_TOKEN_PATH = "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"
 _SETTINGS = (LOCAL_ONLY, AUTH_MODE, AUTH_TOKEN, AUTH_TOKEN_PATH)

@@ -16,6 +16,10 @@ from pathlib import Path
 
 from ray import serve
 
+from jf_core import pins
+
+pins.require("ray")  # a replica's gRPC port and the running Serve's client are private names (jf_core/pins.py)
+
 
 @dataclass
 class ServeOptions:

@@ -34,8 +34,11 @@ def _load(profile, model: str | None):
     return path, loaded, tok
 
 
-def _report(result: Evaluation, args: argparse.Namespace, meta: dict) -> None:
-    from jf_core.evaluation.speed import format_markdown, format_table, save_plots, write_json
+def _report(result: Evaluation, args: argparse.Namespace, meta: dict) -> list:
+    """Print the table and the headline; with `--out`, write bench.md, bench.json and the table's figures. Returns
+    the table's rows."""
+    from jf_core.evaluation.plots import bench_figures, save_figures
+    from jf_core.evaluation.speed import format_markdown, format_table, write_json
 
     rows = result.rows()
     print(format_table(rows))
@@ -48,13 +51,14 @@ def _report(result: Evaluation, args: argparse.Namespace, meta: dict) -> None:
     meta = {**meta, "result": result.model_dump(mode="json", exclude={"methods"})}
     if getattr(args, "out", None):
         out = Path(args.out)
-        save_plots(rows, out)
+        save_figures(bench_figures(rows), out)
         (out / "bench.md").write_text(format_markdown(rows) + "\n")
         args.json = args.json or str(out / "bench.json")
         print(f"wrote {out}/bench.md, bench.json and plots", file=sys.stderr)
     if args.json:
         write_json(rows, Path(args.json), meta)
         print(f"wrote {args.json}", file=sys.stderr)
+    return rows
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -136,10 +140,12 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
             tuned=saved if isinstance(saved, JFDecodeConfig) else None,
             sampling=sampling,
             ar_above_batch=(read_block(args.jf_model) or {}).get("ar_above_batch"),
+            jacobi_block_sizes=cfg.block_sizes,  # beside the base model's, for TPF against block size
         )
         extra.update(rows)
     saved = load_decode_config(path) if Path(path).is_dir() else None
     sizes = args.batch_sizes or [args.batch_size]
+    tables: dict[int, list] = {}
     for batch_size in sizes:
         if len(sizes) > 1:
             print(f"\n## batch size {batch_size}\n")
@@ -175,7 +181,12 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
         if len(sizes) > 1:
             where.out = str(Path(args.out) / f"batch{batch_size}") if args.out else None
             where.json = str(Path(args.json).with_suffix(f".batch{batch_size}.json")) if args.json else None
-        _report(result, where, meta)
+        tables[batch_size] = _report(result, where, meta)
+    if args.out and len(sizes) > 1:
+        from jf_core.evaluation.plots import save_figures, speed_against_batch_size
+
+        save_figures({"speed_against_batch_size": speed_against_batch_size(tables)}, Path(args.out))
+        print(f"wrote {args.out}/speed_against_batch_size.png", file=sys.stderr)
     return 0
 
 
@@ -220,10 +231,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     def show(i: int, total: int, t) -> None:
         c = t.config
-        width = f"{c['width_scale']}x+{c['width_margin']}" if c["adaptive_width"] else "full"
+        width = f"{c.width_scale}x+{c.width_margin}" if c.adaptive_width else "full"
         print(
-            f"  [{i}/{total}] n={c['block_size']} K={c['num_blocks']} pool={c['pool_size']} "
-            f"r={c['spawn_ratio']} ngram={c['ngram']} seeded={c['seed_drafts']} "
+            f"  [{i}/{total}] n={c.block_size} K={c.num_blocks} pool={c.pool_size} "
+            f"r={c.spawn_ratio} ngram={c.ngram} seeded={c.seed_drafts} "
             f"width={width}: "
             f"TPS {t.tps:.1f}, TPF {t.tpf:.2f}",
             file=sys.stderr,
@@ -231,22 +242,19 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     # The round's tune stage, run again on this model.
     report = stage_tune(profile, Path(args.model), progress=_say, reuse=False, on_trial=show)
-    best = report["best"]
-    win = next(t for t in report["trials"] if t["config"] == best)
+    best, win = report.best, report.best_trial
     path = Path(args.model) / "config.json"
     print(
-        f"best: n={best['block_size']} K={best['num_blocks']} pool={best['pool_size']} r={best['spawn_ratio']} "
-        f"seeded={best['seed_drafts']}: TPS {win['tps']:.1f}, TPF {win['tpf']:.2f}; saved {path}"
+        f"best: n={best.block_size} K={best.num_blocks} pool={best.pool_size} r={best.spawn_ratio} "
+        f"seeded={best.seed_drafts}: TPS {win.tps:.1f}, TPF {win.tpf:.2f}; saved {path}"
     )
-    block = report["serving"]
-    if block is not None:
-        sizes, speedups = block["crossover"]["batch_sizes"], block["crossover"]["speedup_vs_ar"]
-        pairs = zip(sizes, speedups, strict=True)
+    if (serving := report.serving) is not None:
+        pairs = zip(serving.crossover.batch_sizes, serving.crossover.speedup_vs_ar, strict=True)
         print("crossover (Jacobi TPS / AR TPS): " + ", ".join(f"b{b} {x:.2f}x" for b, x in pairs))
-        above = block["ar_above_batch"]
+        above = serving.ar_above_batch
         print(
             f"AR above batch {above}" if above is not None else "Jacobi paid at every batch size measured",
-            f"on {block['hardware']}; stored in {path}",
+            f"on {serving.hardware}; stored in {path}",
         )
     return 0
 
@@ -288,7 +296,8 @@ def register(sub, bench_sub) -> None:
         "--batch-sizes",
         type=positive("--batch-sizes"),
         nargs="+",
-        help="one table per batch size (e.g. 1 4 16 48), each with every method taking turns; --out gets batchB/",
+        help="one table per batch size (e.g. 1 4 16 48), each with every method taking turns; --out gets batchB/ "
+        "and speed_against_batch_size.png",
     )
     p.add_argument("--max-new-tokens", type=positive("--max-new-tokens"), default=160, help="tokens per prompt")
     p.add_argument("--block-sizes", type=positive("--block-sizes"), nargs="+", default=[8, 16, 32, 64], help="Jacobi n")

@@ -86,12 +86,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         summaries = jf_progressive(args.profile, overrides=overrides or None, model=args.model)
         for i, s in enumerate(summaries[:-1]):
-            print(f"round {i} (n={s['block_size']}): accuracy {s['accuracy']:.3f}, TPF {s['tpf']}")
+            print(f"round {i} (n={s.block_size}): accuracy {s.accuracy:.3f}, TPF {s.tpf}")
         summary = summaries[-1]
     else:
         summary = jf_round(args.profile, overrides=overrides or None, model=args.model)
-    report = RoundReport.load(Path(summary["round_dir"]) / "report.json")
-    reg, head, dtype = summary["registry"], report.headline, report.eval.dtype
+    report = RoundReport.load(Path(summary.round_dir) / "report.json")
+    reg, head, dtype = summary.registry, report.headline, report.eval.dtype
     print()
     print(markdown_table(metrics_rows(report)))
     print(
@@ -102,18 +102,18 @@ def cmd_run(args: argparse.Namespace) -> int:
         f"identical to greedy AR: {report.identical_fraction:.3f} of the evaluation prompts ({dtype}"
         + ("; fp32 promises 1.000)" if dtype == "float32" else "; measured, see docs/decoding.md, 'numerics')")
     )
-    verdict = "passed: now champion" if reg["gate_passed"] else "failed: champion unchanged"
-    print(f"registry: {reg['model_name']} version {reg['version']}, gate {verdict}")
-    for gate_check in reg.get("gate_checks") or []:  # a reused registration carries its verdict only
-        print(f"  {'ok  ' if gate_check['passed'] else 'FAIL'} {gate_check['name']}: {gate_check['reason']}")
+    verdict = "passed: now champion" if reg.gate_passed else "failed: champion unchanged"
+    print(f"registry: {reg.model_name} version {reg.version}, gate {verdict}")
+    for gate_check in reg.gate_checks:  # a reused registration carries its verdict only
+        print(f"  {'ok  ' if gate_check.passed else 'FAIL'} {gate_check.name}: {gate_check.reason}")
     uri = tracking_uri(profile.registry)
     print(
         "\nwhere to look:\n"
-        f"  round directory  {summary['round_dir']}\n"
+        f"  round directory  {summary.round_dir}\n"
         f"  Prefect UI       {os.environ.get('PREFECT_API_URL', 'http://127.0.0.1:4200/api')[:-4]}"
         "  (`jf stack up` serves this run's history)\n"
         f"  MLflow           {uri}  (UI: `jf stack up`, then http://127.0.0.1:5000, experiment 'jacobi-forcing')\n"
-        f"  registry model   models:/{reg['model_name']}@{'champion' if reg['gate_passed'] else 'challenger'}\n"
+        f"  registry model   models:/{reg.model_name}@{'champion' if reg.gate_passed else 'challenger'}\n"
         f"  to load it from Python or `mlflow models serve`: export MLFLOW_TRACKING_URI={uri}"
     )
     return 0

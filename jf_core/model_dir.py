@@ -50,7 +50,7 @@ BLOCK_KEY = "jacobi_forcing"
 FORMAT = 1
 DONE = "done.json"  # a stage's marker and summary, written last: its presence means the stage finished
 DECODE_TUNING = "decode_tuning.json"
-LEGACY_DECODE_CONFIG = "decode_config.json"  # the decode config beside the weights, before the block held it
+LEGACY_DECODE_CONFIG = "decode_config.json"  # the decode config beside the weights, before the block held it: refused
 NOT_THE_MODEL = frozenset({DONE, LEGACY_DECODE_CONFIG, DECODE_TUNING, "bootstrap.json", "provenance.json"})
 
 
@@ -183,26 +183,26 @@ def lineage_base(model: str) -> str:
 
 
 def saved_decode_config(model_dir: str | Path | None) -> dict | None:
-    """The model's saved decode config as a dict, or None when it has none. Directories from before the block (a
-    `decode_config.json` beside the weights) still load."""
+    """The model's saved decode config as a dict, or None when it has none. A directory from before the block held
+    it (a `decode_config.json` beside the weights, and no `decode` in the block) is refused, naming the fix."""
     if not model_dir or not Path(model_dir).is_dir():
         return None
     block = read_block(model_dir)
     if block and block.get("decode"):
         return dict(block["decode"])
-    legacy = Path(model_dir) / LEGACY_DECODE_CONFIG
-    return json.loads(legacy.read_text()) if legacy.is_file() else None
+    if (Path(model_dir) / LEGACY_DECODE_CONFIG).is_file():
+        raise ValueError(
+            f"{Path(model_dir) / LEGACY_DECODE_CONFIG}: a decode config in the format of an older version of this "
+            "project (beside the weights); the model's config.json holds it now. Store it there with "
+            f"`jf tune --model {model_dir}`, or delete the file to decode with plain Jacobi"
+        )
+    return None
 
 
-def save_decode_config(model_dir: str | Path, config: Any, extra: dict | None = None) -> Path:
-    """Store `config` (a decode config dataclass, or its dict) in the block; `extra` (the tuning report) goes
-    beside it as decode_tuning.json."""
+def save_decode_config(model_dir: str | Path, config: Any) -> Path:
+    """Store `config` (a decode config dataclass, or its dict) in the block."""
     decode = asdict(config) if not isinstance(config, dict) else dict(config)
-    path = update_block(model_dir, decode=decode)
-    (Path(model_dir) / LEGACY_DECODE_CONFIG).unlink(missing_ok=True)  # one place for it
-    if extra is not None:
-        write_json_atomic(Path(model_dir) / DECODE_TUNING, extra)
-    return path
+    return update_block(model_dir, decode=decode)
 
 
 # -- where the decode config was measured (the block's crossover entries) ---------------------------------------

@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from jf_core import pins
 from jf_core.checksums import sha256_file
 
 GGUF_MAGIC = b"GGUF"
@@ -84,6 +85,7 @@ def inspect_gguf(path: Path) -> GGUFInfo:
         if fh.read(4) != GGUF_MAGIC:
             raise ModelImportError(f"{path} is not a GGUF file (it does not start with the GGUF magic bytes)")
     require_gguf_support()
+    pins.require("gguf")
     from gguf import GGUFReader
     from gguf.quants import _type_traits
     from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
@@ -142,15 +144,16 @@ class ImportResult:
 def _gguf_bar_on_terminals_only() -> Iterator[None]:
     """transformers' GGUF reader draws its "Converting and de-quantizing" bar with a bare tqdm, to a log file too
     (hundreds of carriage-return frames on one line). tqdm's `disable=None` draws only on a terminal. The reader's
-    module-level `tqdm` name is the hook (transformers 5.x); where it is gone, nothing changes."""
+    module-level `tqdm` name is the hook, pinned (jf_core/pins.py); on other versions of transformers it is skipped
+    and the bar draws as before."""
     import functools
 
-    from transformers import modeling_gguf_pytorch_utils as reader
-
-    bar = getattr(reader, "tqdm", None)
-    if bar is None:
+    if not pins.require("transformers"):
         yield
         return
+    from transformers import modeling_gguf_pytorch_utils as reader
+
+    bar = reader.tqdm
     reader.tqdm = functools.partial(bar, disable=None)
     try:
         yield

@@ -66,7 +66,7 @@ def load_model(path: str | ModelSpec, **overrides):
 
     Weights load from safetensors only: a pickled checkpoint (pytorch_model.bin) can run code when it is read.
     Code shipped with a checkpoint runs only with `trust_remote_code=True` (off by default)."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import MODEL_FOR_CAUSAL_LM_MAPPING, AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from jf_core.quiet import bars_only_when_slow
 
@@ -89,7 +89,8 @@ def load_model(path: str | ModelSpec, **overrides):
     except (OSError, ValueError, json.JSONDecodeError) as err:
         raise ModelLoadError(f"cannot read a model config from {spec.path!r}: {err}") from err
     device = spec.resolved_device()
-    model_class = AutoModelForCausalLM._model_mapping.get(type(config), None) if not spec.trust_remote_code else None
+    # The class `from_pretrained` will build (the Auto class's public mapping), for the attention it supports.
+    model_class = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config), None) if not spec.trust_remote_code else None
     try:
         model = AutoModelForCausalLM.from_pretrained(
             location,

@@ -186,14 +186,14 @@ def log_round(client: MlflowClient, run_id: str, report: RoundReport, plots: dic
     # The report as report.json holds it (the loss curve is the run's metrics already).
     client.log_dict(run_id, report.model_dump(mode="json", exclude={"train": {"history"}}), "eval/report.json")
     # The trajectories the stage wrote (shared between rounds of one model), else the round's own directory.
-    log_trajectory_input(client, run_id, Path(report.trajectories["out"]), Path(report.round_dir) / "trajectories")
+    log_trajectory_input(client, run_id, Path(report.trajectories.out), Path(report.round_dir) / "trajectories")
 
 
 def log_trajectory_input(client: MlflowClient, run_id: str, *stores: Path) -> None:
     """The first of `stores` holding a manifest, as the run's training input dataset (and its manifest)."""
     from mlflow.data.dataset_source_registry import resolve_dataset_source
     from mlflow.data.meta_dataset import MetaDataset
-    from mlflow.entities import DatasetInput, InputTag
+    from mlflow.entities import Dataset, DatasetInput, InputTag
 
     manifest = next((m for m in (store / "manifest.json" for store in stores) if m.is_file()), None)
     if manifest is None:
@@ -204,8 +204,8 @@ def log_trajectory_input(client: MlflowClient, run_id: str, *stores: Path) -> No
         # LocalArtifactDatasetSource, and warns on every local path that it cannot tell them apart: they are the same.
         warnings.filterwarnings("ignore", message="The specified dataset source can be interpreted in multiple ways")
         source = resolve_dataset_source(str(manifest.parent))
-    dataset = MetaDataset(source, name="trajectories", digest=digest)
-    entity = dataset._to_mlflow_entity()
+    dataset = MetaDataset(source, name="trajectories", digest=digest).to_dict()  # its public form, as plain fields
+    entity = Dataset(**{k: dataset.get(k) for k in ("name", "digest", "source_type", "source", "schema", "profile")})
     client.log_inputs(run_id, datasets=[DatasetInput(entity, tags=[InputTag("mlflow.data.context", "training")])])
     client.log_artifact(run_id, str(manifest), "trajectories")
 

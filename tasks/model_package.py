@@ -4,12 +4,12 @@ local checkpoint for every command that takes a model."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from unittest import mock
 
 import mlflow
 from mlflow import MlflowClient
@@ -24,6 +24,21 @@ from jf_core.paths import jf_home
 MODEL_CODE = Path(__file__).with_name("mlflow_model.py")  # models-from-code: stored with the model, not pickled
 REQUIREMENTS = ("torch", "transformers", "tokenizers", "safetensors", "mlflow")  # what jf_core's decoding imports
 EXAMPLE_PROMPT = "def fibonacci(n):"
+
+
+@contextlib.contextmanager
+def environment(**settings: str) -> Iterator[None]:
+    """Environment variables set for the block and put back as they were after it."""
+    before = {k: os.environ.get(k) for k in settings}
+    os.environ.update(settings)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def requirements() -> list[str]:
@@ -59,7 +74,7 @@ def log_model(model_dir: str | Path, tmp: Path, *, fallback_decode: dict | None 
     signature = infer_signature([EXAMPLE_PROMPT], ["completion"], params=params)
     # Validating the input example copies the logged artifacts back: nine progress bars of a local copy in the
     # round's log. Off for this call only: a client downloading a registered model keeps its bar.
-    with mock.patch.dict(os.environ, {"MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}):  # restored after
+    with environment(MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR="false"):
         return mlflow.pyfunc.log_model(
             name=name,
             python_model=str(MODEL_CODE),

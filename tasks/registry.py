@@ -8,7 +8,7 @@ import json
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 import mlflow
 from mlflow import MlflowClient
@@ -16,8 +16,9 @@ from mlflow.exceptions import MlflowException
 
 from jacobi_forcing.tasks.model_package import log_model
 from jf_core.config import Profile
-from jf_core.evaluation.gate import Check, Figures, GateDecision, decide
+from jf_core.evaluation.gate import Check, Figures, decide
 from jf_core.model_dir import read_block
+from jf_core.round.results import Registration
 
 if TYPE_CHECKING:
     from jf_core.round.report import RoundReport
@@ -63,14 +64,6 @@ def _registered(client: MlflowClient, name: str, key: str):
     return next((v for v in versions if v.tags.get("jf.registration_key") == key), None)
 
 
-class Registration(NamedTuple):
-    version: str
-    decision: GateDecision
-    # this call set the `champion` alias: a passing new version, or a re-run finishing a killed registration's
-    # promotion (what the champion-changed event is sent on)
-    champion_moved: bool
-
-
 def _reuse(client: MlflowClient, name: str, found) -> Registration:
     """A re-run of a registered round: its version and verdict as recorded. A registration that was killed before
     its alias moves were done (no `jf.registration: complete` tag) has them finished, never moving an alias back
@@ -91,7 +84,9 @@ def _reuse(client: MlflowClient, name: str, found) -> Registration:
             champion_moved = champion_moved or alias == "champion"
     if interrupted:
         client.set_model_version_tag(name, version, REGISTRATION_TAG, "complete")
-    return Registration(version, GateDecision(passed=passed, reasons=reasons), champion_moved)
+    return Registration(
+        model_name=name, version=version, gate_passed=passed, gate_reasons=reasons, champion_moved=champion_moved
+    )
 
 
 REGISTRATION_TAG = "jf.registration"  # "complete" once a version's aliases were moved: a re-run then moves none
@@ -113,7 +108,7 @@ def register(
         reused = _reuse(client, name, found)
         client.set_tag(run_id, "jf.registered_version", reused.version)
         client.set_tag(run_id, "jf.registration_reused", "true")
-        client.set_tag(run_id, "jf.gate", "passed" if reused.decision.passed else "failed")
+        client.set_tag(run_id, "jf.gate", "passed" if reused.gate_passed else "failed")
         return reused
     figures = report.figures
     current, recorded = champion_figures(client, name, report.eval_key)
@@ -158,7 +153,14 @@ def register(
     client.set_model_version_tag(name, version, REGISTRATION_TAG, "complete")  # a killed run is finished by a re-run
     client.set_tag(run_id, "jf.registered_version", version)
     client.set_tag(run_id, "jf.gate", tags["gate"])
-    return Registration(str(version), decision, decision.passed)
+    return Registration(
+        model_name=name,
+        version=str(version),
+        gate_passed=decision.passed,
+        gate_reasons=decision.reasons,
+        gate_checks=decision.checks,
+        champion_moved=decision.passed,
+    )
 
 
 # A champion with no figures on this evaluation: the TPF check fails saying so (it never passes blind).

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from jf_core.round.report import RoundReport
+    from jf_core.round.results import Registration
 
 
 def metrics_rows(report: RoundReport) -> list[dict]:
@@ -47,21 +48,20 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def summary_markdown(report: RoundReport, registry: dict | None, run_url: str | None) -> str:
+def summary_markdown(report: RoundReport, registry: Registration | None, run_url: str | None) -> str:
     gate = ""
     if registry is not None:
-        verdict = "passed: promoted to `champion`" if registry["gate_passed"] else "failed: `champion` unchanged"
-        version = f"`{registry['model_name']}` version {registry['version']}"
+        verdict = "passed: promoted to `champion`" if registry.gate_passed else "failed: `champion` unchanged"
+        version = f"`{registry.model_name}` version {registry.version}"
         gate = f"\n**Registry**: {version} (`challenger`); gate {verdict}."
-        checks = registry.get("gate_checks") or []
+        checks = registry.gate_checks
         if checks:  # one row per check: what was compared and the verdict (jf_core/evaluation/gate.py)
             rows = [
-                {"check": c["name"], "verdict": "passed" if c["passed"] else "**failed**", "reason": c["reason"]}
-                for c in checks
+                {"check": c.name, "verdict": "passed" if c.passed else "**failed**", "reason": c.reason} for c in checks
             ]
             gate += "\n\n" + markdown_table(rows)
         else:  # a reused registration carries its reasons only
-            gate += "".join(f"\n- {r}" for r in registry["gate_reasons"])
+            gate += "".join(f"\n- {r}" for r in registry.gate_reasons)
     link = f"\n\n[MLflow run]({run_url})" if run_url else ""
     head = report.headline
     return (
@@ -88,7 +88,7 @@ def artifact_key(*parts: str) -> str:
     return re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]", "-", "-".join(parts).lower())).strip("-")
 
 
-def publish(report: RoundReport, registry: dict | None, run_url: str | None) -> None:
+def publish(report: RoundReport, registry: Registration | None, run_url: str | None) -> None:
     from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 
     key = artifact_key("jf-round", report.profile, f"n{report.block_size}")

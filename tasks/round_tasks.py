@@ -1,38 +1,43 @@
-"""Prefect tasks of a round: thin wrappers over jf_core/round/ and the MLflow modules that pass paths and URIs.
+"""Prefect tasks of a round: thin wrappers over jf_core/round/ and the MLflow modules that pass paths and URIs, and
+return the stages' result types (jf_core/round/results.py).
 
-Reuse is two-layered. Every stage skips work whose `done.json` marker exists (so a retry or re-run never redoes a
-finished stage), and the tasks are cached by their content-addressed output directory, so Prefect shows a finished
-stage as `Cached` without entering it; `cached()` refreshes the record of a stage whose output is gone.
-Retries are declared where a retry is safe: trajectories resume by shard and training resumes from its last
-checkpoint. Registration is never retried (a retry could register twice).
+Whether a stage runs is decided in one place, `run_stage` (its `done.json` marker, and the markers it was made
+from); these tasks never ask again. They are not cached by Prefect either (`NO_CACHE`): a cache keyed on anything
+but the marker could serve a stage whose output is gone or stale, and the one thing Prefect's cache added, a state
+that shows a finished stage was not run again, is kept: a reused stage's task run ends in a Completed state named
+`Reused`, with where it was read from as its message. Retries are declared where a retry is safe: trajectories
+resume by shard and training resumes from its last checkpoint. Registration is never retried (a retry could
+register twice).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from prefect import get_run_logger, task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
+from prefect.cache_policies import NO_CACHE
+from prefect.states import Completed, State
 
 from jacobi_forcing.tasks import events, mlflow_runs, model_package, registry
 from jacobi_forcing.tasks.gpu_slots import gpu_slots
 from jacobi_forcing.tasks.run_logs import library_warnings_in_run_log
 from jacobi_forcing.tasks.train_distributed import train_distributed
-from jacobi_forcing.tasks.trajectories import stage_trajectories
+from jacobi_forcing.tasks.trajectories import generate_trajectories
 from jf_core.config import Profile
-from jf_core.model_dir import DONE
-from jf_core.round.paths import EVAL_FORMAT, RoundPaths, eval_path, finished
-from jf_core.round.stages import stage_evaluate, stage_pack, stage_train, stage_tune
+from jf_core.round.paths import RoundPaths
+from jf_core.round.results import PackResult, Registration, TrainResult, TrajectoriesResult, TuneResult
+from jf_core.round.stages import stage_evaluate, stage_pack, stage_train, stage_trajectories, stage_tune
 
 if TYPE_CHECKING:
+    from jf_core.evaluation.gate import Figures
     from jf_core.evaluation.results import Evaluation
-    from jf_core.round.report import RoundReport
+    from jf_core.round.report import RoundReport, RoundSummary
 
 
 class ProgressArtifact:
@@ -78,17 +83,6 @@ def progress_line(what: str, done: int, total: int, elapsed: float, done_here: i
     return line
 
 
-def _cache_on(stage: str):
-    """Cache key of a stage: its directory, which is content-addressed (the round directory is keyed by the input
-    model and every config that shapes the stage's output). Whether the cached record may be trusted is decided at
-    the call site (`cached`): a stage whose output is gone is refreshed, never served from the cache."""
-
-    def key(_ctx, params: dict) -> str:
-        return hashlib.sha256(f"{stage}:{params['root']}".encode()).hexdigest()
-
-    return key
-
-
 def _pack_run_name() -> str:
     """The pack task's run name: what picks its noisy states (the schedule, or CLLM's uniform Jacobi states)."""
     from prefect.runtime import task_run
@@ -96,42 +90,43 @@ def _pack_run_name() -> str:
     return f"pack ({task_run.parameters['profile'].training.noise_kind} noise)"
 
 
-def _stage_task(stage: str, run_name, retries: int = 0):
-    """A stage's task: named after what it does, result persisted, cached by its output directory; retried only
-    where a retry resumes (trajectories by shard, training from its checkpoint)."""
+def _stage_task(name: str, run_name, retries: int = 0):
+    """A stage's task: named after what it does, its result persisted (for the UI and a retried flow), never served
+    from Prefect's cache (the module docstring says why); retried only where a retry resumes (trajectories by
+    shard, training from its checkpoint)."""
     return task(
-        name={"packed": "pack", "model": "train"}.get(stage, stage),
+        name=name,
         task_run_name=run_name,
         retries=retries,
         retry_delay_seconds=10,
         persist_result=True,
-        cache_key_fn=_cache_on(stage),
+        cache_policy=NO_CACHE,
     )
 
 
-def cached(task_fn, output: Path, *args, **kwargs):
-    """Call a stage task, serving Prefect's cached record only while the stage's output is really on disk."""
-    done = (output / DONE).is_file() or (output.is_file() and output.suffix == ".json")
-    return task_fn.with_options(refresh_cache=not done)(*args, **kwargs)
+class Reuse:
+    """A stage task's `on_reuse`: the reuse in the run's log, and the task run's final state named `Reused`."""
+
+    def __init__(self) -> None:
+        self.line: str | None = None
+
+    def __call__(self, line: str) -> None:
+        self.line = line
+        get_run_logger().info(line)
+
+    def state(self, result):
+        """What the task returns: `result`, inside a state named Reused when the stage was not run again (the caller
+        gets `result` either way)."""
+        return result if self.line is None else Completed(data=result, name="Reused", message=self.line)
 
 
-def train_chain(prof: Profile, model_in: str, paths: RoundPaths) -> tuple[dict, dict, dict]:
-    """A round's training stages, each reused while its output is on disk: trajectories -> pack -> train. Shared by
-    `jf-round` and `jf-ablate`, whose runs are rounds without the tuner and the registry."""
+def train_chain(prof: Profile, model_in: str, paths: RoundPaths) -> tuple[TrajectoriesResult, PackResult, TrainResult]:
+    """A round's training stages: trajectories -> pack -> train, each made from the one before (`run_stage`).
+    Shared by `jf-round` and `jf-ablate`, whose runs are rounds without the tuner and the registry."""
     root = str(paths.root)
-    traj = cached(trajectories, paths.trajectories, prof, model_in, root)
-    packed = cached(pack, paths.packed, prof, root, wait_for=[traj])
-    trained = cached(train, paths.model, prof, model_in, root, wait_for=[packed])
-    return traj, packed, trained
-
-
-def _reused(root: str, stage: str, what: str) -> dict | None:
-    """The finished stage's result when its marker exists (logged to the run), else None."""
-    out = getattr(RoundPaths(Path(root)), stage)
-    done = finished(out)
-    if done is not None:
-        get_run_logger().info("reusing finished %s at %s", what, out)
-    return done
+    traj = trajectories(prof, model_in, root)
+    packed = pack(prof, root, traj)
+    return traj, packed, train(prof, model_in, root, packed)
 
 
 def flow_run_state(flow_run_id: str) -> str | None:
@@ -189,133 +184,131 @@ def resolve_model(uri: str, profile: Profile) -> str:
 
 
 @_stage_task("trajectories", "trajectories n={profile.trajectory.block_size}", retries=2)
-def trajectories(profile: Profile, model_in: str, root: str) -> dict:
-    if (done := _reused(root, "trajectories", "trajectories")) is not None:
-        return done
+def trajectories(profile: Profile, model_in: str, root: str) -> TrajectoriesResult | State:
+    logger, reuse = get_run_logger(), Reuse()
+
+    def collect(round_profile: Profile, out: Path) -> TrajectoriesResult:
+        bar = ProgressArtifact(
+            f"Jacobi trajectories of {model_in} at n={profile.trajectory.block_size} (shards)",
+            say=logger.info,
+            label="trajectory shards",
+        )
+        result = generate_trajectories(round_profile, out, progress=False, on_shard=bar)
+        logger.info(
+            "%d prompts -> %d block rows in %.0f s (%.0f tokens/s)",
+            result.prompts,
+            result.rows,
+            result.seconds,
+            result.tokens_per_second,
+        )
+        return result
+
+    hold = partial(gpu_slots, profile, "trajectories")
     paths = RoundPaths(Path(root))
-    bar = ProgressArtifact(
-        f"Jacobi trajectories of {model_in} at n={profile.trajectory.block_size} (shards)",
-        say=get_run_logger().info,
-        label="trajectory shards",
-    )
-    with gpu_slots(profile, "trajectories"):
-        result = stage_trajectories(profile, model_in, paths, progress=False, on_shard=bar)
-    get_run_logger().info(
-        "%d prompts -> %d block rows in %.0f s (%.0f tokens/s)",
-        result["prompts"],
-        result["rows"],
-        result["seconds"],
-        result["tokens_per_second"],
-    )
-    return result
+    return reuse.state(stage_trajectories(profile, model_in, paths, collect=collect, on_reuse=reuse, hold=hold))
 
 
-@_stage_task("packed", _pack_run_name)
-def pack(profile: Profile, root: str) -> dict:
-    if (done := _reused(root, "packed", "packed examples")) is not None:
-        return done
-    result = stage_pack(profile, RoundPaths(Path(root)))
-    get_run_logger().info("packed %d examples of %d blocks", result["examples"], result["blocks"])
-    return result
+@_stage_task("pack", _pack_run_name)
+def pack(profile: Profile, root: str, trajectories: TrajectoriesResult) -> PackResult | State:
+    reuse = Reuse()
+    result = stage_pack(profile, RoundPaths(Path(root)), trajectories, on_reuse=reuse)
+    if reuse.line is None:
+        get_run_logger().info("packed %d examples of %d blocks", result.examples, result.blocks)
+    return reuse.state(result)
 
 
-@_stage_task("model", "train {profile.training.steps} steps", retries=1)
-def train(profile: Profile, model_in: str, root: str) -> dict:
-    if (done := _reused(root, "model", "trained model")) is not None:
-        return done
+@_stage_task("train", "train {profile.training.steps} steps", retries=1)
+def train(profile: Profile, model_in: str, root: str, packed: PackResult) -> TrainResult | State:
     steps = profile.training.steps
+    logger, reuse = get_run_logger(), Reuse()
     bar = ProgressArtifact(f"{profile.training.method_name} training, {steps} steps")
-    logger = get_run_logger()
     on_log = step_logger("", steps, logger.info, bar)
-    with gpu_slots(profile, "train"), library_warnings_in_run_log():
-        paths = RoundPaths(Path(root))
-        result = stage_train(profile, model_in, paths, progress=False, on_log=on_log, launch=train_distributed)
+
+    with library_warnings_in_run_log():
+        result = stage_train(
+            profile,
+            model_in,
+            RoundPaths(Path(root)),
+            packed,
+            progress=False,
+            on_log=on_log,
+            launch=train_distributed,
+            on_reuse=reuse,
+            hold=partial(gpu_slots, profile, "train"),
+        )
     bar(steps, steps)
-    if result.get("resumed_from_step"):
+    if result.resumed_from_step and reuse.line is None:
         logger.warning(
             "training resumed from its checkpoint at step %d of %d (a previous attempt died)",
-            result["resumed_from_step"],
+            result.resumed_from_step,
             steps,
         )
-    return result
+    return reuse.state(result)
 
 
-@task(name="tune", task_run_name="autotune decode config", persist_result=True)
-def tune(profile: Profile, root: str) -> dict | None:
-    model_dir = RoundPaths(Path(root)).model
-    result = stage_tune(profile, model_dir, progress=get_run_logger().info)
-    if result is not None:
-        b = result["best"]
-        get_run_logger().info(
-            "decode config: n=%d K=%d pool=%d r=%.2f",
-            b["block_size"],
-            b["num_blocks"],
-            b["pool_size"],
-            b["spawn_ratio"],
-        )
-    return result
+@_stage_task("tune", "autotune decode config")
+def tune(profile: Profile, root: str, trained: TrainResult) -> TuneResult | State | None:
+    logger, reuse = get_run_logger(), Reuse()
+    result = stage_tune(profile, RoundPaths(Path(root)).model, trained, progress=logger.info, on_reuse=reuse)
+    if result is not None and reuse.line is None:
+        b = result.best
+        logger.info("decode config: n=%d K=%d pool=%d r=%.2f", b.block_size, b.num_blocks, b.pool_size, b.spawn_ratio)
+    return reuse.state(result)
 
 
-def _eval_key(_ctx, params: dict) -> str:
-    # The format is part of the key: a record cached by a version that returned another shape is never served.
-    where = eval_path(params["profile"], params["model_path"])
-    return hashlib.sha256(f"{EVAL_FORMAT}:{where}".encode()).hexdigest()
-
-
-@task(name="evaluate", task_run_name="evaluate {label}", persist_result=True, cache_key_fn=_eval_key)
-def evaluate(profile: Profile, model_path: str, label: str) -> Evaluation:
-    logger = get_run_logger()
-    with gpu_slots(profile, "evaluate"):
-        # Its progress in the flow run's log: a real model on a CPU evaluates for tens of minutes.
-        result = stage_evaluate(profile, model_path, progress=lambda line: logger.info("%s: %s", label, line))
+@_stage_task("evaluate", "evaluate {label}")
+def evaluate(profile: Profile, model_path: str, label: str) -> Evaluation | State:
+    logger, reuse = get_run_logger(), Reuse()
+    result = stage_evaluate(
+        profile,
+        model_path,
+        progress=lambda line: logger.info("%s: %s", label, line),  # a real model on a CPU evaluates for minutes
+        on_reuse=reuse,
+        hold=partial(gpu_slots, profile, "evaluate"),
+    )
     tpf = ", ".join(f"n={n}: {v:.2f}" for n, v in result.tpf.items())
     logger.info("%s: accuracy %.3f, TPF %s", label, result.accuracy, tpf)
-    return result
+    return reuse.state(result)
 
 
 @task(name="champion-figures", task_run_name="the champion on this evaluation")
-def champion_figures(profile: Profile, eval_key: str) -> dict | None:
+def champion_figures(profile: Profile, eval_key: str) -> Figures | None:
     """The champion's gate figures on this round's evaluation: recorded on its version when it was measured alike,
     else measured now (a champion from before the gate recorded figures, or an evaluation config that changed)."""
     from jf_core.evaluation.gate import Figures
 
     client, _ = mlflow_runs.connect(profile)
     current, figures = registry.champion_figures(client, profile.model_name, eval_key)
-    if figures is not None:
-        return asdict(figures)
-    if current is None:
-        return None
+    if figures is not None or current is None:
+        return figures
     get_run_logger().info("champion version %s has no figures on this evaluation: evaluating it", current.version)
     path = model_package.resolve_model(f"models:/{profile.model_name}/{current.version}", profile)
-    with gpu_slots(profile, "evaluate"):
-        return asdict(Figures.of(stage_evaluate(profile, path), eval_key))
+    evaluation = stage_evaluate(profile, path, hold=partial(gpu_slots, profile, "evaluate"))
+    return Figures.of(evaluation, eval_key)
 
 
 @task(name="register", task_run_name="log and register {profile.name}")
 def register(
-    profile: Profile, run_id: str, report: RoundReport, history: list[dict], champion: dict | None = None
-) -> dict:
-    from jf_core.evaluation.gate import Figures
-    from jf_core.evaluation.plots import round_figures
+    profile: Profile,
+    run_id: str,
+    report: RoundReport,
+    history: list[RoundSummary],
+    champion: Figures | None = None,
+) -> Registration:
+    from jf_core.round.figures import round_figures
 
     client, _ = mlflow_runs.connect(profile)
     mlflow_runs.log_round(client, run_id, report, round_figures(report, history))
-    champion_at = None if champion is None else Figures(**champion)
-    version, decision, champion_moved = registry.register(client, run_id, profile, report, champion_at)
+    done = registry.register(client, run_id, profile, report, champion)
     logger = get_run_logger()
     logger.info(
         "registered %s version %s: gate %s (%s)",
-        profile.model_name,
-        version,
-        "passed -> champion" if decision.passed else "failed, champion unchanged",
-        "; ".join(decision.reasons),
+        done.model_name,
+        done.version,
+        "passed -> champion" if done.gate_passed else "failed, champion unchanged",
+        "; ".join(done.gate_reasons),
     )
-    if champion_moved:  # the champion benchmark deployment starts on this
-        events.champion_changed(profile.model_name, version)
-        logger.info("event %s sent for %s version %s", events.CHAMPION_CHANGED, profile.model_name, version)
-    return {
-        "version": version,
-        "gate_passed": decision.passed,
-        "gate_reasons": decision.reasons,
-        "gate_checks": [asdict(c) for c in decision.checks],
-    }
+    if done.champion_moved:  # the champion benchmark deployment starts on this
+        events.champion_changed(done.model_name, done.version)
+        logger.info("event %s sent for %s version %s", events.CHAMPION_CHANGED, done.model_name, done.version)
+    return done

@@ -28,10 +28,11 @@ from pathlib import Path
 
 from jacobi_forcing.infra.ray_cluster import loopback_torch_config, ray_session
 from jf_core.config import Profile
-from jf_core.model_dir import DONE
+from jf_core.round.results import TrainSummary
 
 CHAOS_ENV = "JF_CHAOS_KILL_WORKER"  # test hook: "rank:step:marker" - that worker dies after that step, once
 PROGRESS = "progress.json"  # rank 0's last logged row, for the driver (Prefect progress, logs)
+SUMMARY = "summary.json"  # rank 0's TrainSummary at the end, for the driver
 
 
 def _worker_loop(config: dict) -> None:
@@ -74,7 +75,11 @@ def _worker_loop(config: dict) -> None:
         log_every=1,
         on_log=on_log,
     )
-    ray.train.report({"step": summary["steps"], "rank": rank})
+    if rank == 0:  # the launcher's copy of the summary, beside the progress file (both in the shared checkpoints)
+        tmp = Path(config["checkpoints"]) / f".{SUMMARY}.tmp"
+        tmp.write_text(summary.model_dump_json())
+        os.replace(tmp, Path(config["checkpoints"]) / SUMMARY)
+    ray.train.report({"step": summary.steps, "rank": rank})
 
 
 def train_distributed(
@@ -84,9 +89,8 @@ def train_distributed(
     *,
     on_log: Callable[[int, dict], None] | None = None,
     storage: str | Path | None = None,
-) -> dict:
-    """Train on `compute.train_workers` Ray Train workers with `training.strategy`; returns the model directory's
-    `done.json` summary (written by rank 0 last)."""
+) -> TrainSummary:
+    """Train on `compute.train_workers` Ray Train workers with `training.strategy`; returns rank 0's summary."""
     import ray.train
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
@@ -124,7 +128,7 @@ def train_distributed(
         result = trainer.fit()
     if result.error is not None:
         raise RuntimeError(f"distributed training ({profile.training.strategy}) failed: {result.error}")
-    return json.loads((paths.model / DONE).read_text())
+    return TrainSummary.model_validate_json((paths.checkpoints / SUMMARY).read_text())
 
 
 class _ProgressWatcher:

@@ -18,15 +18,15 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 from tqdm.auto import tqdm
 
 from jacobi_forcing.infra.ray_cluster import ray_session
 from jf_core.config import Profile
-from jf_core.model_dir import DONE, write_json_atomic
-from jf_core.round.paths import RoundPaths, finished, model_identity
+from jf_core.round.paths import model_identity
+from jf_core.round.results import TrajectoriesResult
 from jf_core.trajectory.collect import CollectConfig
 from jf_core.trajectory.prompts import PromptItem, load_prompts
 from jf_core.trajectory.store import ShardInfo, TrajectoryStore
@@ -34,24 +34,6 @@ from jf_core.trajectory.store import ShardInfo, TrajectoryStore
 log = logging.getLogger("jf.stages")
 
 CHAOS_ENV = "JF_CHAOS_DIE_ONCE"  # test hook: path of a marker file; the first shard call that creates it dies
-
-
-@dataclass
-class TrajectoryRunSummary:
-    out: str
-    prompts: int
-    skipped: dict
-    shards: int
-    shards_generated: int
-    rows: int
-    new_tokens_generated: int
-    seconds: float  # end to end: prompts, Ray and actor start-up, generation
-    pool_seconds: float = 0.0  # generation only: from all actors ready to the last shard committed
-
-    @property
-    def tokens_per_second(self) -> float:
-        """Generation throughput of the actor pool (start-up excluded)."""
-        return self.new_tokens_generated / self.pool_seconds if self.pool_seconds else 0.0
 
 
 def shard_key(model_hash: str, items: list[PromptItem], cfg: CollectConfig) -> str:
@@ -117,7 +99,7 @@ def generate_trajectories(
     *,
     progress: bool = True,
     on_shard: Callable[[int, int], None] | None = None,
-) -> TrajectoryRunSummary:
+) -> TrajectoriesResult:
     """`on_shard(done, total)` is called as shards are committed (Prefect progress artifacts use it)."""
     from transformers import AutoConfig, AutoTokenizer
 
@@ -169,7 +151,7 @@ def generate_trajectories(
             already=len(keyed) - len(todo),
         )
     manifest = store.manifest()["shards"]
-    return TrajectoryRunSummary(
+    return TrajectoriesResult(
         out=str(out),
         prompts=len(prompt_set.items),
         skipped=dict(prompt_set.skipped),
@@ -244,22 +226,3 @@ def _run_pool(
         for leftover in store.root.glob(".shard-*.tmp"):
             leftover.unlink()  # partial files of calls that died; their shards were rewritten under the real name
         return tokens, time.perf_counter() - t0
-
-
-def stage_trajectories(
-    profile: Profile,
-    model_in: str,
-    paths: RoundPaths,
-    *,
-    progress: bool = True,
-    on_shard: Callable[[int, int], None] | None = None,
-) -> dict:
-    """Jacobi trajectories of `model_in` over the profile's prompts (Ray actor pool; resumes by shard)."""
-    if (done := finished(paths.trajectories)) is not None:
-        log.info("reusing finished trajectories at %s (%s rows)", paths.trajectories, done["rows"])
-        return done
-    round_profile = profile.model_copy(update={"model": profile.model.model_copy(update={"path": model_in})})
-    summary = generate_trajectories(round_profile, paths.trajectories, progress=progress, on_shard=on_shard)
-    result = {**asdict(summary), "tokens_per_second": summary.tokens_per_second}
-    write_json_atomic(paths.trajectories / DONE, result)
-    return result

@@ -6,7 +6,32 @@ from __future__ import annotations
 from jf_core.evaluation.gate import Figures
 from jf_core.evaluation.results import Calibration, Evaluation
 from jf_core.evaluation.speed import MethodResult
-from jf_core.round.report import RoundReport, Threads, TrainSummary
+from jf_core.round.report import RoundReport, Threads
+from jf_core.round.results import BlocksPerAnswer, NoiseProfile, PackResult, TrainResult, TrajectoriesResult
+
+TRAJECTORIES = TrajectoriesResult(
+    out="/runs/tiny/trajectories/n16-abc",
+    prompts=8,
+    skipped={},
+    shards=1,
+    shards_generated=1,
+    rows=40,
+    new_tokens_generated=320,
+    seconds=4.0,
+    pool_seconds=2.0,
+)
+PACKING = PackResult(
+    examples=8,
+    blocks=40,
+    dropped_blocks={},
+    noise=NoiseProfile(
+        blocks_per_answer=BlocksPerAnswer(mean=5.0, p10=4, p50=5, p90=6),
+        target_mean=0.5,
+        picked_mean=0.5,
+        picked_above_half=0.4,
+        picked_histogram=[4] * 10,
+    ),
+)
 
 
 def evaluation(
@@ -72,10 +97,10 @@ def round_report(
         "figures": figures
         or {"candidate": Figures.of(jf, key), "input": Figures.of(base, key), "lineage_base": Figures.of(base, key)},
         "threads": Threads(train={"policy": "fixed", "initial": 1}, eval=1, trajectory_actor=1),
-        "trajectories": {"prompts": 8, "rows": 40},
-        "packing": {"examples": 8},
+        "trajectories": TRAJECTORIES,
+        "packing": PACKING,
         "training": {"method": method},
-        "train": TrainSummary(
+        "train": TrainResult(
             steps=20,
             train_seconds=464.0,
             model_in="/m/in",

@@ -80,11 +80,13 @@ def test_every_decoder_is_exact_on_real_weights_in_fp32(loaded):
 
 
 def test_a_trajectory_shard_packing_and_training_steps_through_the_rounds_stages(smollm2, tmp_path):
-    from jacobi_forcing.tasks.trajectories import stage_trajectories
+    from functools import partial
+
+    from jacobi_forcing.tasks.trajectories import generate_trajectories
     from jf_core.config import load_profile
     from jf_core.models import load_model
     from jf_core.round.paths import RoundPaths
-    from jf_core.round.stages import stage_pack, stage_train
+    from jf_core.round.stages import stage_pack, stage_train, stage_trajectories
     from jf_core.trajectory.store import TrajectoryStore
 
     profile = load_profile(
@@ -96,14 +98,14 @@ def test_a_trajectory_shard_packing_and_training_steps_through_the_rounds_stages
         storage={"runs_dir": str(tmp_path / "runs")},
     )
     paths = RoundPaths(tmp_path / "round")
-    done = stage_trajectories(profile, str(smollm2), paths, progress=False)
-    assert (done["prompts"], done["shards"], done["rows"]) == (2, 1, 2)
+    done = stage_trajectories(profile, str(smollm2), paths, collect=partial(generate_trajectories, progress=False))
+    assert (done.prompts, done.shards, done.rows) == (2, 1, 2)
     rows = TrajectoryStore(paths.trajectories).read().to_pylist()
     assert all(r["n"] == 16 and r["states"][-1] == r["fixed_point"] for r in rows)  # down to the fixed point
-    packed = stage_pack(profile, paths)
-    assert packed["examples"] >= 1
-    summary = stage_train(profile, str(smollm2), paths, progress=False)
-    assert summary["steps"] == 2 and all(torch.isfinite(torch.tensor(h["loss"])) for h in summary["history"])
+    packed = stage_pack(profile, paths, done)
+    assert packed.examples >= 1
+    summary = stage_train(profile, str(smollm2), paths, packed, progress=False)
+    assert summary.steps == 2 and all(torch.isfinite(torch.tensor(h["loss"])) for h in summary.history)
     trained, _ = load_model(str(paths.model), dtype="float32")
     assert trained.config.vocab_size == 49152
 

@@ -72,3 +72,22 @@ def finish(tokens: list[int], eos: frozenset[int], max_new_tokens: int) -> tuple
 
 def model_device(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
+
+
+def batches_of(prompts: Sequence[Sequence[int]], batch_size: int) -> list[list[list[int]]]:
+    return [[list(p) for p in prompts[i : i + batch_size]] for i in range(0, len(prompts), batch_size)]
+
+
+def concat_outputs(outs: Sequence[DecodeOutput]) -> DecodeOutput:
+    """Outputs of consecutive batches as one: sequences in order, statistics merged."""
+    stats = DecodeStats(sequences=[])
+    for out in outs:
+        stats = stats.merge(out.stats)
+    return DecodeOutput([seq for out in outs for seq in out.sequences], stats)
+
+
+def decode_batched(
+    decoder: Callable[[list[list[int]]], DecodeOutput], prompts: Sequence[Sequence[int]], batch_size: int
+) -> DecodeOutput:
+    """`decoder` over `prompts` in batches of `batch_size`: outputs in order, statistics merged."""
+    return concat_outputs([decoder(batch) for batch in batches_of(prompts, batch_size)])

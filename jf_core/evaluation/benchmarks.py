@@ -175,7 +175,7 @@ def score(name: str, item: BenchmarkItem, completion: str, limits: SandboxLimits
 def decode_items(tokenizer, items: Sequence[BenchmarkItem], decode, batch_size: int):
     """Decode every item's prompt with `decode` (any of the project's decoders) in batches; return the texts and
     the merged decoding statistics."""
-    from jf_core.evaluation.speed import decode_batched
+    from jf_core.decoding.common import decode_batched
 
     prompts = [tokenizer(i.prompt, add_special_tokens=False)["input_ids"] for i in items]
     out = decode_batched(decode, prompts, batch_size)

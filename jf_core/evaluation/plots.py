@@ -1,9 +1,13 @@
-"""Figures of a round (matplotlib, headless): loss curves, TPF per round, accepted tokens per forward; and of an
-ablation (`jf ablate`): TPF and accuracy per variant with their spread over seeds."""
+"""Figures (matplotlib, headless) of training and decoding: loss curves, TPF during training, accepted tokens per
+forward (a round's figures put these together: jf_core/round/figures.py); of an ablation (`jf ablate`): TPF and
+accuracy per variant with their spread over seeds; of `jf bench decode`: TPF and TPS per method, TPF against block
+size, the speedup against batch size; of the mechanism check: TPF against training tokens."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import matplotlib
@@ -13,7 +17,7 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
 if TYPE_CHECKING:
-    from jf_core.round.report import RoundReport
+    from jf_core.evaluation.speed import MethodResult
 
 LOSS_KEYS = ("loss", "consistency_loss", "ar_loss")
 
@@ -28,25 +32,6 @@ def loss_curves(history: Sequence[dict]) -> Figure:
     ax.set_ylabel("loss")
     ax.set_yscale("log")
     ax.set_title("Jacobi Forcing training")
-    ax.legend()
-    fig.tight_layout()
-    return fig
-
-
-def tpf_per_round(reports: Sequence[dict]) -> Figure:
-    """Grouped bars: for each block size, the base model's TPF, then each round's."""
-    sizes = sorted({n for r in reports for n in r["tpf"]}, key=int)
-    series = [("base", reports[0]["base_tpf"])] + [
-        (f"round {i} (n={r['block_size']})", r["tpf"]) for i, r in enumerate(reports)
-    ]
-    width = 0.8 / len(series)
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for i, (label, tpf) in enumerate(series):
-        xs = [j + i * width for j in range(len(sizes))]
-        ax.bar(xs, [tpf.get(n, 0.0) for n in sizes], width, label=label)
-    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(sizes))], [f"n={n}" for n in sizes])
-    ax.set_ylabel("tokens per forward (TPF)")
-    ax.set_title("Vanilla Jacobi TPF per round")
     ax.legend()
     fig.tight_layout()
     return fig
@@ -86,19 +71,6 @@ def tpf_during_training(history: Sequence[dict]) -> Figure | None:
     ax.legend()
     fig.tight_layout()
     return fig
-
-
-def round_figures(report: RoundReport, history: Sequence[dict] | None = None) -> dict[str, Figure]:
-    """A round's plots; `history`: earlier rounds' `RoundReport.summary()`s, for the TPF per round."""
-    curve = report.train.history
-    probe = tpf_during_training(curve)
-    return ({"tpf_during_training": probe} if probe is not None else {}) | {
-        "loss_curves": loss_curves(curve),
-        "tpf_per_round": tpf_per_round([*(history or []), report.summary()]),
-        "acceptance_histogram": acceptance_histogram(
-            report.eval.accepted_histogram, report.base_eval.accepted_histogram, label=report.method_name
-        ),
-    }
 
 
 def ablation_bars(rows: Sequence[dict]) -> Figure:
@@ -165,3 +137,106 @@ def tpf_against_tokens(runs: Sequence[dict]) -> Figure | None:
     ax.legend()
     fig.tight_layout()
     return fig
+
+
+def method_bars(results: Sequence[MethodResult]) -> Figure:
+    """TPF (left) and TPS (right) per method of one `jf bench decode` table."""
+    names = [r.method for r in results]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    for ax, values, label in ((axes[0], [r.tpf for r in results], "TPF"), (axes[1], [r.tps for r in results], "TPS")):
+        ax.bar(range(len(names)), values)
+        ax.set_xticks(range(len(names)), names, rotation=60, ha="right", fontsize=8)
+        ax.set_ylabel(label)
+        ax.set_title(f"{label} per method")
+    fig.tight_layout()
+    return fig
+
+
+def method_acceptance(results: Sequence[MethodResult]) -> Figure:
+    """Accepted tokens per forward (share of forwards) of every multi-token method of one table."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for r in results:
+        if r.accepted_histogram and max(r.accepted_histogram) > 1:
+            total = sum(r.accepted_histogram.values())
+            ks = sorted(r.accepted_histogram)
+            ax.plot(ks, [r.accepted_histogram[k] / total for k in ks], marker=".", label=r.method)
+    ax.set_xlabel("tokens accepted in one forward")
+    ax.set_ylabel("share of forwards")
+    ax.set_yscale("log")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+_JACOBI_ROW = re.compile(r"^(jf_)?jacobi_n(\d+)$")  # plain Jacobi rows: the base model's, the JF model's (jf_)
+
+
+def tpf_against_block_size(results: Sequence[MethodResult]) -> Figure | None:
+    """Plain Jacobi's TPF against the block size n, the base model's rows (`jacobi_n<N>`) and the Jacobi Forcing
+    model's (`jf_jacobi_n<N>`) as two lines. None when the table has fewer than two block sizes of either."""
+    lines: dict[str, list[tuple[int, float]]] = {}
+    for r in results:
+        if m := _JACOBI_ROW.match(r.method):
+            lines.setdefault("Jacobi Forcing model" if m[1] else "base model", []).append((int(m[2]), r.tpf))
+    lines = {k: sorted(v) for k, v in lines.items() if len(v) > 1}
+    if not lines:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, points in lines.items():
+        ax.plot([n for n, _ in points], [t for _, t in points], marker="o", label=label)
+    sizes = sorted({n for points in lines.values() for n, _ in points})
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes, [str(n) for n in sizes])
+    ax.set_xlabel("block size n")
+    ax.set_ylabel("tokens per forward (TPF)")
+    ax.set_title("Plain Jacobi: TPF against block size")
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def speed_against_batch_size(tables: Mapping[int, Sequence[MethodResult]]) -> Figure | None:
+    """Each method's speedup against our AR on the same prompts (TPS / AR's TPS, measured in the same run) against
+    the batch size, from one `jf bench decode` table per batch size. None with fewer than two batch sizes."""
+    if len(tables) < 2:
+        return None
+    sizes = sorted(tables)
+    names = [r.method for r in tables[sizes[0]] if r.method != "ar"]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for name in names:
+        points = [(b, r.speedup_vs_ar) for b in sizes for r in tables[b] if r.method == name]
+        if len(points) > 1:
+            ax.plot([b for b, _ in points], [x for _, x in points], marker="o", label=name)
+    ax.axhline(1.0, color="gray", linestyle="--", linewidth=1)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes, [str(b) for b in sizes])
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("speedup against our AR (TPS ratio)")
+    ax.set_title("Speed against batch size")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    return fig
+
+
+def save_figures(figures: Mapping[str, Figure | None], out_dir: Path) -> list[Path]:
+    """Each figure (None: skipped) as `<name>.png` in `out_dir`, written under a temporary name and renamed."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, fig in figures.items():
+        if fig is None:
+            continue
+        path, tmp = out_dir / f"{name}.png", out_dir / f".{name}.png.tmp"
+        fig.savefig(tmp, dpi=120, format="png")
+        plt.close(fig)
+        tmp.replace(path)
+        paths.append(path)
+    return paths
+
+
+def bench_figures(results: Sequence[MethodResult]) -> dict[str, Figure | None]:
+    """One `jf bench decode` table's figures, by file name."""
+    return {
+        "tpf_tps_per_method": method_bars(results),
+        "accepted_histogram": method_acceptance(results),
+        "tpf_against_block_size": tpf_against_block_size(results),
+    }

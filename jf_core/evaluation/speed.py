@@ -22,7 +22,16 @@ from pathlib import Path
 import torch
 
 from jf_core.decoding.ar import ar_decode
-from jf_core.decoding.common import DecodeOutput, EosIds, eos_set, finish, left_pad
+from jf_core.decoding.common import (
+    DecodeOutput,
+    EosIds,
+    batches_of,
+    concat_outputs,
+    decode_batched,
+    eos_set,
+    finish,
+    left_pad,
+)
 from jf_core.decoding.jacobi import JacobiConfig, jacobi_decode
 from jf_core.decoding.sampling import Sampling
 from jf_core.decoding.stats import DecodeStats, SequenceStats, Timer
@@ -177,8 +186,10 @@ def jf_methods(
     tuned: JacobiConfig | None = None,
     sampling: Sampling | None = None,
     ar_above_batch: int | None = None,
+    jacobi_block_sizes: Sequence[int] = (),
 ) -> tuple[dict[str, Decoder], dict[str, str]]:
-    """The Jacobi Forcing model's methods (vanilla Jacobi, + recycling, + multi-block, + both, the autotuned
+    """The Jacobi Forcing model's methods (vanilla Jacobi at `block_size` and each of `jacobi_block_sizes`, so its
+    TPF can be drawn against the base model's at each n; + recycling, + multi-block, + both, the autotuned
     config, and with adaptive width in it the same config at full width, always Jacobi) and its own AR, which
     they must reproduce token for token; returns (methods, same_output_as).
 
@@ -191,7 +202,10 @@ def jf_methods(
 
     n = block_size
     configs: dict[str, JacobiConfig] = {
-        f"jf_jacobi_n{n}": JacobiConfig(block_size=n, max_new_tokens=max_new_tokens),
+        f"jf_jacobi_n{m}": JacobiConfig(block_size=m, max_new_tokens=max_new_tokens)
+        for m in sorted({n, *jacobi_block_sizes})
+    }
+    configs |= {
         "jf_recycling": JFDecodeConfig(
             block_size=n, num_blocks=1, pool_size=4, seed_drafts=True, max_new_tokens=max_new_tokens
         ),
@@ -223,23 +237,6 @@ def prompt_seeds(prompts: Sequence[Sequence[int]]) -> list[int]:
     return [zlib.crc32(",".join(map(str, p)).encode()) for p in prompts]
 
 
-def _batches(prompts: Sequence[Sequence[int]], batch_size: int) -> list[list[list[int]]]:
-    return [[list(p) for p in prompts[i : i + batch_size]] for i in range(0, len(prompts), batch_size)]
-
-
-def _concat(outs: Sequence[DecodeOutput]) -> DecodeOutput:
-    """Outputs of consecutive batches as one: sequences in order, statistics merged."""
-    stats = DecodeStats(sequences=[])
-    for out in outs:
-        stats = stats.merge(out.stats)
-    return DecodeOutput([seq for out in outs for seq in out.sequences], stats)
-
-
-def decode_batched(decoder: Decoder, prompts: Sequence[Sequence[int]], batch_size: int) -> DecodeOutput:
-    """`decoder` over `prompts` in batches of `batch_size`: outputs in order, statistics merged."""
-    return _concat([decoder(batch) for batch in _batches(prompts, batch_size)])
-
-
 def run_interleaved(
     decoders: dict[str, Decoder],
     prompts: Sequence[Sequence[int]],
@@ -259,7 +256,7 @@ def run_interleaved(
     every method to the same machine, and keeping each batch's fastest run drops the spikes."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
-    batches = _batches(prompts, batch_size)
+    batches = batches_of(prompts, batch_size)
     say = progress or (lambda _m: None)
     started = time.perf_counter()
     if warmup_prompts:
@@ -286,7 +283,7 @@ def run_interleaved(
                     f"batch {done}/{total} ({len(batch)} prompts, every method): {elapsed:.0f} s, "
                     f"about {elapsed / done * (total - done):.0f} s left"
                 )
-    return {name: _concat(outs) for name, outs in best.items()}
+    return {name: concat_outputs(outs) for name, outs in best.items()}
 
 
 def bench(
@@ -392,42 +389,6 @@ def format_markdown(results: list[MethodResult]) -> str:
     lines = ["| " + " | ".join(TABLE_COLUMNS) + " |", "|" + "---|" * len(TABLE_COLUMNS)]
     lines += ["| " + " | ".join(row) + " |" for row in table_rows(results)]
     return "\n".join(lines)
-
-
-def save_plots(results: list[MethodResult], out_dir: Path) -> list[Path]:
-    """TPF and TPS per method, and the accepted-tokens-per-forward histogram of every multi-token method."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    names = [r.method for r in results]
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
-    for ax, values, label in ((axes[0], [r.tpf for r in results], "TPF"), (axes[1], [r.tps for r in results], "TPS")):
-        ax.bar(range(len(names)), values)
-        ax.set_xticks(range(len(names)), names, rotation=60, ha="right", fontsize=8)
-        ax.set_ylabel(label)
-        ax.set_title(f"{label} per method")
-    fig.tight_layout()
-    paths = [out_dir / "tpf_tps_per_method.png"]
-    fig.savefig(paths[0], dpi=120)
-    plt.close(fig)
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for r in results:
-        if r.accepted_histogram and max(r.accepted_histogram) > 1:
-            total = sum(r.accepted_histogram.values())
-            ks = sorted(r.accepted_histogram)
-            ax.plot(ks, [r.accepted_histogram[k] / total for k in ks], marker=".", label=r.method)
-    ax.set_xlabel("tokens accepted in one forward")
-    ax.set_ylabel("share of forwards")
-    ax.set_yscale("log")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    paths.append(out_dir / "accepted_histogram.png")
-    fig.savefig(paths[1], dpi=120)
-    plt.close(fig)
-    return paths
 
 
 def write_json(results: list[MethodResult], path: Path, meta: dict) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 
@@ -76,7 +76,7 @@ class TuneSpace:
 
 @dataclass
 class TuneTrial:
-    config: dict
+    config: JFDecodeConfig
     tps: float
     tpf: float
 
@@ -107,7 +107,7 @@ def tune(
     trials = []
     for i, cfg in enumerate(configs):
         stats = outputs[str(i)].stats
-        trials.append(TuneTrial(asdict(cfg), stats.tps, stats.tpf))
+        trials.append(TuneTrial(cfg, stats.tps, stats.tpf))
         if progress is not None:
             progress(i + 1, len(configs), trials[-1])
     best = max(range(len(trials)), key=lambda i: trials[i].tps)

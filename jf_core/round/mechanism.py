@@ -33,6 +33,7 @@ from jf_core.decoding.jacobi import JacobiConfig, jacobi_decode
 from jf_core.evaluation.degeneracy import output_stats
 from jf_core.evaluation.speed import first_divergence
 from jf_core.models import load_model, stop_tokens
+from jf_core.round.results import TrainSummary
 
 
 @dataclass
@@ -218,7 +219,7 @@ def run_mechanism(
 
 def train_on_records(
     profile: Profile, model_dir: str, records: list[dict], where: Path, *, device: str, progress: bool = False, **kw
-) -> tuple[dict, list]:
+) -> tuple[TrainSummary, list]:
     """Pack trajectory `records` with the profile's noise schedule and train `model_dir` on them through the round's
     driver (`train_round`), in `where` (its packed Parquet, checkpoints and `model/`): (training's summary, the
     packed examples). The one path the benches train by (`**kw`: train_round's, e.g. `log_every`)."""
@@ -249,7 +250,7 @@ def _train_variant(
     seconds = time.perf_counter() - start
     per_example = sum(e.total_length for e in packed) / len(packed)
     tokens = int(per_example * t.steps * t.batch_size * t.grad_accum)
-    return seconds, tokens, summary["history"]
+    return seconds, tokens, summary.history
 
 
 def _share(value: float | None) -> str:

@@ -8,7 +8,7 @@ configs; not the evaluation or the gate):
                                                          that differ in training alone, e.g. ablations, share it)
     <runs_dir>/evals/<model fingerprint>-<eval config hash>.json   (shared: a base model is evaluated once)
 
-Each stage writes, last, a `done.json` marker (atomically) holding its result; `finished` reads it back.
+Each stage writes, last, a `done.json` marker (atomically) holding its result (jf_core/round/results.py).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from jf_core.config import Profile
-from jf_core.model_dir import DONE, model_fingerprint
+from jf_core.model_dir import model_fingerprint
 
 
 @dataclass(frozen=True)
@@ -42,11 +42,6 @@ class RoundPaths:
     @property
     def model(self) -> Path:
         return self.root / "model"
-
-
-def finished(stage_dir: Path) -> dict | None:
-    marker = Path(stage_dir) / DONE
-    return json.loads(marker.read_text()) if marker.is_file() else None
 
 
 def model_identity(path: str) -> str:
@@ -124,9 +119,6 @@ def eval_path(profile: Profile, model_path: str) -> Path:
     tuned = saved_decode_config(model_path)
     key = f"{model_identity(model_path)}-{_digest([profile.evaluation.model_dump(), tuned])}"
     return profile.runs_dir() / "evals" / f"{key}.json"
-
-
-EVAL_FORMAT = 3  # 2: evaluations carry `output_stats` (the gate's degeneracy checks); 3: a typed Evaluation
 
 
 def eval_key(profile: Profile) -> str:

@@ -13,21 +13,7 @@ from jf_core.evaluation.gate import Figures
 from jf_core.evaluation.results import Evaluation, JsonModel
 from jf_core.evaluation.speed import MethodResult
 from jf_core.round.paths import RoundPaths, eval_key
-
-
-class TrainSummary(BaseModel):
-    """What the training stage returns (jf_core/round/training.py) and keeps in its `done.json`."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    steps: int
-    train_seconds: float
-    model_in: str
-    strategy: str
-    workers: int
-    resumed_from_step: int = 0
-    threads: dict[str, Any] = {}  # the training governor's counts (jf_core/threads.py)
-    history: list[dict[str, int | float]] = []  # the loss curve: a row per logged step
+from jf_core.round.results import PackResult, Registration, TrainResult, TrajectoriesResult
 
 
 class Threads(BaseModel):
@@ -38,6 +24,32 @@ class Threads(BaseModel):
     train: dict[str, Any]
     eval: int | None
     trajectory_actor: int  # the actors' Ray CPU allotment
+
+
+class RoundSummary(BaseModel):
+    """A round's headline as plain JSON: what `jf-round` returns (with its registration and MLflow run) and what
+    `jf-progressive` passes on to the next round as history (the TPF-per-round plot)."""
+
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
+
+    profile: str
+    model_in: str
+    model: str
+    round_dir: str
+    block_size: int
+    accuracy: float
+    base_accuracy: float
+    tpf: dict[str, float]
+    base_tpf: dict[str, float]
+    headline_method: str
+    headline_tpf: float
+    speedup_vs_ar: float
+    identical_fraction: float
+    decode_config: dict[str, Any]
+    train_seconds: float
+    registry: Registration | None = None
+    mlflow_run_id: str | None = None
+    mlflow_url: str | None = None
 
 
 class RoundReport(JsonModel):
@@ -58,10 +70,10 @@ class RoundReport(JsonModel):
     lineage_base_accuracy: float
     figures: dict[str, Figures]  # candidate, input, lineage_base
     threads: Threads
-    trajectories: dict[str, Any]
-    packing: dict[str, Any]
+    trajectories: TrajectoriesResult
+    packing: PackResult
     training: dict[str, Any]  # the profile's training config
-    train: TrainSummary
+    train: TrainResult
     base_eval: Evaluation
     eval: Evaluation
 
@@ -124,41 +136,42 @@ class RoundReport(JsonModel):
         m.update({f"tps_{name}": v for name, v in self.eval.tps.items()})
         return m
 
-    def summary(self) -> dict[str, Any]:
-        """The headline figures as plain JSON: what `jf-round` returns and `jf-progressive` passes on as history."""
-        return {
-            "profile": self.profile,
-            "model_in": self.model_in,
-            "model": self.model,
-            "round_dir": self.round_dir,
-            "block_size": self.block_size,
-            "accuracy": self.accuracy,
-            "base_accuracy": self.base_accuracy,
-            "tpf": self.tpf,
-            "base_tpf": self.base_tpf,
-            "headline_method": self.eval.headline_method,
-            "headline_tpf": self.headline.tpf,
-            "speedup_vs_ar": self.headline.speedup_vs_ar,
-            "identical_fraction": self.identical_fraction,
-            "decode_config": self.eval.decode_config,
-            "train_seconds": self.train.train_seconds,
-        }
+    def summary(self) -> RoundSummary:
+        """The headline figures (`RoundSummary`), before registration."""
+        return RoundSummary(
+            profile=self.profile,
+            model_in=self.model_in,
+            model=self.model,
+            round_dir=self.round_dir,
+            block_size=self.block_size,
+            accuracy=self.accuracy,
+            base_accuracy=self.base_accuracy,
+            tpf=self.tpf,
+            base_tpf=self.base_tpf,
+            headline_method=self.eval.headline_method,
+            headline_tpf=self.headline.tpf,
+            speedup_vs_ar=self.headline.speedup_vs_ar,
+            identical_fraction=self.identical_fraction,
+            decode_config=self.eval.decode_config,
+            train_seconds=self.train.train_seconds,
+        )
 
 
 def round_report(
     profile: Profile,
     model_in: str,
     paths: RoundPaths,
-    stages: dict,
+    trajectories: TrajectoriesResult,
+    packing: PackResult,
+    train: TrainResult,
     base: Evaluation,
     jf: Evaluation,
     lineage_base: tuple[str, Evaluation] | None = None,
 ) -> RoundReport:
-    """The report of a round whose stages returned `stages` (trajectories, pack, train); `lineage_base` is the chain's
-    original base model and its evaluation (None: the input is the base)."""
+    """The report of a round from its stages' results; `lineage_base` is the chain's original base model and its
+    evaluation (None: the input is the base)."""
     key = eval_key(profile)
     origin, origin_eval = lineage_base or (model_in, base)
-    train = TrainSummary.model_validate(stages["train"])
     return RoundReport(
         profile=profile.name,
         model_in=model_in,
@@ -176,8 +189,8 @@ def round_report(
         threads=Threads(
             train=train.threads, eval=jf.torch_threads, trajectory_actor=max(1, int(profile.compute.cpus_per_worker))
         ),
-        trajectories=dict(stages["trajectories"]),
-        packing=dict(stages["pack"]),
+        trajectories=trajectories,
+        packing=packing,
         training=profile.training.model_dump(),
         train=train,
         base_eval=base,

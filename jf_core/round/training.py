@@ -8,15 +8,15 @@ bottom: the model in fp32 masters, its examples, the wrapping for the strategy, 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from jf_core.config import Profile
-from jf_core.model_dir import DONE, lineage, save_model_dir
+from jf_core.model_dir import lineage, save_model_dir
 from jf_core.models import ModelSpec, load_model
+from jf_core.round.results import TrainSummary
 from jf_core.threads import ThreadGovernor
 from jf_core.training.jf_data import jf_batches, read_packed_share
 from jf_core.training.losses import check_lean_head, training_attention
@@ -38,11 +38,11 @@ def train_round(
     progress: bool = False,
     log_every: int | None = None,
     on_log: Callable[[int, dict], None] | None = None,
-) -> dict:
+) -> TrainSummary:
     """Train `model_in` on this process's share of `packed` (every world-th example from `rank`) and write `out`
     (rank 0; every rank takes part in gathering sharded weights). Checkpoints every `training.checkpoint_every`
-    steps under `checkpoints` make a retried or restarted run resume where it died. Returns the summary that
-    `out/done.json` holds."""
+    steps under `checkpoints` make a retried or restarted run resume where it died. Returns the run's summary (the
+    training stage keeps it as `out`'s marker: jf_core/round/stages.py)."""
     t = profile.training
     distributed = t.strategy != "single"
     attention = training_attention(device)
@@ -102,16 +102,16 @@ def train_round(
         refresh_every=t.onpolicy_every or 0,
     )
     state = parallel.full_state_dict(wrapped) if parallel is not None else None  # every worker takes part
-    summary = {
-        "steps": result.steps,
-        "train_seconds": result.seconds,
-        "model_in": model_in,
-        "strategy": t.strategy,
-        "workers": world,
-        "resumed_from_step": result.resumed_from,
-        "threads": result.threads,
-        "history": result.history,
-    }
+    summary = TrainSummary(
+        steps=result.steps,
+        train_seconds=result.seconds,
+        model_in=model_in,
+        strategy=t.strategy,
+        workers=world,
+        resumed_from_step=result.resumed_from,
+        threads=result.threads,
+        history=result.history,
+    )
     if rank == 0:
         save_model_dir(
             _plain_model(model.config) if parallel is not None else model,
@@ -119,7 +119,6 @@ def train_round(
             tokenizer=tok,
             state_dict=state,
             dtype=compute,
-            extra_files={DONE: json.dumps(summary, indent=2)},
             block={"lineage": lineage(model_in)},
         )
     return summary

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from jf_core.decoding.common import DecodeOutput
+from jf_core.decoding.common import DecodeOutput, decode_batched
 from jf_core.decoding.stats import DecodeStats
 from jf_core.toy.task import ToyExample, score
 
@@ -22,8 +22,8 @@ class ToyEvaluation:
 
 
 def evaluate(tokenizer, examples: Sequence[ToyExample], decode: Decoder, batch_size: int = 32) -> ToyEvaluation:
-    from jf_core.evaluation.benchmarks import decode_items
-
-    predictions, stats = decode_items(tokenizer, examples, decode, batch_size)
+    prompts = [tokenizer(e.prompt, add_special_tokens=False)["input_ids"] for e in examples]
+    out = decode_batched(decode, prompts, batch_size)
+    predictions, stats = [tokenizer.decode(seq, skip_special_tokens=True) for seq in out.sequences], out.stats
     correct = sum(score(p, e) for p, e in zip(predictions, examples, strict=False))
     return ToyEvaluation(correct / len(examples), correct, len(examples), stats, predictions)

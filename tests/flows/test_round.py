@@ -1,5 +1,5 @@
 """`jf-round` in process on a real Prefect server and MLflow store: a round registers a champion; the same
-parameters again reuse every stage (Prefect shows them Cached); a gate made to fail leaves the champion alone;
+parameters again reuse every stage (their task runs end `Reused`); a gate made to fail leaves the champion alone;
 the champion loads from the registry and decodes like the model's own greedy AR. Meanwhile nothing the flow starts
 (its Ray, the temporary Prefect server, as in `jf run`) listens beyond 127.0.0.1."""
 
@@ -71,17 +71,17 @@ def test_round_registers_reuses_and_gates(prefect_server, jf_env):
     assert {"gcs_server", "raylet"} <= {name for name, _, _ in watch.seen}, watch.seen  # the round's own Ray
     assert watch.exposed() == [], watch.exposed()
     summary = first.result()
-    assert summary["registry"]["version"] == "1" and summary["registry"]["gate_passed"]
+    assert summary.registry.version == "1" and summary.registry.gate_passed
     client = MlflowClient(jf_env["tracking_uri"], jf_env["tracking_uri"])
     champion = client.get_model_version_by_alias("jf-test", "champion")
-    assert str(champion.version) == "1" and float(champion.tags["tpf"]) == pytest.approx(
-        summary["headline_tpf"], abs=1e-3
-    )
-    report = RoundReport.load(Path(summary["round_dir"]) / "report.json")  # the summary's figures are the report's
-    assert summary == {**summary, **report.summary()} and report.headline.tpf == summary["headline_tpf"]
+    assert str(champion.version) == "1" and float(champion.tags["tpf"]) == pytest.approx(summary.headline_tpf, abs=1e-3)
+    report = RoundReport.load(Path(summary.round_dir) / "report.json")  # the summary's figures are the report's
+    registered = {"registry", "mlflow_run_id", "mlflow_url"}
+    assert summary.model_dump(exclude=registered) == report.summary().model_dump(exclude=registered)
+    assert report.headline.tpf == summary.headline_tpf
     assert champion.tags["train_block_size"] == str(report.block_size)
     assert champion.tags["decode_block_size"] == str(report.eval.decode_config["block_size"])
-    run = client.get_run(summary["mlflow_run_id"])
+    run = client.get_run(summary.mlflow_run_id)
     for key in ("accuracy", "tpf", "tps", "speedup_vs_ar", "loss", "tpf_n4", "tpf_n8"):
         assert key in run.data.metrics, key
     assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [0, 2]  # logged steps
@@ -95,7 +95,7 @@ def test_round_registers_reuses_and_gates(prefect_server, jf_env):
         for c in ("accuracy_vs_input", "accuracy_vs_base", "tpf_vs_champion", "repetition", "length", "truncated")
     }
     assert "gate_accuracy_vs_base" in run.data.metrics and "output_repetition" in run.data.metrics
-    assert read_block(summary["model"])["lineage"] == {"base": summary["model_in"], "rounds": 1}
+    assert read_block(summary.model)["lineage"] == {"base": summary.model_in, "rounds": 1}
     # The alias moved, so the registering task announced it (prefect.yaml's jf-benchmark/champion runs on this).
     assert _champion_events() == [{"model": "jf-test", "version": "1", "uri": "models:/jf-test/1"}]
 
@@ -110,14 +110,14 @@ def test_round_registers_reuses_and_gates(prefect_server, jf_env):
     again = second.result()
     states = _task_states(second.state_details.flow_run_id)
     for stage in ("trajectories", "pack", "train"):
-        assert any(name.startswith(stage) and state == "Cached" for name, state in states.items()), states
-    assert again["round_dir"] == summary["round_dir"]
-    assert again["registry"] == {**again["registry"], "version": "2", "gate_passed": False}
+        assert any(name.startswith(stage) and state == "Reused" for name, state in states.items()), states
+    assert again.round_dir == summary.round_dir
+    assert (again.registry.version, again.registry.gate_passed) == ("2", False)
     assert str(client.get_model_version_by_alias("jf-test", "champion").version) == "1"
     assert str(client.get_model_version_by_alias("jf-test", "challenger").version) == "2"
     # A fully cached re-run of the first round registers nothing new and moves no alias.
-    third = jf_round(jf_env["profile"]).get("registry")
-    assert third["version"] == "1" and third["gate_passed"]
+    third = jf_round(jf_env["profile"]).registry
+    assert third.version == "1" and third.gate_passed
     assert len(client.search_model_versions("name='jf-test'")) == 2
     assert str(client.get_model_version_by_alias("jf-test", "challenger").version) == "2"
     assert str(client.get_model_version_by_alias("jf-test", "champion").version) == "1"
@@ -133,16 +133,16 @@ def test_round_registers_reuses_and_gates(prefect_server, jf_env):
     new.write_text("".join(json.dumps({"prompt": f"program: a={i}; step +2; return a"}) + "\n" for i in range(4)))
     state = jf_round(jf_env["profile"], model="models:/jf-test@champion", new_prompts=str(new), return_state=True)
     chained = state.result()
-    chained_report = RoundReport.load(Path(chained["round_dir"]) / "report.json")
-    assert chained_report.trajectories["prompts"] == report.trajectories["prompts"] + 4
-    assert chained["model_in"] != summary["model_in"] and chained_report.lineage_base == summary["model_in"]
-    assert read_block(chained["model"])["lineage"] == {"base": summary["model_in"], "rounds": 2}
+    chained_report = RoundReport.load(Path(chained.round_dir) / "report.json")
+    assert chained_report.trajectories.prompts == report.trajectories.prompts + 4
+    assert chained.model_in != summary.model_in and chained_report.lineage_base == summary.model_in
+    assert read_block(chained.model)["lineage"] == {"base": summary.model_in, "rounds": 2}
     states = _task_states(state.state_details.flow_run_id)
-    assert states["evaluate lineage base model"] == "Cached", states
+    assert states["evaluate lineage base model"] == "Reused", states
     assert states["the champion on this evaluation"] == "Completed", states
-    checks = {c["name"]: c for c in chained["registry"]["gate_checks"]}
-    assert f"the lineage base model's {summary['base_accuracy']:.4f}" in checks["accuracy_vs_base"]["reason"]
-    assert "n=4" in checks["tpf_vs_champion"]["reason"] and "n=8" in checks["tpf_vs_champion"]["reason"]
+    checks = {c.name: c for c in chained.registry.gate_checks}
+    assert f"the lineage base model's {summary.base_accuracy:.4f}" in checks["accuracy_vs_base"].reason
+    assert "n=4" in checks["tpf_vs_champion"].reason and "n=8" in checks["tpf_vs_champion"].reason
 
     mlflow.set_tracking_uri(jf_env["tracking_uri"])
     model = mlflow.pyfunc.load_model("models:/jf-test@champion")
@@ -151,7 +151,7 @@ def test_round_registers_reuses_and_gates(prefect_server, jf_env):
     from jf_core.decoding.ar import ar_decode
     from jf_core.models import load_model
 
-    hf, tok = load_model(summary["model"])
+    hf, tok = load_model(summary.model)
     ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
     greedy = ar_decode(hf, ids, max_new_tokens=24, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     assert texts == [tok.decode(s, skip_special_tokens=True) for s in greedy.sequences]
@@ -160,14 +160,14 @@ def test_round_registers_reuses_and_gates(prefect_server, jf_env):
 def test_a_round_trains_with_fsdp2_on_two_ray_train_workers(prefect_server, jf_env):
     """The same flow with training.strategy fsdp2 and 2 workers: Ray Train shards the model, writes sharded
     checkpoints, and rank 0's consolidated model is evaluated and registered like a one-process one."""
-    import json
 
     from jacobi_forcing.flows.round import jf_round
+    from jf_core.round.results import TrainResult
 
     overrides = {"training": {"strategy": "fsdp2"}, "compute": {"train_workers": 2}}
     summary = jf_round(jf_env["profile"], overrides=overrides)
-    report = RoundReport.load(Path(summary["round_dir"]) / "report.json")
-    trained = json.loads((Path(summary["model"]) / "done.json").read_text())
-    assert trained["strategy"] == "fsdp2" and trained["workers"] == 2
-    assert report.train.strategy == "fsdp2" and report.train.workers == 2 and summary["registry"]["version"]
-    assert not (Path(summary["round_dir"]) / "checkpoints").exists()  # removed once the model was complete
+    report = RoundReport.load(Path(summary.round_dir) / "report.json")
+    trained = TrainResult.model_validate_json((Path(summary.model) / "done.json").read_text())
+    assert trained.strategy == "fsdp2" and trained.workers == 2 and trained == report.train
+    assert summary.registry.version
+    assert not (Path(summary.round_dir) / "checkpoints").exists()  # removed once the model was complete

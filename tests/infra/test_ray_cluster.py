@@ -33,21 +33,22 @@ def _clean_env(home: Path) -> dict[str, str]:
 ROUND_SCRIPT = """
 import json, sys
 from jf_core.config import JFTrainConfig, Profile
-from jacobi_forcing.tasks.trajectories import stage_trajectories
+from jacobi_forcing.tasks.trajectories import generate_trajectories
 from jf_core.round.paths import RoundPaths
-from jf_core.round.stages import stage_pack
+from jf_core.round.stages import stage_pack, stage_trajectories
 from jacobi_forcing.tasks.train_distributed import train_distributed
 
 profile = Profile.model_validate(json.loads(open(sys.argv[1]).read()))
 paths = RoundPaths(__import__("pathlib").Path(sys.argv[2]))
-stage_trajectories(profile, profile.model.path, paths, progress=False)  # the flow's trajectory stage
+collect = lambda prof, out: generate_trajectories(prof, out, progress=False)
+trajectories = stage_trajectories(profile, profile.model.path, paths, collect=collect)  # the flow's stage
 profile = profile.model_copy(
     update={
         "training": JFTrainConfig(steps=3, batch_size=2, warmup_steps=1, strategy="fsdp2"),
         "compute": profile.compute.model_copy(update={"train_workers": 2}),
     }
 )
-stage_pack(profile, paths)
+stage_pack(profile, paths, trajectories)
 train_distributed(profile, paths, profile.model.path)  # the flow's train stage for strategy fsdp2
 print("ROUND-OK")
 """

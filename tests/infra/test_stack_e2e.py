@@ -148,7 +148,7 @@ def test_stack_deploy_run_register_gate_schedule(stack_env):
     client = MlflowClient(uri, uri)
     _a_killed_worker_leaves_a_crashed_run_and_failed_mlflow_runs(stack_env, client, {"overrides": lenient})
     first = _run_deployment(stack_env, {"overrides": lenient})
-    assert not any(s == "Cached" for s in _task_states(stack_env, first).values())  # the killed run finished none
+    assert not any(s == "Reused" for s in _task_states(stack_env, first).values())  # the killed run finished none
     _closed_by_the_rerun(client, first)
     v1 = client.get_model_version_by_alias("jf-tiny", "champion")
     assert str(v1.version) == "1" and {
@@ -172,7 +172,7 @@ def test_stack_deploy_run_register_gate_schedule(stack_env):
     second = _run_deployment(stack_env, {"overrides": failing})
     states = _task_states(stack_env, second)
     for stage in ("trajectories", "pack", "train", "evaluate"):
-        assert any(n.startswith(stage) and s == "Cached" for n, s in states.items()), states
+        assert any(n.startswith(stage) and s == "Reused" for n, s in states.items()), states
     assert str(client.get_model_version_by_alias("jf-tiny", "champion").version) == "1"
     v2 = client.get_model_version_by_alias("jf-tiny", "challenger")
     assert str(v2.version) == "2" and v2.tags["gate"] == "failed"

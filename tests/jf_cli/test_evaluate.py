@@ -76,6 +76,7 @@ def test_bench_decode_per_batch_size_with_a_sampling_jf_model(profile, profile_y
         jf_rows = {k: v for k, v in data["methods"].items() if k.startswith("jf_")}
         assert "jf_autotuned" in jf_rows and all(m["identical_fraction"] == 1.0 for m in jf_rows.values())
     assert two["methods"]["jf_autotuned"]["tpf"] == two["methods"]["jf_ar"]["tpf"]  # batch 2 > the crossover: AR
+    assert (out / "speed_against_batch_size.png").stat().st_size > 1000  # the batch sizes' one figure
 
 
 def test_bench_decode_temperature_needs_a_jf_model(profile_yaml, capsys):

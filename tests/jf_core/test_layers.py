@@ -1,5 +1,6 @@
-"""jf_core's lower packages import only what lies below them, so each can be read (and changed) without the ones
-above: a model directory knows no decoder, the decoders know no server."""
+"""Every jf_core package imports only what lies below it, so each can be read (and changed) without the ones above
+and no two packages import each other: a model directory knows no decoder, the decoders know no server, the
+embedded task knows no evaluation, and the evaluation knows no round."""
 
 from __future__ import annotations
 
@@ -7,8 +8,27 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2] / "jf_core"
-# Bottom up: each may import only those before it (module-level and function-local imports alike).
-LOWER = ["checksums", "paths", "threads", "quiet", "model_dir", "decoding", "models", "training", "serving"]
+# Bottom up: each may import only those before it (module-level, function-local and type-checking imports alike).
+LAYERS = [
+    "pins",
+    "checksums",
+    "paths",
+    "threads",
+    "quiet",
+    "model_dir",
+    "decoding",
+    "models",
+    "model_import",
+    "training",
+    "serving",
+    "toy",  # the embedded model and task
+    "trajectory",
+    "config",  # the profile's schema: names the implementations below it
+    "evaluation",
+    "planning",
+    "ablation",
+    "round",  # the stages, the report, the mechanism check: the top
+]
 
 
 def _arrows() -> dict[str, set[str]]:
@@ -29,10 +49,12 @@ def _arrows() -> dict[str, set[str]]:
     return arrows
 
 
-def test_lower_packages_import_only_what_lies_below():
+def test_every_package_imports_only_what_lies_below():
     arrows = _arrows()
     assert arrows["serving"], "the graph was read"
-    upward = {f"{pkg} -> {dst}" for i, pkg in enumerate(LOWER) for dst in arrows.get(pkg, ()) if dst not in LOWER[:i]}
+    packages = {p.stem for p in ROOT.iterdir() if p.suffix == ".py" or (p / "__init__.py").is_file()}
+    assert set(LAYERS) == packages - {"__init__"}, "a package of jf_core is missing from LAYERS (or gone from jf_core)"
+    upward = {f"{pkg} -> {dst}" for i, pkg in enumerate(LAYERS) for dst in arrows.get(pkg, ()) if dst not in LAYERS[:i]}
     assert upward == set()
 
 

@@ -18,6 +18,7 @@ from jf_core.evaluation.evaluate import evaluate_model
 from jf_core.evaluation.gate import Figures
 from jf_core.models import stop_tokens
 from jf_core.round.report import RoundReport
+from jf_core.round.results import Registration
 from jf_core.toy.bootstrap import ensure_embedded_model
 from jf_core.trajectory.prompts import PromptFormat
 from tests.reports import round_report
@@ -71,12 +72,12 @@ def registry(tmp_path, monkeypatch, profile, evaluations):
             model_in="the input model", lineage_base="the lineage base", block_size=8,
         )  # fmt: skip
 
-    def register(name: str, candidate: Figures, input_model: Figures, base: Figures) -> tuple[str, object]:
+    def register(name: str, candidate: Figures, input_model: Figures, base: Figures) -> tuple[str, Registration, str]:
         run_id = client.create_run(experiment).info.run_id
         report = report_of(name, candidate, input_model, base)
-        version, decision, moved = reg.register(client, run_id, prof, report)
-        assert moved == decision.passed  # a new version: the champion alias moves exactly when the gate passes
-        return version, decision, run_id
+        done = reg.register(client, run_id, prof, report)
+        assert done.champion_moved == done.gate_passed  # a new version: the champion alias moves exactly when it passes
+        return done.version, done, run_id
 
     # For a registration run elsewhere (a process killed mid-way): the same report, profile, store and experiment.
     register.report_of, register.profile, register.uri, register.experiment = report_of, prof, uri, experiment
@@ -95,13 +96,14 @@ def test_refusals_show_their_reasons_on_the_version_and_leave_the_champion(regis
 
     first, decision, _ = register("r1", clean, clean, clean)
     assert (
-        decision.passed and _tags(client, first)["gate.tpf_vs_champion"] == "passed: no champion yet: TPF check passes"
+        decision.gate_passed
+        and _tags(client, first)["gate.tpf_vs_champion"] == "passed: no champion yet: TPF check passes"
     )
 
     # (a) 0.02 below its input (within 0.03), 0.07 below the lineage's base (beyond 0.05)
     drifted, decision, _ = register("r2", replace(clean, accuracy=0.93), replace(clean, accuracy=0.95), clean)
     tags = _tags(client, drifted)
-    assert not decision.passed and tags["gate"] == "failed"
+    assert not decision.gate_passed and tags["gate"] == "failed"
     assert tags["gate.accuracy_vs_input"].startswith("passed: accuracy drop 0.0200")
     assert (
         tags["gate.accuracy_vs_base"] == "failed: accuracy dropped 0.0700 (> 0.05) from the lineage base model's 1.0000"
@@ -111,7 +113,7 @@ def test_refusals_show_their_reasons_on_the_version_and_leave_the_champion(regis
     larger = replace(clean, tpf={"32": 2 * clean.tpf["8"]}, headline_tpf=2 * clean.headline_tpf, decode_key="n32")
     wider, decision, _ = register("r3", larger, clean, clean)
     tags = _tags(client, wider)
-    assert not decision.passed
+    assert not decision.gate_passed
     assert tags["gate.tpf_vs_champion"].startswith(
         "failed: no TPF at a block size or decode config the champion was measured at (champion: n in ['8']"
     )
@@ -166,7 +168,7 @@ def test_a_registration_killed_before_its_promotion_is_completed_by_the_rerun(re
     client, register = registry
     clean = Figures.of(evaluations[0], KEY)
     first, decision, _ = register("r1", clean, clean, clean)
-    assert decision.passed
+    assert decision.gate_passed
     faster = replace(clean, tpf={"8": clean.tpf["8"] + 0.5}, headline_tpf=clean.headline_tpf + 0.5)
     report = register.report_of("r2", faster, clean, clean)
     report.save(tmp_path / "report.json")
@@ -185,13 +187,16 @@ def test_a_registration_killed_before_its_promotion_is_completed_by_the_rerun(re
     assert str(client.get_model_version_by_alias("jf-gate", "champion").version) == first  # not promoted yet
 
     rerun = client.create_run(register.experiment).info.run_id
-    version, decision, moved = reg.register(client, rerun, register.profile, report)
-    assert version == "2" and decision.passed and moved  # the re-run's promotion: the champion event goes out
+    done = reg.register(client, rerun, register.profile, report)
+    assert (
+        done.version == "2" and done.gate_passed and done.champion_moved
+    )  # the re-run's promotion: the event goes out
     assert len(client.search_model_versions("name='jf-gate'")) == 2  # no duplicate
     assert str(client.get_model_version_by_alias("jf-gate", "champion").version) == "2"  # the promotion, finished
     assert _tags(client, "2")["jf.registration"] == "complete"
 
     client.set_registered_model_alias("jf-gate", "champion", first)  # an operator rolls back
     again = client.create_run(register.experiment).info.run_id
-    assert reg.register(client, again, register.profile, report)[::2] == ("2", False)  # no alias moved
+    done = reg.register(client, again, register.profile, report)
+    assert (done.version, done.champion_moved) == ("2", False)  # no alias moved
     assert str(client.get_model_version_by_alias("jf-gate", "champion").version) == first  # left as the operator set

@@ -86,15 +86,17 @@ def test_a_round_is_logged_from_its_report_and_its_figures_closed(tmp_path):
     import matplotlib.pyplot as plt
 
     from jacobi_forcing.tasks.mlflow_runs import log_round
-    from jf_core.evaluation.plots import round_figures
-    from tests.reports import evaluation, round_report
+    from jf_core.round.figures import round_figures
+    from tests.reports import TRAJECTORIES, evaluation, round_report
 
     store = tmp_path / "trajectories"
     store.mkdir()
     (store / "manifest.json").write_text('{"shards": {}}')
     tps = {"ar": 500.0, "jacobi_n16": 900.0}
     jf, base = evaluation({16: 3.0}, tps), evaluation({16: 1.3}, tps)
-    report = round_report(jf, base, trajectories={"out": str(store)}, round_dir=str(tmp_path))
+    report = round_report(
+        jf, base, trajectories=TRAJECTORIES.model_copy(update={"out": str(store)}), round_dir=str(tmp_path)
+    )
     client, experiment, _ = _store(tmp_path)
     run_id = client.create_run(experiment).info.run_id
     plt.close("all")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from jacobi_forcing.tasks.reporting import artifact_key, metrics_rows, summary_markdown
+from jf_core.round.results import Registration
 from tests.reports import evaluation, round_report
 
 TPS = {"ar": 500.0, "jacobi_n16": 900.0, "jacobi_n32": 1000.0}
@@ -34,7 +35,9 @@ def test_the_table_names_the_method_that_trained_the_model():
 
 
 def test_summary_states_the_gate_and_links_mlflow():
-    reg = {"model_name": "jf-tiny", "version": "3", "gate_passed": False, "gate_reasons": ["TPF 4.160 below 5"]}
+    reg = Registration(
+        model_name="jf-tiny", version="3", gate_passed=False, gate_reasons=["TPF 4.160 below 5"], champion_moved=False
+    )
     md = summary_markdown(REPORT, reg, "http://127.0.0.1:5000/#/experiments/1/runs/abc")
     assert "version 3" in md and "champion` unchanged" in md and "TPF 4.160 below 5" in md
     assert "[MLflow run](http://127.0.0.1:5000/#/experiments/1/runs/abc)" in md
@@ -45,7 +48,10 @@ def test_summary_tables_every_gate_check():
         {"name": "accuracy_vs_base", "passed": False, "value": 0.07, "reason": "accuracy dropped 0.0700 (> 0.05)"},
         {"name": "repetition", "passed": True, "value": 0.0, "reason": "repeated n-grams 0.010 vs 0.010"},
     ]
-    reg = {"model_name": "jf-tiny", "version": "4", "gate_passed": False, "gate_reasons": [], "gate_checks": checks}
+    reg = Registration.model_validate(
+        {"model_name": "jf-tiny", "version": "4", "gate_passed": False, "gate_reasons": [], "gate_checks": checks}
+        | {"champion_moved": False}
+    )
     md = summary_markdown(REPORT, reg, None)
     assert "| accuracy_vs_base | **failed** | accuracy dropped 0.0700 (> 0.05) |" in md
     assert "| repetition | passed | repeated n-grams 0.010 vs 0.010 |" in md

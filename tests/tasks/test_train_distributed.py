@@ -5,16 +5,17 @@ checkpoint and ends with the weights of an uninterrupted run; the consolidated m
 from __future__ import annotations
 
 import shutil
+from functools import partial
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from jacobi_forcing.tasks.train_distributed import CHAOS_ENV, train_distributed
-from jacobi_forcing.tasks.trajectories import stage_trajectories
+from jacobi_forcing.tasks.trajectories import generate_trajectories
 from jf_core.config import JFTrainConfig
 from jf_core.round.paths import RoundPaths
-from jf_core.round.stages import stage_pack
+from jf_core.round.stages import stage_pack, stage_trajectories
 
 pytestmark = [pytest.mark.timeout(1200), pytest.mark.slow]
 
@@ -27,8 +28,8 @@ def packed(profile, tmp_path_factory):
     root = tmp_path_factory.mktemp("round")
     p = profile.model_copy(update={"training": TRAINING})
     paths = RoundPaths(root)
-    stage_trajectories(p, p.model.path, paths, progress=False)
-    stage_pack(p, paths)
+    trajectories = stage_trajectories(p, p.model.path, paths, collect=partial(generate_trajectories, progress=False))
+    stage_pack(p, paths, trajectories)
     return p, paths
 
 
@@ -79,8 +80,8 @@ def runs(packed, tmp_path_factory):
 def test_ddp_and_fsdp2_follow_the_one_process_loss_curve(runs, strategy):
     losses, state = runs["single"]
     summary, target = runs[strategy]
-    assert summary["strategy"] == strategy and summary["workers"] == 2 and summary["resumed_from_step"] == 0
-    got = [h["loss"] for h in summary["history"]]
+    assert summary.strategy == strategy and summary.workers == 2 and summary.resumed_from_step == 0
+    got = [h["loss"] for h in summary.history]
     assert got == pytest.approx(losses, rel=2e-4), (got, losses)  # fp32, token-weighted over both workers
     trained = weights(target)
     for name, value in trained.items():
@@ -97,11 +98,11 @@ def test_a_killed_worker_resumes_from_its_checkpoint_with_the_uninterrupted_weig
     target = run_dir(paths, tmp_path, "killed")
     summary = train_distributed(distributed(profile, "fsdp2"), target, profile.model.path)
     assert marker.read_text() == "rank 1 died after step 4"
-    assert summary["resumed_from_step"] == 4  # Ray Train restarted both workers; they resumed at the step-4 shards
+    assert summary.resumed_from_step == 4  # Ray Train restarted both workers; they resumed at the step-4 shards
     uninterrupted = weights(runs["fsdp2"][1])
     for name, value in weights(target).items():
         torch.testing.assert_close(value, uninterrupted[name], rtol=1e-5, atol=1e-6, msg=name)
-    assert [h["loss"] for h in summary["history"]] == pytest.approx([h["loss"] for h in runs["fsdp2"][0]["history"]])
+    assert [h["loss"] for h in summary.history] == pytest.approx([h["loss"] for h in runs["fsdp2"][0].history])
 
 
 def test_the_consolidated_model_loads_and_decodes_losslessly(runs):

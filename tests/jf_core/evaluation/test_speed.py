@@ -35,17 +35,21 @@ def test_every_method_runs_and_greedy_methods_agree(tmp_path):
 
 def test_jf_methods_reproduce_their_own_model_and_plots_are_written(tmp_path):
     from jf_core.decoding.multiblock import JFDecodeConfig
-    from jf_core.evaluation.speed import format_markdown, jf_methods, save_plots
+    from jf_core.evaluation.plots import bench_figures, save_figures, speed_against_batch_size
+    from jf_core.evaluation.speed import format_markdown, jf_methods
 
     base, jf = TINY_MODELS["qwen2"](), TINY_MODELS["llama"]()  # two different models, as base and JF would be
     prompts = [[5, 6, 7, 8, 9], [10, 11, 12], [13, 14, 15, 16]]
-    methods = standard_methods(base, eos_token_id=2, pad_token_id=PAD, max_new_tokens=20, block_sizes=(8,))
+    methods = standard_methods(base, eos_token_id=2, pad_token_id=PAD, max_new_tokens=20, block_sizes=(4, 8))
     tuned = JFDecodeConfig(block_size=8, num_blocks=2, pool_size=2, max_new_tokens=20, adaptive_width=True)
-    extra, same = jf_methods(jf, eos_token_id=2, pad_token_id=PAD, max_new_tokens=20, block_size=8, tuned=tuned)
+    extra, same = jf_methods(
+        jf, eos_token_id=2, pad_token_id=PAD, max_new_tokens=20, block_size=8, tuned=tuned, jacobi_block_sizes=(4,)
+    )
     methods.update(extra)
     results = {r.method: r for r in bench(methods, prompts, warmup_prompts=1, same_output_as=same)}
     assert set(extra) == {
         "jf_ar",
+        "jf_jacobi_n4",
         "jf_jacobi_n8",
         "jf_recycling",
         "jf_multiblock",
@@ -57,8 +61,14 @@ def test_jf_methods_reproduce_their_own_model_and_plots_are_written(tmp_path):
         assert results[name].identical_fraction == 1.0, name  # lossless against the JF model's own greedy AR
     assert results["jacobi_n8"].identical_fraction == 1.0  # and the base methods against base HF greedy
     assert "| jf_autotuned |" in format_markdown(list(results.values()))
-    paths = save_plots(list(results.values()), tmp_path)
+    rows = list(results.values())
+    paths = save_figures(bench_figures(rows), tmp_path)
+    # TPF against block size drawn too: both models have rows at n = 4 and 8
+    assert [p.name for p in paths] == ["tpf_tps_per_method.png", "accepted_histogram.png", "tpf_against_block_size.png"]
     assert all(p.is_file() and p.stat().st_size > 1000 for p in paths)
+    assert speed_against_batch_size({1: rows}) is None  # one batch size is no curve
+    (curve,) = save_figures({"speed": speed_against_batch_size({1: rows, 4: rows})}, tmp_path)
+    assert curve.stat().st_size > 1000 and not list(tmp_path.glob(".*.tmp"))
 
 
 def test_tune_picks_the_fastest_measured_config_and_round_trips(tmp_path):
@@ -74,7 +84,7 @@ def test_tune_picks_the_fastest_measured_config_and_round_trips(tmp_path):
     )
     best, trials = tune(model, prompts, eos_token_id=None, pad_token_id=PAD, max_new_tokens=16, space=space, repeats=2)
     assert len(trials) == 24  # r only varies when K > 1; every point with sampled and with seeded drafts
-    assert max(t.tps for t in trials) == next(t.tps for t in trials if t.config == best.__dict__)
+    assert max(t.tps for t in trials) == next(t.tps for t in trials if t.config == best)
     model.save_pretrained(tmp_path)
     save_decode_config(tmp_path, best)
     assert load_decode_config(tmp_path) == best and isinstance(load_decode_config(tmp_path), JFDecodeConfig)

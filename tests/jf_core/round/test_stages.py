@@ -1,10 +1,15 @@
-"""Round layout: rounds that differ in training alone share one trajectory store; anything shaping trajectories
-gives a store of its own."""
+"""The stages of a round (jf_core/round/stages.py) and the one rule that decides whether each runs
+(jf_core/round/results.py): a re-run reuses every stage, a stage made again makes the ones after it run again.
+Round layout: rounds that differ in training alone share one trajectory store; anything shaping trajectories gives
+a store of its own."""
 
 from __future__ import annotations
 
-from jf_core.config import JFTrainConfig
-from jf_core.round.paths import round_paths
+import json
+from functools import partial
+
+from jf_core.config import JFTrainConfig, TuneConfig
+from jf_core.round.paths import RoundPaths, round_paths
 
 
 def test_rounds_share_trajectories_exactly_when_trajectories_would_be_equal(profile, tmp_path):
@@ -27,10 +32,12 @@ def test_rounds_share_trajectories_exactly_when_trajectories_would_be_equal(prof
 def test_the_tune_stage_stores_the_decode_config_and_the_ar_crossover_in_the_model(profile, tmp_path):
     import json
     import shutil
+    from dataclasses import asdict
 
     from jf_core.config import TuneConfig
     from jf_core.evaluation.tune import TuneSpace
     from jf_core.model_dir import model_fingerprint
+    from jf_core.round.results import TuneResult
     from jf_core.round.stages import stage_tune
 
     model = tmp_path / "model"
@@ -57,14 +64,15 @@ def test_the_tune_stage_stores_the_decode_config_and_the_ar_crossover_in_the_mod
     assert any(line.startswith(f"{grid}batch 2/2 ") for line in lines), lines  # the last batch is always said
     assert [line for line in lines if line.startswith("crossover: batch ")][-1].startswith("crossover: batch 2:")
     block = json.loads((model / "config.json").read_text())["jacobi_forcing"]
-    assert block["decode"] == report["best"] and block["decode"]["max_new_tokens"] == 12
-    assert block["crossover"]["batch_sizes"] == [1, 2] and block == {**block, **report["serving"]}
+    assert block["decode"] == asdict(report.best) and block["decode"]["max_new_tokens"] == 12
+    serving = report.serving.model_dump(mode="json")
+    assert block["crossover"]["batch_sizes"] == [1, 2] and block == {**block, **serving}
     assert block["hardware"].startswith("CPU") and block["dtype"] == "float32"
     assert model_fingerprint(model) == before  # tuning says how to decode the model; it is the same model
-    assert json.loads((model / "decode_tuning.json").read_text()) == report
+    assert TuneResult.model_validate_json((model / "decode_tuning.json").read_text()) == report
     again: list[str] = []
-    assert stage_tune(p, model, progress=again.append) == report  # done once
-    assert again == [f"reusing the tuned decode config of {model}"]
+    assert stage_tune(p, model, on_reuse=again.append) == report  # done once
+    assert again == [f"reusing the tuned decode config at {model / 'decode_tuning.json'}"]
 
 
 def test_an_evaluation_runs_at_its_own_thread_count_and_gives_the_callers_back(profile, tmp_path):
@@ -98,10 +106,10 @@ def test_the_train_stage_probes_tpf_against_steps_into_its_history_and_plot(prof
     """`training.tpf_probe_every`: the round's training records TPF on calibration prompts as it goes (rows of the
     history, hence MLflow metrics per step), the round's figures plot it, and the round's key ignores the probe
     (it reads the model, it does not change it)."""
-    from jacobi_forcing.tasks.trajectories import stage_trajectories
+    from jacobi_forcing.tasks.trajectories import generate_trajectories
     from jf_core.evaluation.plots import tpf_during_training
     from jf_core.round.paths import RoundPaths, round_dir
-    from jf_core.round.stages import stage_pack, stage_train
+    from jf_core.round.stages import stage_pack, stage_train, stage_trajectories
 
     wide = 2 * profile.trajectory.block_size  # a second width beside the round's (n = 16 and 32 on SmolLM2)
     training = JFTrainConfig(
@@ -113,12 +121,68 @@ def test_the_train_stage_probes_tpf_against_steps_into_its_history_and_plot(prof
     )
     assert round_dir(p, p.model.path) == round_dir(unprobed, p.model.path)
     paths = RoundPaths(tmp_path / "round")
-    stage_trajectories(p, p.model.path, paths, progress=False)
-    stage_pack(p, paths)
-    history = stage_train(p, p.model.path, paths, progress=False)["history"]
+    collect = partial(generate_trajectories, progress=False)
+    packed = stage_pack(p, paths, stage_trajectories(p, p.model.path, paths, collect=collect))
+    history = stage_train(p, p.model.path, paths, packed, progress=False).history
     n = p.trajectory.block_size
     probed = [row for row in history if f"probe_tpf_n{n}" in row]
     assert [row["step"] for row in probed] == [1.0, 3.0] and all(row[f"probe_tpf_n{n}"] >= 1 for row in probed)
     assert all(row[f"probe_tpf_n{wide}"] >= 1 for row in probed)
     assert tpf_during_training(history) is not None
     assert tpf_during_training([row for row in history if row not in probed]) is None
+
+
+def test_a_rerun_reuses_every_stage_and_a_stage_made_again_remakes_the_ones_after_it(profile, tmp_path):
+    """Each stage's marker holds its result and the stamps of the markers it was made from: a re-run reuses every
+    stage (the stamps stay); a removed marker, or one another version of the code wrote, makes that stage and every
+    stage after it run again, and none before it."""
+    from jacobi_forcing.tasks.trajectories import generate_trajectories
+    from jf_core.model_dir import DECODE_TUNING, DONE
+    from jf_core.round.stages import stage_pack, stage_train, stage_trajectories, stage_tune
+
+    tune = TuneConfig(
+        enabled=True,
+        prompts=2,
+        block_sizes=[4],
+        num_blocks=[1],
+        pool_sizes=[0],
+        spawn_ratios=[0.5],
+        seed_drafts=[False],
+        width_scales=[0.0],
+        repeats=1,
+        crossover_batch_sizes=[],
+    )
+    p = profile.model_copy(
+        update={
+            "training": JFTrainConfig(steps=2, warmup_steps=1, batch_size=2, checkpoint_every=1000),
+            "evaluation": profile.evaluation.model_copy(update={"tune": tune, "max_new_tokens": 8}),
+        }
+    )
+    paths, model = RoundPaths(tmp_path / "round"), p.model.path
+    collect = partial(generate_trajectories, progress=False)
+    stages = ("trajectories", "packed", "model", "tune")
+    markers = dict(zip(stages, (paths.trajectories / DONE, paths.packed / DONE, paths.model / DONE), strict=False))
+    markers["tune"] = paths.model / DECODE_TUNING
+
+    def run_round() -> dict[str, str]:
+        """Every stage in order, as the flow chains them; the stamp of each stage's result."""
+        traj = stage_trajectories(p, model, paths, collect=collect)
+        packed = stage_pack(p, paths, traj)
+        trained = stage_train(p, model, paths, packed, progress=False)
+        tuned = stage_tune(p, paths.model, trained)
+        return dict(zip(stages, (r.stamp for r in (traj, packed, trained, tuned)), strict=True))
+
+    def made_again(before: dict[str, str], after: dict[str, str]) -> list[str]:
+        return [s for s in stages if before[s] != after[s]]
+
+    first = run_round()
+    assert made_again(first, run_round()) == []  # a re-run reuses every stage
+    markers["packed"].unlink()  # one stage's marker gone: it and the stages after it run again
+    second = run_round()
+    assert made_again(first, second) == ["packed", "model", "tune"]
+    markers["tune"].unlink()  # the last stage alone
+    third = run_round()
+    assert made_again(second, third) == ["tune"]
+    data = json.loads(markers["model"].read_text())  # a marker another version wrote: that stage and the rest
+    markers["model"].write_text(json.dumps({**data, "field_of_another_version": 1}))
+    assert made_again(third, run_round()) == ["model", "tune"]

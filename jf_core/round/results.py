@@ -1,0 +1,210 @@
+"""What each stage of a round returns, as types, and the one rule that decides whether a stage runs.
+
+A finished stage leaves a `done.json` marker (written last, atomically) holding its result; `run_stage` reads it
+back as the stage's type, or runs the stage and writes it. A marker carries a `stamp` (new each time the stage
+runs) and the stamps of the markers it was made from (`inputs`): a stage is reused only while its marker exists,
+parses as its type, and was made from the markers now upstream of it. So a re-run reuses every stage, and a stage
+made again (its marker removed, or written by another version of this code) makes every stage after it run again,
+as `make` would. Nothing above this module asks whether a stage is done: the Prefect tasks, the flows and the CLI
+take what `run_stage` returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from jf_core.decoding.multiblock import JFDecodeConfig
+from jf_core.evaluation.gate import Check
+from jf_core.evaluation.tune import TuneTrial
+from jf_core.model_dir import write_json_atomic
+
+log = logging.getLogger("jf.stages")
+
+
+def _stamp() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+class StageResult(BaseModel):
+    """A stage's result as its marker holds it: the stage's fields, its `stamp` and its `inputs` (the stamps of the
+    markers it was made from, by stage name)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    stamp: str = Field(default_factory=_stamp)
+    inputs: dict[str, str] = {}
+
+
+class TrajectoriesResult(StageResult):
+    """The trajectory stage (Jacobi decoding on a Ray actor pool, resumed by shard)."""
+
+    out: str
+    prompts: int
+    skipped: dict[str, int]
+    shards: int
+    shards_generated: int
+    rows: int
+    new_tokens_generated: int
+    seconds: float  # end to end: prompts, Ray and actor start-up, generation
+    pool_seconds: float = 0.0  # generation only: from all actors ready to the last shard committed
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Generation throughput of the actor pool (start-up excluded)."""
+        return self.new_tokens_generated / self.pool_seconds if self.pool_seconds else 0.0
+
+
+class BlocksPerAnswer(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mean: float
+    p10: int
+    p50: int
+    p90: int
+
+
+class NoiseProfile(BaseModel):
+    """What a noise schedule makes of a round's trajectories (jf_core/training/noise.py `ratio_profile`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    blocks_per_answer: BlocksPerAnswer
+    target_mean: float | None  # None for uniform_state: it has no target ratio
+    picked_mean: float
+    picked_above_half: float  # the share of blocks whose noisy copy is wrong past its middle
+    picked_histogram: list[int]
+
+
+class PackResult(StageResult):
+    """The packing stage: examples written, blocks they hold, blocks dropped (by reason), the noise it picked."""
+
+    examples: int
+    blocks: int
+    dropped_blocks: dict[str, int]
+    noise: NoiseProfile
+
+
+class TrainSummary(BaseModel):
+    """What the one training driver returns (jf_core/round/training.py): on every worker alike."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    steps: int
+    train_seconds: float
+    model_in: str
+    strategy: str
+    workers: int
+    resumed_from_step: int = 0
+    threads: dict[str, Any] = {}  # the training governor's counts (jf_core/threads.py)
+    history: list[dict[str, int | float]] = []  # the loss curve: a row per logged step
+
+
+class TrainResult(TrainSummary, StageResult):
+    """The training stage: the driver's summary, as the model directory's marker."""
+
+
+class CrossoverFigures(BaseModel):
+    """AR against the tuned config at several batch sizes (jf_core/model_dir.py `Crossover`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    batch_sizes: list[int]
+    speedup_vs_ar: list[float]  # Jacobi TPS / AR TPS at each batch size
+    tpf: list[float]
+
+
+class Serving(BaseModel):
+    """The serving fields the tune stage stored in the model's block (jf_core/model_dir.py `crossover_block`):
+    AR above `ar_above_batch` (None: Jacobi paid at every batch size measured)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ar_above_batch: int | None
+    break_even_tpf: float
+    crossover: CrossoverFigures
+    hardware: str
+    dtype: str
+
+
+class TuneResult(StageResult):
+    """The tune stage: the chosen decode config (also in the model's config.json), every trial, and the crossover."""
+
+    best: JFDecodeConfig
+    calibration_prompts: int
+    trials: list[TuneTrial]
+    serving: Serving | None = None
+
+    @property
+    def best_trial(self) -> TuneTrial:
+        return next(t for t in self.trials if t.config == self.best)
+
+
+class Registration(BaseModel):
+    """What registering a round did (tasks/registry.py): the version (new, or the one a re-run of the same round
+    registered before), the gate's verdict with its reasons and checks (a reused registration carries its recorded
+    reasons only)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model_name: str
+    version: str
+    gate_passed: bool
+    gate_reasons: list[str]
+    gate_checks: list[Check] = []
+    # this call set the `champion` alias: a passing new version, or a re-run finishing a killed registration's
+    # promotion (what the champion-changed event is sent on)
+    champion_moved: bool
+
+
+R = TypeVar("R", bound=BaseModel)
+
+
+def read_marker(marker: Path, result_type: type[R], inputs: Mapping[str, str] | None = None) -> R | None:
+    """The stage result `marker` holds, or None when the stage must run: no marker, one that does not parse as
+    `result_type` (written by another version: said in the log), or one made from other inputs than `inputs`."""
+    if not marker.is_file():
+        return None
+    try:
+        done = result_type.model_validate_json(marker.read_text())
+    except ValidationError as e:
+        log.info("running again: %s was written by another version (%d fields differ)", marker, e.error_count())
+        return None
+    if inputs is not None and isinstance(done, StageResult) and done.inputs != dict(inputs):
+        log.info("running again: %s was made from other inputs than the stages before it now hold", marker)
+        return None
+    return done
+
+
+def run_stage(
+    marker: Path,
+    result_type: type[R],
+    work: Callable[[], R],
+    *,
+    what: str,
+    inputs: Mapping[str, StageResult] | None = None,
+    reuse: bool = True,
+    on_reuse: Callable[[str], None] | None = None,
+    hold: Callable[[], AbstractContextManager] | None = None,
+) -> R:
+    """The stage's result: read back from `marker` when the stage is done (see the module docstring), else
+    `work()`'s, written to `marker` (atomically, last) with a new stamp and the stamps of `inputs`. `reuse=False`
+    runs it regardless (`jf eval`, `jf tune`). `on_reuse(line)` hears that the stage was reused, and where from
+    (default: this module's log); a Prefect task shows it as the run's state. `hold()` is entered around the work
+    only (the orchestration's GPU slots: a reused stage waits for no GPU)."""
+    stamps = {name: r.stamp for name, r in (inputs or {}).items()}
+    if reuse and (done := read_marker(marker, result_type, stamps)) is not None:
+        (on_reuse or log.info)(f"reusing {what} at {marker.parent if marker.name == 'done.json' else marker}")
+        return done
+    with hold() if hold is not None else nullcontext():
+        result = work()
+    if isinstance(result, StageResult):
+        result = result.model_copy(update={"stamp": _stamp(), "inputs": stamps})
+    write_json_atomic(marker, result.model_dump(mode="json"))
+    return result
