@@ -12,6 +12,7 @@ register twice).
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Callable
@@ -93,15 +94,28 @@ def _pack_run_name() -> str:
 def _stage_task(name: str, run_name, retries: int = 0):
     """A stage's task: named after what it does, its result persisted (for the UI and a retried flow), never served
     from Prefect's cache (the module docstring says why); retried only where a retry resumes (trajectories by
-    shard, training from its checkpoint)."""
-    return task(
-        name=name,
-        task_run_name=run_name,
-        retries=retries,
-        retry_delay_seconds=10,
-        persist_result=True,
-        cache_policy=NO_CACHE,
-    )
+    shard, training from its checkpoint). Called, it returns the stage's result: a task that ends in a state of
+    its own (`Reused`) hands its caller that state, so the call takes the value out of it (`.task` is the Prefect
+    task itself)."""
+
+    def wrap(fn):
+        stage = task(
+            name=name,
+            task_run_name=run_name,
+            retries=retries,
+            retry_delay_seconds=10,
+            persist_result=True,
+            cache_policy=NO_CACHE,
+        )(fn)
+
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            return stage(*args, return_state=True, **kwargs).result()  # raises as the task did, after its retries
+
+        call.task = stage
+        return call
+
+    return wrap
 
 
 class Reuse:

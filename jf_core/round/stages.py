@@ -68,7 +68,7 @@ def stage_trajectories(
 def stage_pack(
     profile: Profile, paths: RoundPaths, trajectories: TrajectoriesResult, *, on_reuse: Say | None = None
 ) -> PackResult:
-    """[prompt][noisy_0][clean_0]... examples under the profile's noise schedule -> packed/examples.parquet."""
+    """`[prompt][noisy_0][clean_0]...` examples under the profile's noise schedule -> packed/examples.parquet."""
     return run_stage(
         paths.packed / DONE,
         PackResult,

@@ -17,3 +17,18 @@ def test_each_round_overrides_its_block_size_and_training_over_the_callers():
     assert second["training"] == {"steps": 2000, "lr": 0.001} and second["trajectory"]["block_size"] == 32
     assert load_profile("tiny", **second).evaluation.tune.prompts == 4
     assert given == {"training": {"steps": 7, "lr": 0.5}, "evaluation": {"tune": {"prompts": 4}}}  # untouched
+
+
+def test_a_round_takes_the_earlier_rounds_summaries_as_its_history():
+    """jf-progressive passes each round the summaries of the rounds before it; over the API they arrive as JSON and
+    the flow's parameter validation gives them back as `RoundSummary`s, which the TPF-per-round figure reads."""
+    from jacobi_forcing.flows.round import jf_round
+    from jf_core.round.figures import tpf_per_round
+    from jf_core.round.report import RoundSummary
+    from tests.reports import evaluation, round_report
+
+    tps = {"ar": 500.0, "jacobi_n16": 900.0}
+    summary = round_report(evaluation({16: 3.0}, tps), evaluation({16: 1.3}, tps)).summary()
+    params = jf_round.validate_parameters({"profile": "tiny", "history": [summary.model_dump(mode="json")]})
+    assert params["history"] == [summary] and isinstance(params["history"][0], RoundSummary)
+    assert tpf_per_round([*params["history"], summary]).axes[0].get_title() == "Vanilla Jacobi TPF per round"

@@ -106,11 +106,13 @@ def test_a_stage_longer_than_its_lease_keeps_its_gpus_until_it_ends(prefect_api,
 
 
 def test_a_round_refuses_a_gpu_stage_without_the_limit_before_any_work(prefect_api, profile, tmp_path):
+    from tests.reports import PACKING  # the packed examples' result the train stage is made from
+
     gpu = gpu_profile(profile, "no-such-gpu-limit")
 
     @flow
     def one_stage():
-        return round_tasks.train(gpu, "unused-model", str(tmp_path / "round"))
+        return round_tasks.train(gpu, "unused-model", str(tmp_path / "round"), PACKING)
 
     with pytest.raises(
         GPULimitMissing, match=r"compute\.gpu_limit: no global concurrency limit named 'no-such-gpu-limit'"

@@ -39,7 +39,8 @@ def registered(tmp_path, monkeypatch, profile):
     shutil.copytree(profile.model.path, model_dir)
     (model_dir / "done.json").write_text("{}")  # a training summary: about the model, not part of the artifact
     tuned = JFDecodeConfig(block_size=8, num_blocks=2, pool_size=2, max_new_tokens=24)
-    save_decode_config(model_dir, tuned, extra={"trials": []})
+    save_decode_config(model_dir, tuned)
+    (model_dir / "decode_tuning.json").write_text('{"trials": []}')  # the tune stage's marker: not in the artifact
     update_block(model_dir, ar_above_batch=4, break_even_tpf=1.5, hardware="test CPU", dtype="float32")
     p = profile.model_copy(update={"registry": profile.registry.model_copy(update={"tracking_uri": uri})})
     client, experiment = mlflow_runs.connect(p)
