@@ -159,6 +159,9 @@ HOW = {
     ".venv/bin/jf trajectories verify runs/traj": (
         "as written", "tests/test_readme_commands.py::test_the_trajectory_commands_run_as_written"),
     ".venv/bin/jf bench trajectories": ("not in CI", "a benchmark: minutes of Ray collection, timing only"),
+    ".venv/bin/jf bench decode --jf-model ROUND/model --batch-sizes 1 4 16 48 --num-prompts 48 --repeats 2 "
+    "--block-sizes 8 16 32 64 --threads 1 --out bench": (
+        "same command", "tests/jf_cli/test_evaluate.py::test_bench_decode_per_batch_size_with_a_sampling_jf_model"),
     ".venv/bin/jf run [--profile tiny] [--set section.key=value]": (
         "same command", "tests/test_readme_main_job.py::main_job"),
     ".venv/bin/jf run --set evaluation.tune.prompts=8": ("same command", "tests/test_readme_main_job.py::main_job"),

@@ -197,23 +197,34 @@ def tpf_against_block_size(results: Sequence[MethodResult]) -> Figure | None:
 
 def speed_against_batch_size(tables: Mapping[int, Sequence[MethodResult]]) -> Figure | None:
     """Each method's speedup against our AR on the same prompts (TPS / AR's TPS, measured in the same run) against
-    the batch size, from one `jf bench decode` table per batch size. None with fewer than two batch sizes."""
+    the batch size, from one `jf bench decode` table per batch size: the base model's methods on the left, the
+    Jacobi Forcing model's (`jf_*`) on the right when the tables have them; AR itself is the dashed line at 1. None
+    with fewer than two batch sizes."""
     if len(tables) < 2:
         return None
     sizes = sorted(tables)
-    names = [r.method for r in tables[sizes[0]] if r.method != "ar"]
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for name in names:
-        points = [(b, r.speedup_vs_ar) for b in sizes for r in tables[b] if r.method == name]
-        if len(points) > 1:
-            ax.plot([b for b, _ in points], [x for _, x in points], marker="o", label=name)
-    ax.axhline(1.0, color="gray", linestyle="--", linewidth=1)
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(sizes, [str(b) for b in sizes])
-    ax.set_xlabel("batch size")
-    ax.set_ylabel("speedup against our AR (TPS ratio)")
-    ax.set_title("Speed against batch size")
-    ax.legend(fontsize=7, ncol=2)
+    names = [r.method for r in tables[sizes[0]] if r.method not in ("ar", "jf_ar")]
+    panels = {
+        title: group
+        for title, group in (
+            ("base model", [n for n in names if not n.startswith("jf_")]),
+            ("Jacobi Forcing model", [n for n in names if n.startswith("jf_")]),
+        )
+        if group
+    }
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.5), sharey=True, squeeze=False)
+    colors = plt.get_cmap("tab20").colors  # one colour per line: a panel holds up to eleven methods
+    for ax, (title, group) in zip(axes[0], panels.items(), strict=True):
+        for i, name in enumerate(group):
+            points = [(b, r.speedup_vs_ar) for b in sizes for r in tables[b] if r.method == name]
+            ax.plot([b for b, _ in points], [x for _, x in points], marker="o", color=colors[i % 20], label=name)
+        ax.axhline(1.0, color="gray", linestyle="--", linewidth=1)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sizes, [str(b) for b in sizes])
+        ax.set_xlabel("batch size")
+        ax.set_title(title)
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("speedup against our AR (TPS ratio, same run)")
     fig.tight_layout()
     return fig
 
