@@ -205,26 +205,16 @@ def _sampling(args: argparse.Namespace):
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
+    from jf_core.config import TuneConfig
     from jf_core.round.stages import stage_tune
 
     if not (Path(args.model) / "config.json").is_file():
         raise ValueError(f"--model {args.model} is not a model directory (the decode config is saved beside it)")
     set_threads(args)
+    # The options are named after TuneConfig's fields (the knobs are defined there, once), but for two.
+    given = {name: getattr(args, name, None) for name in TuneConfig.model_fields}
     seeded = None if args.seed_drafts is None else [bool(x) for x in args.seed_drafts]
-    tune = {
-        "enabled": True,
-        "prompts": args.num_prompts,
-        "block_sizes": args.block_sizes,
-        "num_blocks": args.num_blocks,
-        "pool_sizes": args.pool_sizes,
-        "spawn_ratios": args.spawn_ratios,
-        "ngrams": args.ngrams,
-        "seed_drafts": seeded,
-        "width_scales": args.width_scales,
-        "width_margins": args.width_margins,
-        "repeats": args.repeats,
-        "crossover_batch_sizes": args.crossover_batch_sizes,
-    }
+    tune = given | {"enabled": True, "prompts": args.num_prompts, "seed_drafts": seeded}
     profile = args_profile(args, evaluation={"max_new_tokens": args.max_new_tokens})
     tune = {**profile.evaluation.tune.model_dump(), **{k: v for k, v in tune.items() if v is not None}}
     profile = args_profile(args, evaluation={"max_new_tokens": args.max_new_tokens, "tune": tune})

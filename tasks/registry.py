@@ -113,9 +113,9 @@ def register(
     figures = report.figures
     current, recorded = champion_figures(client, name, report.eval_key)
     decision = decide(
-        figures["candidate"],
-        input_model=figures["input"],
-        base_model=figures["lineage_base"],
+        figures.candidate,
+        input_model=figures.input,
+        base_model=figures.lineage_base,
         champion=None if current is None else (champion_at or recorded or UNMEASURED),
         cfg=profile.registry.gate,
     )
@@ -139,7 +139,7 @@ def register(
         "gate": "passed" if decision.passed else "failed",
         "gate_reasons": "; ".join(decision.reasons),
         "jf.registration_key": key,
-        "jf.figures": figures["candidate"].to_json(),  # what a later round's gate compares with
+        "jf.figures": figures.candidate.to_json(),  # what a later round's gate compares with
         **{f"gate.{c.name}": f"{'passed' if c.passed else 'failed'}: {c.reason}" for c in decision.checks},
     }
     serving = read_block(report.model) or {}

@@ -79,7 +79,7 @@ def round_report(
     jf: Evaluation,
     base: Evaluation,
     *,
-    figures: dict[str, Figures] | None = None,
+    figures: dict[str, Figures] | None = None,  # by role: candidate, input, lineage_base
     method: str = "jacobi_forcing",
     **fields,
 ) -> RoundReport:

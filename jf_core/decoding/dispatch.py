@@ -7,9 +7,9 @@ The stored rule (`prior`) is what `jf tune` measured by decoding alone on the ha
 tokens per forward (TPF) is below the break-even TPF. `decode` applies it to one batch.
 
 A server is not the tuning loop: per token it detokenizes, sends an SSE chunk and wakes the event loop on the same
-cores (AR pays that once per token, Jacobi once per forward), and it may run on other hardware or another load.
-Measured on a 2-core CPU, a model whose decode-only crossover sent batches above 8 to AR served 64 clients at 0.91x
-forced AR's throughput where forced Jacobi served 1.70x. So `Dispatch` keeps, per batch-size bucket (1, 2, 3-4,
+cores (AR pays that once per token, Jacobi once per forward), and it may run on other hardware or another load: a
+decode-only crossover sent batches to AR that Jacobi served faster behind the server (docs/serving.md, the
+measured dispatch). So `Dispatch` keeps, per batch-size bucket (1, 2, 3-4,
 5-8, ...), an exponentially weighted mean of the tokens per second each method delivered, and overrides the prior
 when the other method is faster by more than a margin (25%: it keeps per-batch noise from flapping it).
 
@@ -102,8 +102,8 @@ class Dispatch:
     tpf_window: int = 8  # Jacobi batches in the running mean TPF
     probe_every: int = 8  # in each bucket, batch 1 and every probe_every-th after run the method not chosen
     # A measured rate overrides the prior only when this much faster. Per-batch tokens/s is noisy (a batch's TPF and
-    # answer lengths vary 3x at batch 1): at 10% a run of hard prompts flipped a 2.7x-faster Jacobi to AR for
-    # several batches (17% of throughput at 1 client on the embedded model).
+    # answer lengths vary severalfold at batch 1): at a 10% margin a run of hard prompts flipped a far faster Jacobi
+    # to AR for several batches (docs/serving.md, the measured dispatch).
     margin: float = 0.25
     weight: float = 0.2  # of a new observation in the running tokens/s
     rates: dict[tuple[Decoder, int], float] = field(default_factory=dict)  # (method, bucket) -> tokens/s
@@ -137,7 +137,7 @@ class Dispatch:
         gap = max(jacobi, ar) / min(jacobi, ar) if jacobi and ar else prior_speedup
         if gap is not None and gap > 0 and max(gap, 1 / gap) > 1.5:
             # A wide gap (measured here, else by the crossover) takes many batches to close: probing it often only
-            # costs (7% at 1 client on the embedded model). The first probe waits too.
+            # costs throughput (docs/serving.md, the measured dispatch). The first probe waits too.
             every, phase = 4 * self.probe_every, 2 * self.probe_every
         else:
             every, phase = self.probe_every, 1

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -27,20 +27,23 @@ from jf_core.model_dir import Crossover
 
 @dataclass(frozen=True)
 class TuneSpace:
-    block_sizes: tuple[int, ...] = (16, 32, 64)
-    num_blocks: tuple[int, ...] = (1, 2, 3)
-    pool_sizes: tuple[int, ...] = (0, 2, 4)
-    spawn_ratios: tuple[float, ...] = (0.5, 0.85)
-    ngrams: tuple[int, ...] = (0,)  # recycled candidate length; 0 = n - 1
-    seed_drafts: tuple[bool, ...] = (False, True)
-    width_scales: tuple[float, ...] = (0.0, 2.0)  # adaptive width's scale (width.py); 0 = full-width windows
-    width_margins: tuple[int, ...] = (2,)
+    """The grid `tune` searches: the search knobs of a profile's `evaluation.tune` (jf_core/config.py TuneConfig,
+    where they and their defaults are defined, once), as tuples."""
+
+    block_sizes: tuple[int, ...]
+    num_blocks: tuple[int, ...]  # K
+    pool_sizes: tuple[int, ...]
+    spawn_ratios: tuple[float, ...]  # r
+    ngrams: tuple[int, ...]  # recycled candidate length; 0 = n - 1
+    seed_drafts: tuple[bool, ...]
+    width_scales: tuple[float, ...]  # adaptive width's scale (width.py); 0 = full-width windows
+    width_margins: tuple[int, ...]
 
     @classmethod
-    def of(cls, cfg: TuneConfig) -> TuneSpace:
-        """The search space a profile's `evaluation.tune` names."""
-        names = ("block_sizes", "num_blocks", "pool_sizes", "spawn_ratios", "ngrams", "seed_drafts")
-        return cls(**{name: tuple(getattr(cfg, name)) for name in (*names, "width_scales", "width_margins")})
+    def of(cls, cfg: TuneConfig | None = None, **knobs) -> TuneSpace:
+        """The search space a profile's `evaluation.tune` names (default: TuneConfig's), `knobs` overriding it."""
+        cfg = (cfg or TuneConfig()).model_copy(update=knobs)
+        return cls(**{f.name: tuple(getattr(cfg, f.name)) for f in fields(cls)})
 
     def configs(self, max_new_tokens: int) -> list[JFDecodeConfig]:
         out = []
@@ -88,7 +91,7 @@ def tune(
     eos_token_id: EosIds,
     pad_token_id: int,
     max_new_tokens: int,
-    space: TuneSpace = TuneSpace(),
+    space: TuneSpace | None = None,
     batch_size: int = 1,
     repeats: int = 1,
     progress: Callable[[int, int, TuneTrial], None] | None = None,
@@ -96,7 +99,7 @@ def tune(
 ) -> tuple[JFDecodeConfig, list[TuneTrial]]:
     """`progress(i, total, trial)` for each configuration once all are measured; `say(line)` while they run (the
     configurations take turns batch by batch, so no trial is done before the last batch is)."""
-    configs = space.configs(max_new_tokens)
+    configs = (space or TuneSpace.of()).configs(max_new_tokens)
     if not configs:
         raise ValueError("the tuning space is empty")
     decoders = {

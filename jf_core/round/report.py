@@ -52,6 +52,17 @@ class RoundSummary(BaseModel):
     mlflow_url: str | None = None
 
 
+class RoundFigures(BaseModel):
+    """What the gate reads of each model a round compares (jf_core/evaluation/gate.py): the trained model, its input
+    and the chain's original base model, all on this round's evaluation."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    candidate: Figures
+    input: Figures
+    lineage_base: Figures
+
+
 class RoundReport(JsonModel):
     """The round's result. The headline is the trained model's evaluation's: the tuned decode config when there is
     one, else plain Jacobi at the block size chosen on calibration prompts; its speedup is against our AR on the same
@@ -68,7 +79,7 @@ class RoundReport(JsonModel):
     eval_key: str
     lineage_base: str
     lineage_base_accuracy: float
-    figures: dict[str, Figures]  # candidate, input, lineage_base
+    figures: RoundFigures
     threads: Threads
     trajectories: TrajectoriesResult
     packing: PackResult
@@ -181,11 +192,9 @@ def round_report(
         eval_key=key,
         lineage_base=origin,
         lineage_base_accuracy=origin_eval.accuracy,
-        figures={
-            "candidate": Figures.of(jf, key),
-            "input": Figures.of(base, key),
-            "lineage_base": Figures.of(origin_eval, key),
-        },
+        figures=RoundFigures(
+            candidate=Figures.of(jf, key), input=Figures.of(base, key), lineage_base=Figures.of(origin_eval, key)
+        ),
         threads=Threads(
             train=train.threads, eval=jf.torch_threads, trajectory_actor=max(1, int(profile.compute.cpus_per_worker))
         ),

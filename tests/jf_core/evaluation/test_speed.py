@@ -79,9 +79,8 @@ def test_tune_picks_the_fastest_measured_config_and_round_trips(tmp_path):
 
     model = TINY_MODELS["qwen2"]()
     prompts = [[5, 6, 7, 8, 9], [10, 11, 12]]
-    space = TuneSpace(
-        block_sizes=(4, 8), num_blocks=(1, 2), pool_sizes=(0, 2), spawn_ratios=(0.5, 0.85), width_scales=(0.0,)
-    )
+    knobs = {"block_sizes": [4, 8], "num_blocks": [1, 2], "pool_sizes": [0, 2], "spawn_ratios": [0.5, 0.85]}
+    space = TuneSpace.of(**knobs, width_scales=[0.0])
     best, trials = tune(model, prompts, eos_token_id=None, pad_token_id=PAD, max_new_tokens=16, space=space, repeats=2)
     assert len(trials) == 24  # r only varies when K > 1; every point with sampled and with seeded drafts
     assert max(t.tps for t in trials) == next(t.tps for t in trials if t.config == best)
@@ -94,9 +93,9 @@ def test_tune_picks_the_fastest_measured_config_and_round_trips(tmp_path):
 def test_the_tuner_searches_adaptive_width():
     from jf_core.evaluation.tune import TuneSpace
 
-    space = TuneSpace(
-        block_sizes=(8,), num_blocks=(2,), pool_sizes=(0,), spawn_ratios=(0.85,), seed_drafts=(False,),
-        width_scales=(0.0, 2.0), width_margins=(2, 4),
+    space = TuneSpace.of(
+        block_sizes=[8], num_blocks=[2], pool_sizes=[0], spawn_ratios=[0.85], seed_drafts=[False],
+        width_scales=[0.0, 2.0], width_margins=[2, 4],
     )  # fmt: skip
     configs = space.configs(16)
     assert [(c.adaptive_width, c.width_scale, c.width_margin) for c in configs] == [

@@ -49,7 +49,7 @@ def test_report_json_reads_back_as_written_and_refuses_another_shape(tmp_path):
     report.save(tmp_path / "report.json")
     again = RoundReport.load(tmp_path / "report.json")
     assert again.model_dump_json() == report.model_dump_json()
-    assert again.figures["candidate"].headline_tpf == 5.0  # the gate's figures come back as Figures
+    assert again.figures.candidate.headline_tpf == 5.0  # the gate's figures come back as Figures
     data = json.loads((tmp_path / "report.json").read_text())
     del data["eval"]["methods"]["ar"]["tps"]
     with pytest.raises(ValidationError, match=r"eval\.methods\.ar\.tps"):
