@@ -117,11 +117,10 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
     cfg = profile.evaluation
     path, model, tok = _load(profile, args.model)
     stop = stop_tokens(model, tok)
-    pad, eos = stop["pad_token_id"], stop["eos_token_id"]
     extra = {
-        "hf_generate": hf_generate_decoder(model, eos, pad, cfg.max_new_tokens),
+        "hf_generate": hf_generate_decoder(model, **stop, max_new_tokens=cfg.max_new_tokens),
         "hf_prompt_lookup": hf_generate_decoder(  # batch 1 only in transformers
-            model, eos, pad, cfg.max_new_tokens, batched=False, prompt_lookup_num_tokens=10
+            model, **stop, max_new_tokens=cfg.max_new_tokens, batched=False, prompt_lookup_num_tokens=10
         ),
     }
     same: dict[str, str] = {}

@@ -96,7 +96,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(markdown_table(metrics_rows(report)))
     print(
         f"\naccuracy {report.accuracy:.3f} (input model {report.base_accuracy:.3f}); "
-        f"TPF {head.tpf:.2f} ({_decode_label(report.eval.decode_config)}); "
+        f"TPF {head.tpf:.2f} ({_decode_label(report.eval.decode)}); "
         f"speedup vs our AR {head.speedup_vs_ar:.2f}x; trained {report.train.train_seconds:.0f} s"
         f"{resumed_note(report)}\n"
         f"identical to greedy AR: {report.identical_fraction:.3f} of the evaluation prompts ({dtype}"
@@ -119,12 +119,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _decode_label(cfg: dict) -> str:
+def _decode_label(cfg) -> str:
     """What decoded the headline: the tuned Jacobi Forcing config, or plain Jacobi at the chosen n."""
-    if "num_blocks" in cfg:
-        seeded = ", seeded drafts" if cfg.get("seed_drafts") else ""
-        return f"tuned: n={cfg['block_size']}, K={cfg['num_blocks']}, pool {cfg['pool_size']}{seeded}"
-    return f"plain Jacobi, n={cfg['block_size']} chosen on calibration prompts"
+    from jf_core.decoding.multiblock import JFDecodeConfig
+
+    if isinstance(cfg, JFDecodeConfig):
+        seeded = ", seeded drafts" if cfg.seed_drafts else ""
+        return f"tuned: n={cfg.block_size}, K={cfg.num_blocks}, pool {cfg.pool_size}{seeded}"
+    return f"plain Jacobi, n={cfg.block_size} chosen on calibration prompts"
 
 
 def cmd_stack(args: argparse.Namespace) -> int:

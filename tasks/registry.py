@@ -127,7 +127,7 @@ def register(
         # Two block sizes, named apart: the trajectories' n the model was trained at, and the n its decode config
         # (tuned, or the best measured) decodes with; a lone `n=16` beside a tuned n=64 read as a contradiction.
         "train_block_size": str(report.block_size),
-        "decode_block_size": str(report.eval.decode_config["block_size"]),
+        "decode_block_size": str(report.eval.decode.block_size),
         "tpf": repr(float(report.headline.tpf)),  # full precision: the gate compares against it
         "tps": f"{report.headline.tps:.2f}",
         "speedup_vs_ar": f"{report.headline.speedup_vs_ar:.3f}",  # the headline: against our own AR, same model

@@ -26,11 +26,11 @@ def metrics_rows(report: RoundReport) -> list[dict]:
         for n, tpf in report.tpf.items()
     ]
     if (tuned := report.tuned) is not None:
-        c = report.eval.decode_config
+        c = report.eval.decode  # tuned: a JFDecodeConfig
         rows.append(
             {
-                "block size n": f"tuned n={c['block_size']} K={c['num_blocks']} pool={c['pool_size']}"
-                + (" seeded" if c.get("seed_drafts") else ""),
+                "block size n": f"tuned n={c.block_size} K={c.num_blocks} pool={c.pool_size}"
+                + (" seeded" if c.seed_drafts else ""),
                 "base TPF": "",
                 f"{trained} TPF": round(tuned.tpf, 3),
                 f"{trained} TPS": round(tuned.tps, 1),

@@ -9,6 +9,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from jf_core.decoding.configs import config_from_dict
+from jf_core.decoding.jacobi import JacobiConfig
 from jf_core.evaluation.speed import MethodResult
 
 
@@ -60,6 +62,11 @@ class Evaluation(JsonModel):
     def accuracy(self) -> float:
         """Greedy accuracy: the model's own, whatever decodes it (our AR's texts, scored)."""
         return float(self.methods["ar"].accuracy)
+
+    @property
+    def decode(self) -> JacobiConfig:
+        """The headline's decode config as its type (a JFDecodeConfig when the model was tuned)."""
+        return config_from_dict(self.decode_config)
 
     @property
     def headline(self) -> MethodResult:
