@@ -103,7 +103,7 @@ class Dispatch:
     probe_every: int = 8  # in each bucket, batch 1 and every probe_every-th after run the method not chosen
     # A measured rate overrides the prior only when this much faster. Per-batch tokens/s is noisy (a batch's TPF and
     # answer lengths vary severalfold at batch 1): at a 10% margin a run of hard prompts flipped a far faster Jacobi
-    # to AR for several batches (docs/serving.md, the measured dispatch).
+    # to AR for several batches (an earlier run on the embedded model).
     margin: float = 0.25
     weight: float = 0.2  # of a new observation in the running tokens/s
     rates: dict[tuple[Decoder, int], float] = field(default_factory=dict)  # (method, bucket) -> tokens/s
@@ -137,7 +137,7 @@ class Dispatch:
         gap = max(jacobi, ar) / min(jacobi, ar) if jacobi and ar else prior_speedup
         if gap is not None and gap > 0 and max(gap, 1 / gap) > 1.5:
             # A wide gap (measured here, else by the crossover) takes many batches to close: probing it often only
-            # costs throughput (docs/serving.md, the measured dispatch). The first probe waits too.
+            # costs throughput (an earlier run on the embedded model). The first probe waits too.
             every, phase = 4 * self.probe_every, 2 * self.probe_every
         else:
             every, phase = self.probe_every, 1

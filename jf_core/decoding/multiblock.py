@@ -113,8 +113,8 @@ class JFDecoder(JacobiDecoder):
     def plan(self, kv: KVState, active: list[_JFSequence]) -> None:
         """Adaptive width: the slots every row may run in the next forward. The batch's forward is padded to one
         width and computed in full, so all rows share it: the mean of what the rows want. The widest row's want
-        let one predictable row make the whole batch pay (measured slower than the mean at batch 4 and 16:
-        docs/decoding.md, decoding speed by batch size)."""
+        let one predictable row make the whole batch pay (measured slower than the mean at batch 4 and 16 on the
+        embedded model)."""
         if self.policy is not None:
             wanted = [seq.width.wanted(self.policy) for seq in active]
             self.limit = math.ceil(sum(wanted) / len(wanted))
