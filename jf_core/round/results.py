@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from jf_core.decoding.multiblock import JFDecodeConfig
 from jf_core.evaluation.gate import Check
 from jf_core.evaluation.tune import TuneTrial
-from jf_core.model_dir import write_json_atomic
+from jf_core.model_dir import DONE, write_json_atomic
 
 log = logging.getLogger("jf.stages")
 
@@ -200,7 +200,7 @@ def run_stage(
     only (the orchestration's GPU slots: a reused stage waits for no GPU)."""
     stamps = {name: r.stamp for name, r in (inputs or {}).items()}
     if reuse and (done := read_marker(marker, result_type, stamps)) is not None:
-        (on_reuse or log.info)(f"reusing {what} at {marker.parent if marker.name == 'done.json' else marker}")
+        (on_reuse or log.info)(f"reusing {what} at {marker.parent if marker.name == DONE else marker}")
         return done
     with hold() if hold is not None else nullcontext():
         result = work()
