@@ -25,7 +25,7 @@ def main() -> None:
         for start in range(0, len(examples), 50):
             batch = examples[start : start + 50]
             prompts = [tok(e.prompt, add_special_tokens=False)["input_ids"] for e in batch]
-            out = ar_decode(model, prompts, max_new_tokens=160, **stop_tokens(model, tok))
+            out = ar_decode(model, prompts, max_new_tokens=160, stop=stop_tokens(model, tok))
             for e, seq in zip(batch, out.sequences, strict=True):
                 got = tok.decode(seq, skip_special_tokens=True).strip()
                 if got != e.answer:

@@ -53,7 +53,8 @@ result = train(
     threads=governor,
 )
 first, last = 10, max(times)
-print(json.dumps({"steps_per_s": (last - first) / (times[last] - times[first]), "threads": result.threads}))
+rate = (last - first) / (times[last] - times[first])
+print(json.dumps({"steps_per_s": rate, "threads": result.threads.model_dump()}))
 """
 
 

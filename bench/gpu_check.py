@@ -34,10 +34,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from jf_core.decoding.ar import ar_decode  # noqa: E402
+from jf_core.decoding.common import StopTokens  # noqa: E402
 from jf_core.decoding.jacobi import JacobiConfig  # noqa: E402
 from jf_core.decoding.kv import KVState  # noqa: E402
 from jf_core.decoding.multiblock import JFDecodeConfig  # noqa: E402
-from jf_core.evaluation.speed import first_divergence, hf_generate_decoder, run_interleaved  # noqa: E402
+from jf_core.evaluation.methods import hf_generate_decoder  # noqa: E402
+from jf_core.evaluation.speed import first_divergence, run_interleaved  # noqa: E402
 
 QWEN_05B = dict(  # Qwen2.5-0.5B's shape
     vocab_size=151936,
@@ -70,7 +72,7 @@ SMOKE = dict(
 # H200 (2026-11-27, torch 2.11) FlexAttention's compile failed on SMOKE's head_dim 16 in fp32, while the round's own
 # training of SmolLM2 (head_dim 64, bf16 autocast) ran.
 FLEX = dict(SMOKE, hidden_size=256, num_attention_heads=4, num_key_value_heads=2)
-STOP = {"eos_token_id": None, "pad_token_id": 0}
+STOP = StopTokens(None, 0)
 
 
 def sync(device: torch.device) -> None:
@@ -98,7 +100,7 @@ def random_prompts(vocab: int, count: int, low: int = 16, high: int = 64, seed: 
 def decoder(model, cfg):
     from jf_core.decoding import decode
 
-    return lambda ps: decode(model, ps, cfg, **STOP)
+    return lambda ps: decode(model, ps, cfg, stop=STOP)
 
 
 def check_lossless(device: torch.device, smoke: bool) -> dict:
@@ -108,7 +110,9 @@ def check_lossless(device: torch.device, smoke: bool) -> dict:
     archs = ["qwen2", "mistral-window", "gemma3-window"] if smoke else list(CONFIGS)
     rows, failures = {}, []
     for arch in archs:
-        reference = hf_generate_decoder(build(arch, "eager").to(device), None, 0, new, batched=False)(prompts)
+        reference = hf_generate_decoder(build(arch, "eager").to(device), StopTokens(None, 0), new, batched=False)(
+            prompts
+        )
         for backend in ("sdpa", "eager"):
             if not supports(arch, backend):
                 continue
@@ -129,7 +133,7 @@ def identity(model, prompts: list[list[int]], n: int, batch: int, new: int) -> t
     ar, jac = [], []
     for i in range(0, len(prompts), batch):
         chunk = prompts[i : i + batch]
-        ar += ar_decode(model, chunk, max_new_tokens=new, **STOP).sequences
+        ar += ar_decode(model, chunk, max_new_tokens=new, stop=STOP).sequences
         jac += decoder(model, JacobiConfig(block_size=n, max_new_tokens=new))(chunk).sequences
     diverged = [d for d in (first_divergence(a, b) for a, b in zip(ar, jac, strict=True)) if d is not None]
     median = statistics.median(diverged) if diverged else None
@@ -159,7 +163,7 @@ def check_numerics(device: torch.device, shape: dict, smoke: bool) -> dict:
     methods = {}
     for label in ("bf16", "fp32"):
         m = models[label]
-        methods[f"{label} ar"] = lambda ps, m=m: ar_decode(m, ps, max_new_tokens=new, **STOP)
+        methods[f"{label} ar"] = lambda ps, m=m: ar_decode(m, ps, max_new_tokens=new, stop=STOP)
         methods[f"{label} jacobi"] = decoder(m, JacobiConfig(block_size=16, max_new_tokens=new))
     timed = run_interleaved(methods, speed_prompts, 1, repeats=2, warmup_prompts=1)
     out["tps"] = {name: o.stats.tps for name, o in timed.items()}

@@ -50,6 +50,7 @@ import torch
 
 from jf_cli.common import named_overrides, parse_overrides
 from jf_core.config import load_profile
+from jf_core.model_ref import resolve_model
 from jf_core.models import load_model
 from jf_core.round.mechanism import MechanismRow, run_mechanism, table
 from jf_core.trajectory.prompts import load_prompts
@@ -121,7 +122,7 @@ def _scoring(profile, tokenizer, train, held):
 def _model_dir(model: str | None, profile, threads: int) -> str:
     """A .gguf file is imported once, next to itself (`<file>.jf-fp32/`), so a copied file is all a machine needs."""
     if model is None:
-        return profile.model.resolve(threads)
+        return resolve_model(profile.model.path, threads=threads)
     path = Path(model)
     if path.suffix != ".gguf":
         return model

@@ -33,7 +33,8 @@ from jf_core.decoding.ar import ar_decode
 from jf_core.decoding.jacobi import JacobiConfig
 from jf_core.decoding.multiblock import JFDecodeConfig
 from jf_core.decoding.sampling import Sampling
-from jf_core.evaluation.speed import first_divergence, hf_generate_decoder, prompt_seeds
+from jf_core.evaluation.methods import hf_generate_decoder, prompt_seeds
+from jf_core.evaluation.speed import first_divergence
 from jf_core.models import load_model, stop_tokens
 from jf_core.trajectory.prompts import format_prompt
 
@@ -93,14 +94,14 @@ class Run:
     def ar(self, batch: int, sampling: Sampling | None = None) -> list[list[int]]:
         def run(ps):
             seeds = prompt_seeds(ps) if sampling else None
-            return ar_decode(self.model, ps, max_new_tokens=self.new, sampling=sampling, seeds=seeds, **self.stop)
+            return ar_decode(self.model, ps, max_new_tokens=self.new, sampling=sampling, seeds=seeds, stop=self.stop)
 
         return batched(lambda ps: run(ps).sequences, self.prompts, batch)
 
     def jacobi(self, cfg: JacobiConfig, batch: int, sampling: Sampling | None = None) -> list[list[int]]:
         def run(ps):
             seeds = prompt_seeds(ps) if sampling else None
-            return decode(self.model, ps, cfg, sampling=sampling, seeds=seeds, **self.stop)
+            return decode(self.model, ps, cfg, sampling=sampling, seeds=seeds, stop=self.stop)
 
         return batched(lambda ps: run(ps).sequences, self.prompts, batch)
 
@@ -116,8 +117,7 @@ class Run:
     def fp32(self, batches: list[int]) -> None:
         ref = self.results.get("reference_hf_generate_b1")
         if ref is None:
-            hf = hf_generate_decoder(self.model, self.stop["eos_token_id"], self.stop["pad_token_id"], self.new,
-                                     batched=False)  # fmt: skip
+            hf = hf_generate_decoder(self.model, self.stop, self.new, batched=False)
             ref = self.results["reference_hf_generate_b1"] = hf(self.prompts).sequences
             save(self.out, self.results)
         cases = configs(self.args.block_size, self.new)

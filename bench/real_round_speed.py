@@ -21,7 +21,8 @@ import torch
 
 from jf_cli.common import parse_overrides
 from jf_core.config import load_profile
-from jf_core.evaluation.evaluate import eval_set, model_methods
+from jf_core.evaluation.evaluate import eval_set
+from jf_core.evaluation.methods import build_methods
 from jf_core.evaluation.speed import bench
 from jf_core.models import load_model, stop_tokens
 from jf_core.trajectory.prompts import PromptFormat, load_prompts
@@ -48,8 +49,9 @@ def main() -> int:
     methods, tokenizer = {}, None
     for label, path in (("base", args.base), ("trained", args.trained)):
         model, tokenizer = load_model(path, dtype=profile.model.dtype)
-        for name, decoder in model_methods(model, stop_tokens(model, tokenizer), profile.evaluation).items():
-            methods[f"{label}/{name}"] = decoder
+        e = profile.evaluation
+        own = build_methods(model, stop_tokens(model, tokenizer), e.max_new_tokens, block_sizes=e.block_sizes)
+        methods |= {f"{label}/{name}": decoder for name, decoder in own.items()}
     if args.split:
         chosen = profile.prompts.model_copy(update={"split": args.split, "limit": args.num_prompts})
         prompts = [p.token_ids for p in load_prompts(chosen, tokenizer).items]

@@ -52,8 +52,8 @@ def main() -> None:
 
     model.forward = timed_forward
     methods = {
-        "ar": lambda b: ar_decode(model, b, max_new_tokens=cfg.max_new_tokens, **stop),
-        "jacobi (saved config)": lambda b: decode(model, b, cfg, **stop),
+        "ar": lambda b: ar_decode(model, b, max_new_tokens=cfg.max_new_tokens, stop=stop),
+        "jacobi (saved config)": lambda b: decode(model, b, cfg, stop=stop),
     }
     totals = {name: [0.0, 0.0, 0, 0] for name in methods}  # wall, inside, forwards, tokens
     for _ in range(args.repeats):

@@ -32,6 +32,7 @@ import torch
 
 from jf_cli.common import named_overrides, parse_overrides
 from jf_core.config import load_profile
+from jf_core.model_ref import resolve_model
 from jf_core.models import load_model
 from jf_core.round.mechanism import train_on_records, variant_profile
 from jf_core.trajectory.collect import collect
@@ -77,7 +78,7 @@ def main() -> int:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     profile = load_profile(args.profile, **parse_overrides(args.set or []))
-    model_dir = profile.model.resolve(args.threads)
+    model_dir = resolve_model(profile.model.path, threads=args.threads)
     model, tok = load_model(model_dir, dtype="float32")
     items = load_prompts(profile.prompts.model_copy(update={"split": "train", "limit": args.questions}), tok).items
     update = {"kind": "synthetic", "batch_size": len(items)}

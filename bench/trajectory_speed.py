@@ -20,6 +20,7 @@ import torch
 
 from jf_cli.common import parse_overrides
 from jf_core.config import load_profile
+from jf_core.model_ref import resolve_model
 from jf_core.models import load_model
 from jf_core.trajectory.collect import collect
 from jf_core.trajectory.prompts import load_prompts
@@ -38,7 +39,7 @@ def main() -> int:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     profile = load_profile(args.profile, **parse_overrides(args.set or []))
-    model, tok = load_model(profile.model.resolve(args.threads), dtype="float32")
+    model, tok = load_model(resolve_model(profile.model.path, threads=args.threads), dtype="float32")
     items = load_prompts(profile.prompts.model_copy(update={"limit": args.prompts}), tok).items
     base = profile.trajectory.model_copy(update={"max_new_tokens": args.max_new_tokens})
     best: dict[tuple[str, int], dict] = {}

@@ -6,9 +6,9 @@ from __future__ import annotations
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
-from jacobi_forcing.flows.round import jf_round, load
+from jacobi_forcing.flows.round import jf_round, load, profile_label
 from jacobi_forcing.tasks import mlflow_runs
-from jf_core.config import ProfileOverrides, merge_overrides, overrides_dict
+from jf_core.config import Profile, ProfileOverrides, merge_overrides, overrides_dict
 from jf_core.round.report import RoundSummary
 
 
@@ -18,9 +18,13 @@ def round_overrides(overrides: ProfileOverrides | dict | None, prof, i: int) -> 
     return merge_overrides(overrides_dict(overrides), {**this_round, "training": spec.training_overrides()})
 
 
-@flow(name="jf-progressive", flow_run_name="jf-progressive-{profile}", log_prints=True)
+def progressive_run_name() -> str:
+    return f"jf-progressive-{profile_label(dict(flow_run.parameters or {}).get('profile', 'tiny'))}"
+
+
+@flow(name="jf-progressive", flow_run_name=progressive_run_name, log_prints=True)
 def jf_progressive(
-    profile: str = "tiny", overrides: ProfileOverrides | None = None, model: str | None = None
+    profile: str | Profile = "tiny", overrides: ProfileOverrides | None = None, model: str | None = None
 ) -> list[RoundSummary]:
     prof = load(profile, overrides)
     if not prof.rounds:

@@ -15,19 +15,26 @@ from pathlib import Path
 
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
+from pydantic import BaseModel
 
 from jacobi_forcing.tasks import mlflow_runs, reporting, round_tasks
 from jf_core import planning
-from jf_core.config import Profile, ProfileOverrides, load_profile, overrides_dict
+from jf_core.config import Profile, ProfileOverrides, load_profile, merge_overrides, overrides_dict
 from jf_core.model_dir import lineage_base
 from jf_core.round.paths import round_paths
 from jf_core.round.report import RoundSummary, round_report
 from jf_core.trajectory.prompts import PromptSourceError
 
 
-def load(profile: str, overrides: ProfileOverrides | dict | None, new_prompts: str | None = None) -> Profile:
-    """The profile with its overrides; `new_prompts` (a prompt file an event announced) merged into its prompts."""
-    prof = load_profile(profile, **overrides_dict(overrides))
+def load(profile: str | Profile, overrides: ProfileOverrides | dict | None, new_prompts: str | None = None) -> Profile:
+    """The profile with its overrides; `new_prompts` (a prompt file an event announced) merged into its prompts.
+    `profile` is a name or YAML path (what deployments pass) or a profile already built (what `jf run` passes, so
+    that one command builds it once)."""
+    if isinstance(profile, Profile):
+        changes = overrides_dict(overrides)
+        prof = Profile.model_validate(merge_overrides(profile.model_dump(), changes)) if changes else profile
+    else:
+        prof = load_profile(profile, **overrides_dict(overrides))
     if new_prompts:
         merged = [*prof.prompts.extra_sources, new_prompts]
         prof = prof.model_copy(update={"prompts": prof.prompts.model_copy(update={"extra_sources": merged})})
@@ -37,8 +44,13 @@ def load(profile: str, overrides: ProfileOverrides | dict | None, new_prompts: s
 def run_key(parameters: dict) -> str:
     """Six hex digits of the run's parameters: the same inputs give the same key, so re-runs of one round line up
     in the UI and different overrides of one profile do not look alike."""
-    text = json.dumps(parameters, sort_keys=True, default=str)
+    text = json.dumps(parameters, sort_keys=True, default=_plain)
     return hashlib.sha256(text.encode()).hexdigest()[:6]
+
+
+def _plain(value):
+    """A parameter as JSON: a built profile (or any pydantic value) by its fields, so the key names its content."""
+    return value.model_dump(mode="json") if isinstance(value, BaseModel) else str(value)
 
 
 def round_run_name() -> str:
@@ -50,13 +62,22 @@ def round_run_name() -> str:
         prof = load(profile, params.get("overrides"))
         name, n = prof.name, prof.trajectory.block_size
     except Exception:  # naming must never be the thing that fails
-        name, n = str(profile).rsplit("/", 1)[-1].removesuffix(".yaml"), "?"
+        name, n = profile_label(profile), "?"
     return f"jf-round-{name}-n{n}-{run_key(params)}"
+
+
+def profile_label(profile: str | Profile | dict) -> str:
+    """The profile's name as run names show it, from any form a flow run's `profile` parameter takes."""
+    if isinstance(profile, Profile):
+        return profile.name
+    if isinstance(profile, dict):  # a built profile, as the API hands parameters back
+        return str(profile.get("name", "?"))
+    return str(profile).rsplit("/", 1)[-1].removesuffix(".yaml")
 
 
 @flow(name="jf-round", flow_run_name=round_run_name, log_prints=True, validate_parameters=True)
 def jf_round(
-    profile: str = "tiny",
+    profile: str | Profile = "tiny",
     overrides: ProfileOverrides | None = None,
     model: str | None = None,
     parent_run_id: str | None = None,

@@ -159,14 +159,13 @@ def _serve_until(stop: threading.Event, options: ServeOptions, *, host: str, por
 
 def build(args: dict):
     """Serve's application builder (`import_path: jacobi_forcing.infra.serve_app:build`, e.g. in a KubeRay
-    RayService): `args` holds ServeOptions' fields; `model_path` may be `models:/<name>@<alias>` (resolved through
-    MLFLOW_TRACKING_URI into $JF_HOME, which a cluster shares) and `replicas` the number of replicas."""
+    RayService): `args` holds ServeOptions' fields; `model_path` is any model reference (`models:/<name>@<alias>`
+    resolved through MLFLOW_TRACKING_URI into $JF_HOME, which a cluster shares; `package:`; `embedded`) and
+    `replicas` the number of replicas."""
+    from jacobi_forcing.tasks.model_package import resolve_model
+
     args = dict(args)
     replicas = int(args.pop("replicas", 1))
-    path = str(args.pop("model_path"))
-    if path.startswith("models:/"):
-        from jacobi_forcing.tasks.model_package import resolve_model
-
-        path = resolve_model(path)
+    path = resolve_model(str(args.pop("model_path")))
     args.setdefault("name", Path(path).name)
     return application(ServeOptions(model_path=path, **args), replicas)

@@ -16,17 +16,14 @@ class UsageError(ValueError):
 def model_path(model: str | None, profile=None) -> str:
     """Every command's model, named one way: a directory, a hub id, `models:/<name>@<alias>` or `/<version>` (the
     registered checkpoint, downloaded once per version), `package:<distribution>` (its GGUF, imported once) or
-    `embedded`; None: the profile's model (the embedded one without a profile)."""
-    from jf_core.config import ModelConfig
+    `embedded`; None: the profile's model (the embedded one without a profile). One door:
+    `tasks.model_package.resolve_model`."""
+    from jacobi_forcing.tasks.model_package import resolve_model
+    from jf_core.model_ref import EMBEDDED
 
-    if model is not None and model.startswith("models:/"):
-        from jacobi_forcing.tasks.model_package import resolve_model
-
-        return resolve_model(model, profile)
-    threads = profile.compute.threads if profile is not None else None
     if model is None:
-        return (profile.model if profile is not None else ModelConfig()).resolve(threads)
-    return ModelConfig(path=model).resolve(threads)
+        model = profile.model.path if profile is not None else EMBEDDED
+    return resolve_model(model, profile)
 
 
 def model_and_tokenizer(model: str | None):

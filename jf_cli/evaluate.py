@@ -38,7 +38,7 @@ def _report(result: Evaluation, args: argparse.Namespace, meta: dict) -> list:
     """Print the table and the headline; with `--out`, write bench.md, bench.json and the table's figures. Returns
     the table's rows."""
     from jf_core.evaluation.plots import bench_figures, save_figures
-    from jf_core.evaluation.speed import format_markdown, format_table, write_json
+    from jf_core.evaluation.tables import format_markdown, format_table, write_json
 
     rows = result.rows()
     print(format_table(rows))
@@ -95,7 +95,7 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
     from jf_core.decoding import load_decode_config
     from jf_core.decoding.multiblock import JFDecodeConfig
     from jf_core.evaluation.evaluate import evaluate_model
-    from jf_core.evaluation.speed import hf_generate_decoder, jf_methods
+    from jf_core.evaluation.methods import build_methods
     from jf_core.models import load_model, stop_tokens
     from jf_core.trajectory.prompts import PromptFormat, calibration_prompts
 
@@ -117,31 +117,32 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
     cfg = profile.evaluation
     path, model, tok = _load(profile, args.model)
     stop = stop_tokens(model, tok)
-    extra = {
-        "hf_generate": hf_generate_decoder(model, **stop, max_new_tokens=cfg.max_new_tokens),
-        "hf_prompt_lookup": hf_generate_decoder(  # batch 1 only in transformers
-            model, **stop, max_new_tokens=cfg.max_new_tokens, batched=False, prompt_lookup_num_tokens=10
-        ),
-    }
+    # Beside the rows evaluate_model builds (ours), HF's; then the trained model's: one builder for every row.
+    extra = build_methods(model, stop, cfg.max_new_tokens, ar=False, hf=True)
     same: dict[str, str] = {}
     if args.jf_model:
-        from jf_core.model_dir import read_block
+        from jf_core.serving.spec import serving_spec
 
         # One door for every model option: `models:/name@champion`, `package:`, a hub id or a directory.
         args.jf_model = model_path(args.jf_model, profile)
         jf_model, jf_tok = load_model(args.jf_model, **profile.model.decode_kwargs())
         saved = load_decode_config(args.jf_model)
-        rows, same = jf_methods(
+        jf_n = args.jf_block_size or saved.block_size
+        rows = build_methods(
             jf_model,
-            **stop_tokens(jf_model, jf_tok),
-            max_new_tokens=cfg.max_new_tokens,
-            block_size=args.jf_block_size or saved.block_size,
+            stop_tokens(jf_model, jf_tok),
+            cfg.max_new_tokens,
+            prefix="jf_",
+            block_sizes=sorted({jf_n, *cfg.block_sizes}),  # beside the base model's, for TPF against block size
+            variants_at=jf_n,
             tuned=saved if isinstance(saved, JFDecodeConfig) else None,
+            tuned_name="autotuned",
+            full_width=True,
+            ar_above_batch=serving_spec(args.jf_model, saved).ar_above_batch,
             sampling=sampling,
-            ar_above_batch=(read_block(args.jf_model) or {}).get("ar_above_batch"),
-            jacobi_block_sizes=cfg.block_sizes,  # beside the base model's, for TPF against block size
         )
         extra.update(rows)
+        same = dict.fromkeys(rows, "jf_ar")  # the trained model's rows reproduce its own AR
     saved = load_decode_config(path) if Path(path).is_dir() else None
     sizes = args.batch_sizes or [args.batch_size]
     tables: dict[int, list] = {}

@@ -18,7 +18,6 @@ jf stack up|down|status                        local Prefect + MLflow servers an
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Iterator
 
@@ -26,19 +25,19 @@ from jf_cli.common import UsageError, model_and_tokenizer, positive
 
 
 def cmd_bootstrap(args: argparse.Namespace) -> int:
-    from jf_core.toy.bootstrap import BootstrapConfig, bootstrap, embedded_model_dir
+    from jf_core.toy.bootstrap import REPORT, BootstrapConfig, BootstrapReport, bootstrap, embedded_model_dir
 
     cfg = BootstrapConfig(threads=args.threads)
     out = embedded_model_dir(cfg)
-    if (out / "bootstrap.json").is_file() and not args.force:
-        report = json.loads((out / "bootstrap.json").read_text())
+    if (out / REPORT).is_file() and not args.force:
+        report = BootstrapReport.read(out)
         print(f"embedded model cached at {out}")
     else:
         report = bootstrap(cfg, out)
         print(f"embedded model trained and saved to {out}")
     print(
-        f"accuracy {report['accuracy']:.4f} on {report['test_size']} test items (greedy, exact match); "
-        f"{report['parameters'] / 1e6:.2f}M parameters; bootstrap {report['total_seconds']:.0f} s"
+        f"accuracy {report.accuracy:.4f} on {report.test_size} test items (greedy, exact match); "
+        f"{report.parameters / 1e6:.2f}M parameters; bootstrap {report.total_seconds:.0f} s"
     )
     return 0
 
@@ -72,7 +71,7 @@ def cmd_decode(args: argparse.Namespace) -> int:
         sampling = Sampling.of(args.temperature, args.top_k, args.top_p)
     except ValueError as err:
         raise UsageError(f"--{err}") from None
-    out = decode(model, [ids], cfg, sampling=sampling, seeds=[args.seed], **stop_tokens(model, tokenizer))
+    out = decode(model, [ids], cfg, sampling=sampling, seeds=[args.seed], stop=stop_tokens(model, tokenizer))
     print(tokenizer.decode(out.sequences[0], skip_special_tokens=True))
     s = out.stats
     print(

@@ -84,12 +84,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.progressive:
         from jacobi_forcing.flows.progressive import jf_progressive
 
-        summaries = jf_progressive(args.profile, overrides=overrides or None, model=args.model)
+        summaries = jf_progressive(profile, model=args.model)
         for i, s in enumerate(summaries[:-1]):
             print(f"round {i} (n={s.block_size}): accuracy {s.accuracy:.3f}, TPF {s.tpf}")
         summary = summaries[-1]
     else:
-        summary = jf_round(args.profile, overrides=overrides or None, model=args.model)
+        summary = jf_round(profile, model=args.model)  # built once, above: the flow takes it as it is
     report = RoundReport.load(Path(summary.round_dir) / "report.json")
     reg, head, dtype = summary.registry, report.headline, report.eval.dtype
     print()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from jf_cli.common import args_profile, positive
+from jf_cli.common import args_profile, model_path, positive
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
@@ -30,7 +30,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     }
     source = profile.prompts.model_copy(update={k: v for k, v in fields.items() if v is not None})
     tokenizer = AutoTokenizer.from_pretrained(
-        args.tokenizer or profile.model.resolve(profile.compute.threads),
+        args.tokenizer or model_path(None, profile),
         trust_remote_code=profile.model.trust_remote_code,
     )
     report = prepare_prompts(source, tokenizer, args.out, calibration=args.calibration, seed=args.seed)

@@ -6,7 +6,7 @@ import argparse
 import json
 from collections import Counter
 
-from jf_cli.common import positive
+from jf_cli.common import model_path, positive
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -142,8 +142,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from jf_core.trajectory.prompts import load_prompts
 
     profile = load_profile(args.profile, prompts={"limit": args.num_prompts})
-    model_path = profile.model.resolve(profile.compute.threads)
-    model, tokenizer = load_model(model_path, dtype=profile.model.dtype)
+    model, tokenizer = load_model(model_path(None, profile), dtype=profile.model.dtype)
     torch.set_num_threads(1)
     t = profile.trajectory
     items = load_prompts(profile.prompts, tokenizer).items
@@ -201,7 +200,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
                 model,
                 prompts,
                 max_new_tokens=budget,
-                **stop_tokens(model, tokenizer),
+                stop=stop_tokens(model, tokenizer),
             ).sequences
             for pid, expected in zip(chunk, greedy, strict=True):
                 rows = sorted(by_prompt[pid], key=lambda r: r["block_index"])

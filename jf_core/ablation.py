@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pydantic import Field, field_validator
 
 from jf_core.config import _Strict, merge_overrides
+from jf_core.evaluation import tables
 
 
 def _jf(schedule: str, window: int, mask: str = "shipped", **training) -> dict[str, dict]:
@@ -154,10 +155,10 @@ def markdown(rows: Sequence[dict], base: dict | None = None, multiblock: str = "
     head = ["variant", "seeds", "accuracy %", *[f"TPF n={n}" for n in sizes], f"TPF {multiblock}"]
     head += [f"iter/token n={sizes[0]}"]
     head += ["picked noise ratio", "blocks with ratio > 0.5", "paper: accuracy / iter/token"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = []
     if base is not None:
         cells = ["input model", "-", f"{100 * base['accuracy']:.2f}", *[f"{base['tpf'][n]:.2f}" for n in sizes]]
-        lines.append("| " + " | ".join([*cells, "-", f"{1 / base['tpf'][sizes[0]]:.3f}", "-", "-", "-"]) + " |")
+        lines.append([*cells, "-", f"{1 / base['tpf'][sizes[0]]:.3f}", "-", "-", "-"])
     for r in rows:
         mean_tpf, sd_tpf = r["tpf"][sizes[0]]
         iters = 1 / mean_tpf
@@ -174,8 +175,8 @@ def markdown(rows: Sequence[dict], base: dict | None = None, multiblock: str = "
             _pm(r["noisy_half"]),
             f"{100 * paper[0]:.1f}% / {paper[1]:.2f}" if paper else PAPER_NOTES.get(r["variant"], "-"),
         ]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+        lines.append(cells)
+    return tables.markdown(head, lines) + "\n"
 
 
 def margin(rows: Sequence[dict], winner: str, baseline: str, n: str) -> dict:

@@ -7,14 +7,15 @@ A profile (YAML under jf_core/profiles/, or any path) names a model, a prompt so
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, create_model, field_validator, model_validator
 
-from jf_core.training.noise import WindowSchedule
+from jf_core.paths import jf_home
+from jf_core.training.config import JFTrainConfig
+from jf_core.trajectory.config import TrajectoryConfig
 from jf_core.trajectory.prompts import PromptSourceConfig
 
 PROFILES_DIR = Path(__file__).parent / "profiles"
@@ -44,43 +45,6 @@ class ModelConfig(_Strict):
             "lm_head_fp32": self.lm_head_fp32,
         }
 
-    def resolve(self, train_threads: int | None = None, on_log: Callable[[int, dict], None] | None = None) -> str:
-        """The model's location, bootstrapping the embedded default when asked for it (training on `train_threads`,
-        the profile's compute.threads: the count is part of what the embedded model is; `on_log` gets its logged
-        rows instead of a terminal bar), and importing the GGUF an installed package holds (`package:<name>`, once,
-        under $JF_HOME/models) when that is asked for."""
-        if self.path == "embedded":
-            from jf_core.toy.bootstrap import BootstrapConfig, ensure_embedded_model
-
-            cfg = BootstrapConfig(threads=train_threads)
-            return str(ensure_embedded_model(cfg, progress=on_log is None, on_log=on_log))
-        from jf_core.model_import import PACKAGE_SCHEME, ensure_package_model
-
-        if self.path.startswith(PACKAGE_SCHEME):
-            # fp32 whatever the profile computes in: a bf16 profile casts at load, from exact dequantized values
-            return str(ensure_package_model(self.path))
-        return self.path
-
-
-class TrajectoryConfig(_Strict):
-    block_size: int = Field(16, ge=1)
-    max_new_tokens: int = Field(256, ge=1)
-    seed: int = 0
-    batch_size: int = Field(16, ge=1)
-    shard_size: int = Field(64, ge=1)  # prompts per shard: the unit of work, retry and resume
-    draft_init: Literal["prompt_sample", "repeat_last", "random_vocab"] = "prompt_sample"
-    round_id: str = "round-0"
-    # jacobi: every block's states recorded by Jacobi decoding; synthetic: the fixed points from greedy AR (batched,
-    # far cheaper) and each block's states made by corrupting its tail with `corruption` noise, as upstream's
-    # masking-based first round does (jf_core/trajectory/synthetic.py). Same records, `kind` on each row.
-    kind: Literal["jacobi", "synthetic"] = "jacobi"
-    corruption: Literal["context", "vocab"] = "context"
-
-    def collect_config(self):
-        from jf_core.trajectory.collect import CollectConfig
-
-        return CollectConfig(**self.model_dump(exclude={"shard_size"}))
-
 
 class ComputeConfig(_Strict):
     workers: int = Field(2, ge=1)  # trajectory actors: one per GPU on GPU hosts, one per CPU slot here
@@ -104,160 +68,6 @@ class ComputeConfig(_Strict):
     # (tasks/gpu_slots.py); null: no limit. Leases are renewed while a stage runs; a dead worker's lapse after this.
     gpu_limit: str | None = "gpu"
     gpu_lease_seconds: float = Field(300, ge=60, le=86_400)  # Prefect's bounds
-
-
-class JFTrainConfig(_Strict):
-    # single: this process; ddp: a full replica per Ray Train worker; fsdp2: parameters, gradients and optimizer
-    # state sharded over the workers (compute.train_workers). Weights are fp32 masters always; compute runs in the
-    # model's dtype (model.dtype). See tasks/train_distributed.py and `jf plan`.
-    strategy: Literal["single", "ddp", "fsdp2"] = "single"
-    activation_checkpointing: bool = False  # recompute each layer's activations in backward (non-reentrant)
-    cpu_offload: bool = False  # fsdp2: fp32 masters, gradients and AdamW state in host memory (one small GPU)
-    checkpoint_every: int | None = Field(None, ge=1)  # steps between resumable checkpoints; None: a tenth of the run
-    lean_loss: bool = True  # the LM head on loss positions only, in chunks (losses.py); False: full logits
-    loss_chunk: int = Field(1024, ge=1)  # LM-head rows per chunk
-    steps: int = Field(600, ge=1)
-    lr: float = Field(1e-3, gt=0)
-    warmup_steps: int = Field(30, ge=0)
-    batch_size: int = Field(16, ge=1)  # per worker: the global batch is batch_size x grad_accum x workers
-    grad_accum: int = Field(1, ge=1)
-    grad_clip: float = Field(1.0, gt=0)
-    ar_weight: float = Field(1.0, ge=0)  # lambda
-    consistency_weight: float = Field(1.0, ge=0)
-    temperature: float = Field(1.0, gt=0)  # tau
-    hard_targets: bool = False
-    # Keeping the model's own text: weight of KL(base || model) on the next-token distributions at every answer
-    # position the AR loss scores, against a frozen copy of the input model (one more forward a step, no backward).
-    # 0: no base copy is loaded. The AR loss holds only the argmax on the trained text; this holds the whole
-    # distribution, near-ties included (losses.py).
-    base_kl_weight: float = Field(0.0, ge=0)
-    # jacobi_forcing: noisy blocks picked by the noise schedule, conditioned on noisy context (the mask); cllm: the
-    # CLLM baseline (Kou et al. 2024): a uniformly drawn intermediate Jacobi state of each block, conditioned on the
-    # fixed point before it (mask clean_context), pulled to the fixed point's predictions, no noise schedule. Under
-    # the clean_context mask each noisy block sees exactly CLLM's input [prompt][fixed point < j][state of block j]
-    # and its clean copy gives CLLM's teacher, so one packed forward computes CLLM's per-block loss.
-    method: Literal["jacobi_forcing", "cllm"] = "jacobi_forcing"
-    # jacobi_forcing only, as are the next 3 (noise.py says what each schedule does)
-    schedule: WindowSchedule = "progressive"
-    window: int = Field(16, ge=1)  # w: blocks per noise window
-    min_ratio: float = Field(0.0, ge=0, le=1)
-    max_ratio: float = Field(1.0, ge=0, le=1)
-    mask: Literal["shipped", "clean_context"] = "shipped"
-    # Which draft state a block's noisy copy is: at_packing, the one state the schedule picked when packing (every
-    # visit sees the same); each_visit, drawn again from all the block's recorded states each time its example is
-    # seen (the schedule seeded by the visit: jf_core/training/packing.py `redrawn`).
-    state_pick: Literal["at_packing", "each_visit"] = "at_packing"
-    # On-policy states: every this many steps the model being trained decodes `onpolicy_prompts` of its training
-    # prompts (in turn) and the draft states it visits join those blocks' pools (jf_core/training/onpolicy.py).
-    onpolicy_every: int | None = Field(None, ge=1)
-    onpolicy_prompts: int = Field(8, ge=1)
-    max_length: int = Field(2048, ge=8)
-    mix_ar_every: int = Field(0, ge=0)  # every k-th batch is plain AR on ground-truth data (embedded task only)
-    seed: int = 0
-    # TPF against training steps: every this many steps (None: never), plain Jacobi at the round's block size (and
-    # at each of `tpf_probe_block_sizes`, e.g. [16, 32]) on `tpf_probe_prompts` calibration prompts,
-    # `tpf_probe_tokens` new tokens each (one-process training only). It reads the model and changes nothing in it:
-    # rounds with and without it train the same weights.
-    tpf_probe_every: int | None = Field(None, ge=1)
-    tpf_probe_prompts: int = Field(4, ge=1)
-    tpf_probe_tokens: int = Field(64, ge=1)
-    tpf_probe_block_sizes: list[Annotated[int, Field(ge=1)]] = []
-
-    # The one mapping from this config to the training objects, shared by the local and the distributed trainer.
-    @model_validator(mode="after")
-    def _probe_in_one_process(self) -> JFTrainConfig:
-        if self.tpf_probe_every is not None and self.strategy != "single":
-            raise ValueError(
-                f"training.tpf_probe_every decodes with the whole model in one process: strategy {self.strategy} "
-                "shards it over workers (set strategy single, or tpf_probe_every null)"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _onpolicy(self) -> JFTrainConfig:
-        if self.onpolicy_every is None:
-            return self
-        if self.state_pick != "each_visit":
-            raise ValueError(
-                "training.onpolicy_every adds states to each block's pool, which only each_visit draws from: set "
-                "training.state_pick: each_visit"
-            )
-        if self.strategy != "single":
-            raise ValueError(
-                f"training.onpolicy_every decodes with the whole model in one process: strategy {self.strategy} "
-                "shards it over workers (set strategy single, or onpolicy_every null)"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _base_kl_in_one_process(self) -> JFTrainConfig:
-        if self.base_kl_weight and self.strategy != "single":
-            raise ValueError(
-                f"training.base_kl_weight keeps a whole frozen copy of the input model in one process: strategy "
-                f"{self.strategy} shards the model over workers (set strategy single, or base_kl_weight 0)"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _cllm_mask(self) -> JFTrainConfig:
-        if self.method == "cllm" and self.mask != "clean_context":
-            raise ValueError(
-                "training.method cllm conditions each draft on the fixed point before it: set training.mask "
-                "clean_context (the shipped mask's noisy context is what Jacobi Forcing adds)"
-            )
-        return self
-
-    @property
-    def method_name(self) -> str:
-        """The method as run names and evaluation labels say it."""
-        return "CLLM" if self.method == "cllm" else "Jacobi Forcing"
-
-    @property
-    def noise_kind(self) -> str:
-        """What picks each block's noisy state: the noise schedule, or CLLM's uniformly drawn Jacobi state."""
-        return "uniform_state" if self.method == "cllm" else self.schedule
-
-    def noise_schedule(self):
-        from jf_core.training.noise import NoiseSchedule
-
-        return NoiseSchedule(
-            self.noise_kind, window=self.window, min_ratio=self.min_ratio, max_ratio=self.max_ratio, seed=self.seed
-        )
-
-    def objective(self, base=None):
-        """The loss; `base`: the frozen input model that `base_kl_weight` compares against (needed when it is > 0)."""
-        from jf_core.training.losses import JacobiForcingObjective, JFLossConfig
-
-        loss = JFLossConfig(
-            ar_weight=self.ar_weight,
-            consistency_weight=self.consistency_weight,
-            temperature=self.temperature,
-            hard_targets=self.hard_targets,
-            chunk=self.loss_chunk,
-            base_kl_weight=self.base_kl_weight,
-        )
-        return JacobiForcingObjective(loss, self.mask, lean=self.lean_loss, base=base)
-
-    def every(self) -> int:
-        return self.checkpoint_every or max(1, self.steps // 10)
-
-    def loop(self, log_every: int = 10, compute_dtype: str = "float32"):
-        """The loop's settings; `compute_dtype` is the model's (a profile's model.dtype, "auto" meaning fp32 on CPU
-        and bf16 on CUDA)."""
-        import torch
-
-        from jf_core.training.trainer import TrainConfig
-
-        return TrainConfig(
-            compute_dtype=getattr(torch, compute_dtype),
-            steps=self.steps,
-            lr=self.lr,
-            warmup_steps=self.warmup_steps,
-            grad_accum=self.grad_accum,
-            grad_clip=self.grad_clip,
-            seed=self.seed,
-            log_every=log_every,
-        )
 
 
 class TuneConfig(_Strict):
@@ -312,14 +122,10 @@ class EvalConfig(_Strict):
     split: str | None = None
     _splits: tuple[dict[str, float], str] | None = PrivateAttr(default=None)  # (fractions, text field), set by Profile
 
-    def held_out(self):
-        """A filter over benchmark rows: those in `split` of the prompt file's hash splits (None: every row)."""
-        if self.split is None or self._splits is None:
-            return None
-        from jf_core.trajectory.prompts import hash_split
-
-        fractions, field = self._splits
-        return lambda row: hash_split(str(row.get(field, "")), fractions) == self.split
+    @property
+    def hash_splits(self) -> tuple[dict[str, float], str] | None:
+        """The prompt file's hash splits and the text field they hash (set by the profile): `split` selects rows."""
+        return self._splits
 
 
 class GateConfig(_Strict):
@@ -411,8 +217,6 @@ class Profile(_Strict):
         return self
 
     def runs_dir(self) -> Path:
-        from jf_core.paths import jf_home
-
         return Path(self.storage.runs_dir).expanduser() if self.storage.runs_dir else jf_home() / "runs"
 
     @field_validator("name")

@@ -11,6 +11,7 @@ from typing import Literal
 import torch
 
 from jf_core.checksums import CorruptFileError, verify
+from jf_core.decoding.common import StopTokens
 from jf_core.decoding.kv import UnsupportedModelError, attention_layout
 
 DTypeName = Literal["auto", "float32", "bfloat16", "float16"]
@@ -161,9 +162,10 @@ def eos_token_ids(tokenizer, model: torch.nn.Module | None = None) -> tuple[int,
     return tuple(dict.fromkeys(int(i) for i in ids if i is not None))
 
 
-def stop_tokens(model: torch.nn.Module, tokenizer) -> dict:
-    """The decoders' `eos_token_id` (every EOS id) and `pad_token_id`: `decode(..., **stop_tokens(model, tok))`."""
-    return {"eos_token_id": eos_token_ids(tokenizer, model), "pad_token_id": tokenizer.pad_token_id}
+def stop_tokens(model: torch.nn.Module, tokenizer) -> StopTokens:
+    """Where this model's sequences end (every EOS id) and what pads its batches: `decode(..., stop=stop_tokens(model,
+    tok))`."""
+    return StopTokens(eos_token_ids(tokenizer, model), tokenizer.pad_token_id)
 
 
 def check_tokenizer(tokenizer, where: str) -> None:

@@ -30,6 +30,9 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
 
 log = logging.getLogger("jf.threads")
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -96,6 +99,21 @@ def choose_threads(probe_s: float = 0.3, budget: int | None = None) -> int:
     time.sleep(probe_s)
     after = _sample()
     return threads_for(others_load(before, after), budget) if after else budget
+
+
+class ThreadRecord(BaseModel):
+    """The thread counts a training run used (`ThreadGovernor.record()`): its params, and where its count changed.
+    Empty (every field None) for a run no governor watched (on a GPU)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    policy: Literal["fixed", "governed"] | None = None
+    budget: int | None = None
+    initial: int | None = None
+    final: int | None = None
+    min: int | None = None
+    changes: list[tuple[int, int]] = []  # (step, threads) each time the count changed
+    contended_at: int | None = None  # the first step at which others held CPUs a fixed count needed
 
 
 @dataclass
@@ -169,14 +187,14 @@ class ThreadGovernor:
             return cls()
         return cls(fixed=threads or cpu_budget())
 
-    def record(self) -> dict:
+    def record(self) -> ThreadRecord:
         counts = [n for _, n in self.changes]
-        return {
-            "policy": "fixed" if self.fixed is not None else "governed",
-            "budget": self.budget,
-            "initial": counts[0] if counts else None,
-            "final": counts[-1] if counts else None,
-            "min": min(counts) if counts else None,
-            "changes": [list(c) for c in self.changes],
-            "contended_at": self.contended_at,
-        }
+        return ThreadRecord(
+            policy="fixed" if self.fixed is not None else "governed",
+            budget=self.budget,
+            initial=counts[0] if counts else None,
+            final=counts[-1] if counts else None,
+            min=min(counts) if counts else None,
+            changes=list(self.changes),
+            contended_at=self.contended_at,
+        )

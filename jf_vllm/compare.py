@@ -145,7 +145,7 @@ def _our_runner(settings: Settings, method: str):
     if settings.threads:
         torch.set_num_threads(settings.threads)
     model, tokenizer = load_model(settings.model, dtype="float32")
-    stops = stop_tokens(model, tokenizer)
+    stop = stop_tokens(model, tokenizer)
     config = load_decode_config(settings.model, block_size=settings.block_size, max_new_tokens=settings.max_tokens)
     above = (read_block(settings.model) or {}).get("ar_above_batch")
     above = above if settings.ar_above_batch == "stored" else settings.ar_above_batch
@@ -154,9 +154,9 @@ def _our_runner(settings: Settings, method: str):
         start = time.perf_counter()
         with torch.inference_mode():
             if method == "ours_ar":
-                out = ar_decode(model, batch, max_new_tokens=settings.max_tokens, **stops)
+                out = ar_decode(model, batch, max_new_tokens=settings.max_tokens, stop=stop)
             else:
-                out = decode(model, batch, config, ar_above_batch=above, **stops)
+                out = decode(model, batch, config, ar_above_batch=above, stop=stop)
         seconds = time.perf_counter() - start
         return out.sequences, Turn(seconds, out.stats.new_tokens, out.stats.forwards)
 

@@ -152,10 +152,9 @@ def log_params(client: MlflowClient, run_id: str, profile: Profile) -> None:
 
 def thread_params(threads: Threads) -> dict[str, object]:
     """The round's thread counts as flat params (`threads.train_policy`, `threads.train_initial`, ...)."""
-    train = threads.train
-    out: dict[str, object] = {
-        f"train_{k}": train[k] for k in ("policy", "budget", "initial", "final", "min", "contended_at") if k in train
-    }
+    # A run no governor watched (on a GPU) has no counts to log.
+    train = threads.train.model_dump(exclude={"changes"}) if threads.train.policy is not None else {}
+    out: dict[str, object] = {f"train_{k}": v for k, v in train.items()}
     out.update({k: v for k, v in threads.model_dump(exclude={"train"}).items() if v is not None})
     return out
 
@@ -174,7 +173,7 @@ def log_round(client: MlflowClient, run_id: str, report: RoundReport, plots: dic
     curve += [Metric(k, float(v), now, 0) for k, v in report.metrics().items()]
     threads = report.threads
     # The training thread count over steps: a flat line alone, a step down where another process took a core.
-    curve += [Metric("torch_threads", float(n), now, int(step)) for step, n in threads.train.get("changes", [])]
+    curve += [Metric("torch_threads", float(n), now, int(step)) for step, n in threads.train.changes]
     client.log_batch(run_id, params=[Param(f"threads.{k}", str(v)) for k, v in thread_params(threads).items()])
     for i in range(0, len(curve), 1000):
         client.log_batch(run_id, metrics=curve[i : i + 1000])

@@ -17,6 +17,7 @@ from mlflow.exceptions import MlflowException
 
 import jf_core
 from jacobi_forcing.tasks.mlflow_runs import tracking_uri
+from jf_core import model_ref
 from jf_core.config import Profile, RegistryConfig
 from jf_core.model_dir import registry_copy
 from jf_core.paths import jf_home
@@ -105,14 +106,21 @@ def checkpoint_of(downloaded: Path) -> Path:
 
 
 def resolve_model(uri: str, profile: Profile | None = None, on_log: Callable[[int, dict], None] | None = None) -> str:
-    """A model as a local directory: `models:/<name>@<alias>` or `models:/<name>/<version>` are downloaded once per
-    version (into $JF_HOME/models/registry, renamed into place when complete) from the profile's registry (without
-    a profile: MLFLOW_TRACKING_URI, else the local store); anything else (a directory, a hub id, "embedded") goes
-    through the profile."""
-    if not uri.startswith("models:/"):
-        if profile is None:
-            return uri
-        return profile.model.model_copy(update={"path": uri}).resolve(profile.compute.threads, on_log=on_log)
+    """Every model reference as a local directory or hub id (`jf_core.model_ref.resolve_model`, with MLflow's
+    registry for `models:/`): the door every command option, flow parameter and server takes. The profile gives
+    the embedded model's bootstrap threads and the registry (without one: MLFLOW_TRACKING_URI, else the local
+    store)."""
+    return model_ref.resolve_model(
+        uri,
+        threads=profile.compute.threads if profile is not None else None,
+        on_log=on_log,
+        registry=lambda ref: registered_checkpoint(ref, profile),
+    )
+
+
+def registered_checkpoint(uri: str, profile: Profile | None = None) -> str:
+    """`models:/<name>@<alias>` or `models:/<name>/<version>` as a local checkpoint, downloaded once per version
+    (into $JF_HOME/models/registry, renamed into place when complete) from the profile's registry."""
     store = tracking_uri(profile.registry if profile is not None else RegistryConfig())
     if store.startswith("sqlite:///") and not Path(store.removeprefix("sqlite:///")).is_file():
         # MLflow would create an empty store there and answer that the model does not exist: a wrong URI (or no

@@ -17,8 +17,8 @@ from mlflow.exceptions import MlflowException
 from jacobi_forcing.tasks.model_package import log_model
 from jf_core.config import Profile
 from jf_core.evaluation.gate import Check, Figures, decide
-from jf_core.model_dir import read_block
 from jf_core.round.results import Registration
+from jf_core.serving.spec import serving_spec
 
 if TYPE_CHECKING:
     from jf_core.round.report import RoundReport
@@ -122,6 +122,7 @@ def register(
     _log_checks(client, run_id, decision.checks)
     with tempfile.TemporaryDirectory() as tmp, mlflow.start_run(run_id=run_id):
         info = log_model(report.model, Path(tmp), fallback_decode=report.eval.decode_config)
+    gate = "passed" if decision.passed else "failed"
     tags = {
         "round": Path(report.round_dir).name,
         # Two block sizes, named apart: the trajectories' n the model was trained at, and the n its decode config
@@ -136,23 +137,23 @@ def register(
         "accuracy": f"{report.accuracy:.4f}",
         "base_model": report.model_in,
         "lineage_base": report.lineage_base,
-        "gate": "passed" if decision.passed else "failed",
+        "gate": gate,
         "gate_reasons": "; ".join(decision.reasons),
         "jf.registration_key": key,
         "jf.figures": figures.candidate.to_json(),  # what a later round's gate compares with
         **{f"gate.{c.name}": f"{'passed' if c.passed else 'failed'}: {c.reason}" for c in decision.checks},
     }
-    serving = read_block(report.model) or {}
-    if "crossover" in serving:  # where a server should switch to AR, and on what it was measured
-        tags["ar_above_batch"] = str(serving.get("ar_above_batch"))
-        tags["hardware"] = str(serving.get("hardware"))
+    serving = serving_spec(report.model, report.eval.decode)
+    if serving.crossover:  # where a server should switch to AR, and on what it was measured
+        tags["ar_above_batch"] = str(serving.ar_above_batch)
+        tags["hardware"] = str(serving.hardware)
     version = mlflow.register_model(info.model_uri, name, tags=tags).version
     client.set_registered_model_alias(name, "challenger", version)
     if decision.passed:
         client.set_registered_model_alias(name, "champion", version)
     client.set_model_version_tag(name, version, REGISTRATION_TAG, "complete")  # a killed run is finished by a re-run
     client.set_tag(run_id, "jf.registered_version", version)
-    client.set_tag(run_id, "jf.gate", tags["gate"])
+    client.set_tag(run_id, "jf.gate", gate)
     return Registration(
         model_name=name,
         version=str(version),

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
+from jf_core.evaluation.tables import markdown
+
 if TYPE_CHECKING:
     from jf_core.round.report import RoundReport
     from jf_core.round.results import Registration
@@ -43,9 +45,7 @@ def metrics_rows(report: RoundReport) -> list[dict]:
 
 def markdown_table(rows: list[dict]) -> str:
     head = list(rows[0])
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(str(r[h]) for h in head) + " |" for r in rows]
-    return "\n".join(lines)
+    return markdown(head, ([r[h] for h in head] for r in rows))
 
 
 def summary_markdown(report: RoundReport, registry: Registration | None, run_url: str | None) -> str:

@@ -13,7 +13,6 @@ register twice).
 from __future__ import annotations
 
 import functools
-import json
 import time
 from collections.abc import Callable
 from functools import partial
@@ -176,7 +175,7 @@ def step_logger(what: str, steps: int, say: Callable[[str], None], bar: Progress
 
 @task(name="resolve-model", task_run_name="resolve model {uri}", retries=2, retry_delay_seconds=5)
 def resolve_model(uri: str, profile: Profile) -> str:
-    from jf_core.toy.bootstrap import BootstrapConfig
+    from jf_core.toy.bootstrap import BootstrapConfig, BootstrapReport
 
     logger = get_run_logger()
     # Used only when the embedded model is not cached yet: its bootstrap (minutes on a CPU) then says how far it is
@@ -191,8 +190,8 @@ def resolve_model(uri: str, profile: Profile) -> str:
     with library_warnings_in_run_log():
         path = model_package.resolve_model(uri, profile, on_log=on_log)
     if trained:
-        done = json.loads((Path(path) / "bootstrap.json").read_text())
-        logger.info("bootstrapped the embedded model: accuracy %.3f, %.0f s", done["accuracy"], done["total_seconds"])
+        done = BootstrapReport.read(path)
+        logger.info("bootstrapped the embedded model: accuracy %.3f, %.0f s", done.accuracy, done.total_seconds)
     logger.info("starting model %s -> %s", uri, path)
     return path
 

@@ -103,10 +103,11 @@ def generate_trajectories(
     """`on_shard(done, total)` is called as shards are committed (Prefect progress artifacts use it)."""
     from transformers import AutoConfig, AutoTokenizer
 
+    from jacobi_forcing.tasks.model_package import resolve_model
     from jf_core.models import check_tokenizer
 
     started = time.perf_counter()
-    model_path = profile.model.resolve(profile.compute.threads)
+    model_path = resolve_model(profile.model.path, profile)
     tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=profile.model.trust_remote_code)
     check_tokenizer(tokenizer, model_path)
     context = getattr(

@@ -62,20 +62,22 @@ def test_every_decoder_is_exact_on_real_weights_in_fp32(loaded):
     from bench.real_lossless import SAMPLING, configs
     from jf_core.decoding import decode
     from jf_core.decoding.ar import ar_decode
-    from jf_core.evaluation.speed import hf_generate_decoder, prompt_seeds
+    from jf_core.evaluation.methods import hf_generate_decoder, prompt_seeds
     from jf_core.models import stop_tokens
     from jf_core.trajectory.prompts import format_prompt
 
     model, tok = loaded
     stop = stop_tokens(model, tok)
     prompts = [tok(format_prompt(c, tok), add_special_tokens=False)["input_ids"] for c in CHATS]
-    reference = hf_generate_decoder(model, stop["eos_token_id"], stop["pad_token_id"], NEW, batched=False)(prompts)
+    reference = hf_generate_decoder(model, stop, NEW, batched=False)(prompts)
     assert "Paris" in tok.decode(reference.sequences[0])  # a real model, answering
     for name, cfg in configs(16, NEW).items():
-        assert [decode(model, [p], cfg, **stop).sequences[0] for p in prompts] == reference.sequences, name
-        assert decode(model, prompts, cfg, **stop).sequences == reference.sequences, name
-    sampled = ar_decode(model, prompts, max_new_tokens=NEW, sampling=SAMPLING, seeds=prompt_seeds(prompts), **stop)
-    jacobi = decode(model, prompts, configs(16, NEW)["jacobi"], sampling=SAMPLING, seeds=prompt_seeds(prompts), **stop)
+        assert [decode(model, [p], cfg, stop=stop).sequences[0] for p in prompts] == reference.sequences, name
+        assert decode(model, prompts, cfg, stop=stop).sequences == reference.sequences, name
+    sampled = ar_decode(model, prompts, max_new_tokens=NEW, sampling=SAMPLING, seeds=prompt_seeds(prompts), stop=stop)
+    jacobi = decode(
+        model, prompts, configs(16, NEW)["jacobi"], sampling=SAMPLING, seeds=prompt_seeds(prompts), stop=stop
+    )
     assert jacobi.sequences == sampled.sequences
 
 

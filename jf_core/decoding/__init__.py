@@ -3,7 +3,7 @@
 The front door, for every consumer (the bench, the evaluation, the server, the CLI):
 
     from jf_core.decoding import decode, load_decode_config
-    out = decode(model, prompts, load_decode_config(model_dir), **stop_tokens(model, tokenizer))
+    out = decode(model, prompts, load_decode_config(model_dir), stop=stop_tokens(model, tokenizer))
 
 `decode` (dispatch.py) chooses AR or Jacobi for a batch, the one place that does; `ar_decode` is the baseline every
 speedup is measured against. The names resolve lazily, so importing one submodule (the vLLM plugin imports the
@@ -27,6 +27,7 @@ _EXPORTS = {
     "JFDecodeConfig": "multiblock",
     "Sampling": "sampling",
     "DecodeOutput": "common",
+    "StopTokens": "common",
     "config_from_dict": "configs",
     "load_decode_config": "configs",
 }
@@ -43,13 +44,14 @@ __all__ = [  # noqa: RUF022 (grouped as _EXPORTS is)
     "JFDecodeConfig",
     "Sampling",
     "DecodeOutput",
+    "StopTokens",
     "config_from_dict",
     "load_decode_config",
 ]
 
 if TYPE_CHECKING:
     from jf_core.decoding.ar import ar_decode
-    from jf_core.decoding.common import DecodeOutput
+    from jf_core.decoding.common import DecodeOutput, StopTokens
     from jf_core.decoding.configs import config_from_dict, load_decode_config
     from jf_core.decoding.dispatch import Decoder, Dispatch, decode, prior
     from jf_core.decoding.jacobi import JacobiConfig, jacobi_decode

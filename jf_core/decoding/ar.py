@@ -14,10 +14,9 @@ from transformers import DynamicCache
 
 from jf_core.decoding.common import (
     DecodeOutput,
-    EosIds,
+    StopTokens,
     TokenSink,
     check_inputs,
-    eos_set,
     finish,
     left_pad,
     model_device,
@@ -33,8 +32,7 @@ def ar_decode(
     prompts: Sequence[Sequence[int]],
     *,
     max_new_tokens: int,
-    eos_token_id: EosIds,
-    pad_token_id: int,
+    stop: StopTokens,
     on_tokens: TokenSink | None = None,
     sampling: Sampling | None = None,
     seeds: Sequence[int] | None = None,
@@ -42,14 +40,14 @@ def ar_decode(
     prompts = check_inputs(prompts, max_new_tokens)
     attention_layout(model)  # a recurrent state or ALiBi is refused by name (it would decode wrong, or crash)
     sampler = Sampler(sampling, seeds, len(prompts))
-    eos = eos_set(eos_token_id)
+    eos = stop.eos
     device = model_device(model)
     timer = Timer(device)
     stats = [SequenceStats() for _ in prompts]
     outputs: list[list[int]] = [[] for _ in prompts]
 
     start = timer.now()
-    ids, mask = left_pad(prompts, pad_token_id, device)
+    ids, mask = left_pad(prompts, stop.pad, device)
     positions = (mask.cumsum(1) - 1).clamp(min=0)
     cache = DynamicCache(config=model.config)
     logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, **cache_kwargs(model, cache)).logits

@@ -46,7 +46,23 @@ def left_pad(
 # committed token back, so what was streamed is never revised.
 TokenSink = Callable[[int, list[int]], None]
 
-EosIds = int | Iterable[int] | None  # what decoders accept: one id, several (Qwen instruct has two), or none
+EosIds = int | Iterable[int] | None  # what StopTokens takes: one id, several (Qwen instruct has two), or none
+
+
+@dataclass(frozen=True)
+class StopTokens:
+    """The one value every decoder takes for where a sequence ends and what pads a batch: every EOS id (instruct
+    models have several: Qwen's `<|im_end|>` and `<|endoftext|>`) and the pad id. `models.stop_tokens(model,
+    tokenizer)` reads both from a model; `StopTokens(2, 0)` names them."""
+
+    eos: frozenset[int]
+    pad: int
+
+    def __init__(self, eos: EosIds, pad: int) -> None:
+        if isinstance(pad, bool) or not isinstance(pad, int):
+            raise ValueError(f"pad token id must be an int, got {pad!r} (models.load_model gives a tokenizer one)")
+        object.__setattr__(self, "eos", eos_set(eos))
+        object.__setattr__(self, "pad", pad)
 
 
 def eos_set(eos_token_id: EosIds) -> frozenset[int]:

@@ -27,7 +27,7 @@ from typing import Literal
 import torch
 
 from jf_core.decoding.ar import ar_decode
-from jf_core.decoding.common import DecodeOutput, EosIds, TokenSink
+from jf_core.decoding.common import DecodeOutput, StopTokens, TokenSink
 from jf_core.decoding.jacobi import JacobiConfig, jacobi_decode
 from jf_core.decoding.multiblock import JFDecodeConfig, jf_decode
 from jf_core.decoding.sampling import Sampling
@@ -55,8 +55,7 @@ def decode(
     prompts: Sequence[Sequence[int]],
     config: JacobiConfig,
     *,
-    eos_token_id: EosIds,
-    pad_token_id: int,
+    stop: StopTokens,
     on_tokens: TokenSink | None = None,
     sampling: Sampling | None = None,
     seeds: Sequence[int] | None = None,
@@ -67,18 +66,12 @@ def decode(
     (sampling.py). `decoder` forces a method; else a batch larger than `ar_above_batch` (the crossover `jf tune`
     stores in the model's block) runs AR, where AR was measured faster, and the rest runs the config: Jacobi Forcing
     for a JFDecodeConfig, plain Jacobi for a JacobiConfig. The text is the same whichever runs."""
-    stops = {
-        "eos_token_id": eos_token_id,
-        "pad_token_id": pad_token_id,
-        "on_tokens": on_tokens,
-        "sampling": sampling,
-        "seeds": seeds,
-    }
+    common = {"stop": stop, "on_tokens": on_tokens, "sampling": sampling, "seeds": seeds}
     if (decoder or prior(len(prompts), ar_above_batch)) == "ar":
-        return ar_decode(model, prompts, max_new_tokens=config.max_new_tokens, **stops)
+        return ar_decode(model, prompts, max_new_tokens=config.max_new_tokens, **common)
     if isinstance(config, JFDecodeConfig):
-        return jf_decode(model, prompts, config, **stops)
-    return jacobi_decode(model, prompts, config, **stops)
+        return jf_decode(model, prompts, config, **common)
+    return jacobi_decode(model, prompts, config, **common)
 
 
 def bucket(batch_size: int) -> int:

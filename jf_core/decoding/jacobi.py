@@ -30,10 +30,9 @@ import torch
 
 from jf_core.decoding.common import (
     DecodeOutput,
-    EosIds,
+    StopTokens,
     TokenSink,
     check_inputs,
-    eos_set,
     finish,
     first_eos,
     left_pad,
@@ -139,8 +138,7 @@ class JacobiDecoder:
         model: torch.nn.Module,
         config: JacobiConfig,
         *,
-        eos_token_id: EosIds,
-        pad_token_id: int,
+        stop: StopTokens,
         recorder: BlockRecorder | None = None,
         on_tokens: TokenSink | None = None,
         sampling: Sampling | None = None,
@@ -148,8 +146,8 @@ class JacobiDecoder:
         self.model = model
         self.sampling = sampling
         self.config = config
-        self.eos = eos_set(eos_token_id)
-        self.pad_token_id = pad_token_id
+        self.eos = stop.eos
+        self.pad_token_id = stop.pad
         self.recorder = recorder
         self.on_tokens = on_tokens
         self.draft_init = make_draft_init(config.draft_init, model.config.vocab_size)
@@ -334,8 +332,7 @@ def jacobi_decode(
     prompts: Sequence[Sequence[int]],
     config: JacobiConfig,
     *,
-    eos_token_id: EosIds,
-    pad_token_id: int,
+    stop: StopTokens,
     recorder: BlockRecorder | None = None,
     on_tokens: TokenSink | None = None,
     sampling: Sampling | None = None,
@@ -344,8 +341,7 @@ def jacobi_decode(
     decoder = JacobiDecoder(
         model,
         config,
-        eos_token_id=eos_token_id,
-        pad_token_id=pad_token_id,
+        stop=stop,
         recorder=recorder,
         on_tokens=on_tokens,
         sampling=sampling,

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from jf_core.decoding.common import DecodeOutput, EosIds, TokenSink, first_eos
+from jf_core.decoding.common import DecodeOutput, StopTokens, TokenSink, first_eos
 from jf_core.decoding.jacobi import BlockRecorder, JacobiConfig, JacobiDecoder, Layout, _Sequence
 from jf_core.decoding.kv import KVState
 from jf_core.decoding.recycling import NgramPool
@@ -88,17 +88,14 @@ class JFDecoder(JacobiDecoder):
         model: torch.nn.Module,
         config: JFDecodeConfig,
         *,
-        eos_token_id: EosIds,
-        pad_token_id: int,
+        stop: StopTokens,
         recorder: BlockRecorder | None = None,
         on_tokens: TokenSink | None = None,
         sampling: Sampling | None = None,
     ) -> None:
         if recorder is not None:
             raise ValueError("a BlockRecorder needs plain Jacobi decoding (JacobiConfig), not multi-block/recycling")
-        super().__init__(
-            model, config, eos_token_id=eos_token_id, pad_token_id=pad_token_id, on_tokens=on_tokens, sampling=sampling
-        )
+        super().__init__(model, config, stop=stop, on_tokens=on_tokens, sampling=sampling)
         self.cfg = config
         self.spawn_at = math.ceil(config.spawn_ratio * config.block_size)
         self.policy = config.width_policy()
@@ -225,13 +222,10 @@ def jf_decode(
     prompts: Sequence[Sequence[int]],
     config: JFDecodeConfig,
     *,
-    eos_token_id: EosIds,
-    pad_token_id: int,
+    stop: StopTokens,
     on_tokens: TokenSink | None = None,
     sampling: Sampling | None = None,
     seeds: Sequence[int] | None = None,
 ) -> DecodeOutput:
-    decoder = JFDecoder(
-        model, config, eos_token_id=eos_token_id, pad_token_id=pad_token_id, on_tokens=on_tokens, sampling=sampling
-    )
+    decoder = JFDecoder(model, config, stop=stop, on_tokens=on_tokens, sampling=sampling)
     return decoder.decode(prompts, seeds)

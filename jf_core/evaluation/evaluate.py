@@ -30,13 +30,14 @@ import torch
 
 from jf_core.config import EvalConfig, Profile
 from jf_core.decoding import decode
-from jf_core.decoding.ar import ar_decode
+from jf_core.decoding.common import StopTokens
 from jf_core.decoding.jacobi import JacobiConfig
 from jf_core.evaluation.benchmarks import BenchmarkItem, load_benchmark, score
 from jf_core.evaluation.degeneracy import output_stats
+from jf_core.evaluation.methods import build_methods
 from jf_core.evaluation.results import Calibration, Evaluation
 from jf_core.evaluation.speed import Decoder, bench, run_interleaved
-from jf_core.trajectory.prompts import PromptFormat, calibration_prompts
+from jf_core.trajectory.prompts import PromptFormat, calibration_prompts, hash_split
 
 EXACT_DTYPES = (torch.float32, torch.float64)
 
@@ -52,27 +53,20 @@ class EvalSet:
     prompts: list[list[int]]  # the items' rendered prompts, tokenized
 
 
+def held_out(cfg: EvalConfig) -> Callable[[dict], bool] | None:
+    """A filter over benchmark rows: those in `cfg.split` of the prompt file's hash splits (None: every row)."""
+    if cfg.split is None or cfg.hash_splits is None:
+        return None
+    fractions, field = cfg.hash_splits
+    return lambda row: hash_split(str(row.get(field, "")), fractions) == cfg.split
+
+
 def eval_set(cfg: EvalConfig, tokenizer, fmt: PromptFormat, *, limit: int | None = None) -> EvalSet:
     items = load_benchmark(
-        cfg.benchmark, cfg.source, limit=limit or cfg.num_prompts, template=cfg.template, keep=cfg.held_out()
+        cfg.benchmark, cfg.source, limit=limit or cfg.num_prompts, template=cfg.template, keep=held_out(cfg)
     )
     prompts = [tokenizer(fmt.render(i.prompt, tokenizer), add_special_tokens=False)["input_ids"] for i in items]
     return EvalSet(cfg.benchmark, items, prompts)
-
-
-def model_methods(
-    model: torch.nn.Module, stop: dict, cfg: EvalConfig, tuned: JacobiConfig | None = None
-) -> dict[str, Decoder]:
-    """Our AR, plain Jacobi at each of the evaluation's block sizes, and the model's tuned config when it has one."""
-    n_new = cfg.max_new_tokens
-    methods: dict[str, Decoder] = {"ar": lambda ps: ar_decode(model, ps, max_new_tokens=n_new, **stop)}
-    for n in cfg.block_sizes:
-        jcfg = JacobiConfig(block_size=n, max_new_tokens=n_new)
-        methods[f"jacobi_n{n}"] = lambda ps, jcfg=jcfg: decode(model, ps, jcfg, **stop)
-    if tuned is not None:
-        tcfg = replace(tuned, max_new_tokens=n_new)
-        methods["tuned"] = lambda ps: decode(model, ps, tcfg, **stop)
-    return methods
 
 
 def evaluate_model(
@@ -81,7 +75,7 @@ def evaluate_model(
     cfg: EvalConfig,
     *,
     fmt: PromptFormat,
-    stop: dict,
+    stop: StopTokens,
     calibration: list[list[int]] | None = None,
     tuned: JacobiConfig | None = None,
     extra_methods: dict[str, Decoder] | None = None,
@@ -97,7 +91,9 @@ def evaluate_model(
     started = time.perf_counter()
     dtype = next(model.parameters()).dtype
     data = eval_set(cfg, tokenizer, fmt)
-    methods = {**model_methods(model, stop, cfg, tuned), **(extra_methods or {})}
+    # The round's rows: our AR, plain Jacobi at each block size, the tuned config (methods.py builds every bench's).
+    own = build_methods(model, stop, cfg.max_new_tokens, block_sizes=cfg.block_sizes, tuned=tuned)
+    methods = {**own, **(extra_methods or {})}
     scores: dict[tuple[int, str], bool] = {}
 
     def scorer(i: int, seq: list[int]) -> bool:  # methods mostly agree: score each distinct text once
@@ -121,7 +117,7 @@ def evaluate_model(
             reference="hf_generate",
             same_output_as=same_output_as,
             progress=say,
-            describe=lambda seqs: output_stats(seqs, cfg.max_new_tokens, _stop_ids(stop)),
+            describe=lambda seqs: output_stats(seqs, cfg.max_new_tokens, stop.eos),
         )
     }
     if dtype in EXACT_DTYPES:
@@ -173,14 +169,9 @@ def evaluate_model(
     )
 
 
-def _stop_ids(stop: dict) -> tuple[int, ...]:
-    eos = stop.get("eos_token_id")
-    return tuple(eos) if isinstance(eos, list | tuple) else (() if eos is None else (eos,))
-
-
 def choose_block_size(
     model: torch.nn.Module,
-    stop: dict,
+    stop: StopTokens,
     cfg: EvalConfig,
     calibration: list[list[int]] | None,
     say: Callable[[str], None],
@@ -192,7 +183,7 @@ def choose_block_size(
         raise ValueError("choosing among several block sizes needs calibration prompts")
     candidates = {
         str(n): (
-            lambda ps, n=n: decode(model, ps, JacobiConfig(block_size=n, max_new_tokens=cfg.max_new_tokens), **stop)
+            lambda ps, n=n: decode(model, ps, JacobiConfig(block_size=n, max_new_tokens=cfg.max_new_tokens), stop=stop)
         )
         for n in cfg.block_sizes
     }

@@ -100,5 +100,5 @@ class Evaluation(JsonModel):
         }
 
     def rows(self) -> list[MethodResult]:
-        """Every method's row, for `speed.format_table` and the plots."""
+        """Every method's row, for `tables.format_table` and the plots."""
         return list(self.methods.values())

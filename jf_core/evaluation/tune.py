@@ -18,7 +18,7 @@ import torch
 from jf_core.config import TuneConfig
 from jf_core.decoding import decode
 from jf_core.decoding.ar import ar_decode
-from jf_core.decoding.common import EosIds
+from jf_core.decoding.common import StopTokens
 from jf_core.decoding.jacobi import JacobiConfig
 from jf_core.decoding.multiblock import JFDecodeConfig
 from jf_core.evaluation.speed import run_interleaved
@@ -88,8 +88,7 @@ def tune(
     model: torch.nn.Module,
     prompts: Sequence[Sequence[int]],
     *,
-    eos_token_id: EosIds,
-    pad_token_id: int,
+    stop: StopTokens,
     max_new_tokens: int,
     space: TuneSpace | None = None,
     batch_size: int = 1,
@@ -102,10 +101,7 @@ def tune(
     configs = (space or TuneSpace.of()).configs(max_new_tokens)
     if not configs:
         raise ValueError("the tuning space is empty")
-    decoders = {
-        str(i): lambda ps, cfg=cfg: decode(model, ps, cfg, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
-        for i, cfg in enumerate(configs)
-    }
+    decoders = {str(i): lambda ps, cfg=cfg: decode(model, ps, cfg, stop=stop) for i, cfg in enumerate(configs)}
     outputs = run_interleaved(decoders, prompts, batch_size, repeats=repeats, progress=say)
     trials = []
     for i, cfg in enumerate(configs):
@@ -122,8 +118,7 @@ def measure_crossover(
     prompts: Sequence[Sequence[int]],
     config: JacobiConfig,
     *,
-    eos_token_id: EosIds,
-    pad_token_id: int,
+    stop: StopTokens,
     batch_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32),
     repeats: int = 1,
     progress: Callable[[int, float, float], None] | None = None,
@@ -133,10 +128,9 @@ def measure_crossover(
     busy, so the speedup falls with the batch size; where it drops below 1 a server should run AR."""
     if not batch_sizes:
         raise ValueError("no batch sizes to measure the crossover at")
-    stops = {"eos_token_id": eos_token_id, "pad_token_id": pad_token_id}
     decoders = {
-        "ar": lambda ps: ar_decode(model, ps, max_new_tokens=config.max_new_tokens, **stops),
-        "jacobi": lambda ps: decode(model, ps, config, **stops),
+        "ar": lambda ps: ar_decode(model, ps, max_new_tokens=config.max_new_tokens, stop=stop),
+        "jacobi": lambda ps: decode(model, ps, config, stop=stop),
     }
     sizes, speedups, tpfs = [], [], []
     for size in sorted(set(batch_sizes)):
@@ -174,7 +168,7 @@ def store_crossover(
         model,
         prompts,
         config,
-        **stop_tokens(model, tokenizer),
+        stop=stop_tokens(model, tokenizer),
         batch_sizes=batch_sizes,
         repeats=repeats,
         progress=progress,

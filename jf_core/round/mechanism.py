@@ -28,12 +28,14 @@ import torch
 
 from jf_core.config import JFTrainConfig, Profile
 from jf_core.decoding.ar import ar_decode
-from jf_core.decoding.common import eos_set
+from jf_core.decoding.common import StopTokens
 from jf_core.decoding.jacobi import JacobiConfig, jacobi_decode
 from jf_core.evaluation.degeneracy import output_stats
 from jf_core.evaluation.speed import first_divergence
+from jf_core.evaluation.tables import markdown
 from jf_core.models import load_model, stop_tokens
 from jf_core.round.results import TrainSummary
+from jf_core.training.noise import NoiseSchedule
 
 
 @dataclass
@@ -73,7 +75,7 @@ class MechanismRow:
 
 def measure(
     model: torch.nn.Module,
-    stop: dict,
+    stop: StopTokens,
     prompts: Sequence[Sequence[int]],
     *,
     block_size: int,
@@ -90,13 +92,13 @@ def measure(
     with torch.no_grad():
         for first in range(0, len(prompts), batch_size):
             batch = list(prompts[first : first + batch_size])
-            ar += ar_decode(model, batch, max_new_tokens=max_new_tokens, **stop).sequences
-            out = jacobi_decode(model, batch, cfg, **stop)
+            ar += ar_decode(model, batch, max_new_tokens=max_new_tokens, stop=stop).sequences
+            out = jacobi_decode(model, batch, cfg, stop=stop)
             jacobi += out.sequences
             forwards += out.stats.forwards
             tokens += out.stats.new_tokens
     base = base_outputs if base_outputs is not None else ar
-    stats = output_stats(ar, max_new_tokens, eos_set(stop["eos_token_id"]))
+    stats = output_stats(ar, max_new_tokens, stop.eos)
     shared = [len(a) if (d := first_divergence(b, a)) is None else d for a, b in zip(ar, base, strict=True)]
     return SetFigures(
         tpf=tokens / max(forwards, 1),
@@ -230,7 +232,7 @@ def train_on_records(
     from jf_core.training.packing import pack_records
 
     t = profile.training
-    packed, _ = pack_records(records, t.noise_schedule(), t.max_length)
+    packed, _ = pack_records(records, NoiseSchedule.of(t), t.max_length)
     where.mkdir(parents=True)
     pq.write_table(pa.Table.from_pylist([asdict(e) for e in packed]), where / "examples.parquet")
     summary = train_round(
@@ -259,19 +261,30 @@ def _share(value: float | None) -> str:
 
 def table(rows: Sequence[MechanismRow]) -> str:
     """The rows as a Markdown table: TPF before/after beside identity and repetition, for both question sets."""
-    head = (
-        "| variant | TPF trained | TPF held-out | = own AR (trained / held-out) | = base text (trained / held-out; "
-        "median tokens kept) "
-        "| repetition (trained / held-out) | accuracy (trained / held-out) | train s | train tokens |"
-        "\n|---|---|---|---|---|---|---|---|---|"
-    )
-    lines = [head]
-    for r in rows:
-        a, b = r.trained, r.held_out
-        lines.append(
-            f"| {r.variant} | {a.tpf:.3f} | {b.tpf:.3f} | {a.identical_to_own_ar:.2f} / {b.identical_to_own_ar:.2f} "
-            f"| {a.identical_to_base:.2f} / {b.identical_to_base:.2f} ({a.base_prefix:.0f} / {b.base_prefix:.0f}) "
-            f"| {a.repetition:.3f} / {b.repetition:.3f} | {_share(a.accuracy)} / {_share(b.accuracy)} "
-            f"| {r.train_seconds:.0f} | {r.train_tokens} |"
-        )
-    return "\n".join(lines)
+    head = [
+        "variant",
+        "TPF trained",
+        "TPF held-out",
+        "= own AR (trained / held-out)",
+        "= base text (trained / held-out; median tokens kept)",
+        "repetition (trained / held-out)",
+        "accuracy (trained / held-out)",
+        "train s",
+        "train tokens",
+    ]
+    cells = [
+        [
+            r.variant,
+            f"{r.trained.tpf:.3f}",
+            f"{r.held_out.tpf:.3f}",
+            f"{r.trained.identical_to_own_ar:.2f} / {r.held_out.identical_to_own_ar:.2f}",
+            f"{r.trained.identical_to_base:.2f} / {r.held_out.identical_to_base:.2f} "
+            f"({r.trained.base_prefix:.0f} / {r.held_out.base_prefix:.0f})",
+            f"{r.trained.repetition:.3f} / {r.held_out.repetition:.3f}",
+            f"{_share(r.trained.accuracy)} / {_share(r.held_out.accuracy)}",
+            f"{r.train_seconds:.0f}",
+            str(r.train_tokens),
+        ]
+        for r in rows
+    ]
+    return markdown(head, cells)

@@ -14,6 +14,7 @@ from jf_core.evaluation.results import Evaluation, JsonModel
 from jf_core.evaluation.speed import MethodResult
 from jf_core.round.paths import RoundPaths, eval_key
 from jf_core.round.results import PackResult, Registration, TrainResult, TrajectoriesResult
+from jf_core.threads import ThreadRecord
 
 
 class Threads(BaseModel):
@@ -21,7 +22,7 @@ class Threads(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    train: dict[str, Any]
+    train: ThreadRecord
     eval: int | None
     trajectory_actor: int  # the actors' Ray CPU allotment
 

@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -24,6 +24,7 @@ from jf_core.decoding.multiblock import JFDecodeConfig
 from jf_core.evaluation.gate import Check
 from jf_core.evaluation.tune import TuneTrial
 from jf_core.model_dir import DONE, write_json_atomic
+from jf_core.threads import ThreadRecord
 
 log = logging.getLogger("jf.stages")
 
@@ -102,7 +103,7 @@ class TrainSummary(BaseModel):
     strategy: str
     workers: int
     resumed_from_step: int = 0
-    threads: dict[str, Any] = {}  # the training governor's counts (jf_core/threads.py)
+    threads: ThreadRecord = ThreadRecord()  # the training governor's counts (jf_core/threads.py)
     history: list[dict[str, int | float]] = []  # the loss curve: a row per logged step
 
 

@@ -83,13 +83,13 @@ def _pack(profile: Profile, paths: RoundPaths) -> PackResult:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from jf_core.training.noise import ratio_profile
+    from jf_core.training.noise import NoiseSchedule, ratio_profile
     from jf_core.training.packing import pack_records
     from jf_core.trajectory.store import TrajectoryStore
 
     t = profile.training
     records = TrajectoryStore(paths.trajectories).read().to_pylist()
-    schedule = t.noise_schedule()
+    schedule = NoiseSchedule.of(t)
     packed, stats = pack_records(records, schedule, t.max_length)
     if not packed:
         raise ValueError(f"packing {paths.trajectories} produced no examples (dropped: {dict(stats.dropped_blocks)})")
@@ -221,7 +221,7 @@ def _tune(profile: Profile, model_dir: Path, say: Say, on_trial) -> TuneResult:
     best, trials = tune(
         model,
         prompts,
-        **stop_tokens(model, tok),
+        stop=stop_tokens(model, tok),
         max_new_tokens=new_tokens,
         space=space,
         repeats=cfg.repeats,

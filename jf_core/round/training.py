@@ -19,9 +19,10 @@ from jf_core.models import ModelSpec, load_model
 from jf_core.round.results import TrainSummary
 from jf_core.threads import ThreadGovernor
 from jf_core.training.jf_data import jf_batches, read_packed_share
-from jf_core.training.losses import check_lean_head, training_attention
+from jf_core.training.losses import JacobiForcingObjective, check_lean_head, training_attention
+from jf_core.training.noise import NoiseSchedule
 from jf_core.training.parallel import Distributed, enable_activation_checkpointing, shard_fsdp2
-from jf_core.training.trainer import train
+from jf_core.training.trainer import TrainConfig, train
 
 
 def train_round(
@@ -82,14 +83,16 @@ def train_round(
         ar_batches=ar_mix,
         ar_every=t.mix_ar_every,
         dense_mask=attention != "flex_attention",
-        redraw=t.noise_schedule() if t.state_pick == "each_visit" else None,
+        redraw=NoiseSchedule.of(t) if t.state_pick == "each_visit" else None,
     )
 
     result = train(
         wrapped,
         batches,
-        t.objective(base=_frozen_base(model_in, device, attention) if t.base_kl_weight else None),
-        t.loop(compute_dtype=str(compute).removeprefix("torch."), **({"log_every": log_every} if log_every else {})),
+        JacobiForcingObjective.of(t, base=_frozen_base(model_in, device, attention) if t.base_kl_weight else None),
+        TrainConfig.of(
+            t, compute_dtype=str(compute).removeprefix("torch."), **({"log_every": log_every} if log_every else {})
+        ),
         progress=progress,
         on_log=on_log,
         checkpoint_dir=checkpoints,
@@ -163,7 +166,7 @@ def tpf_probe(profile: Profile, model, tokenizer) -> Callable:
 
     def probe(m) -> dict[str, float]:
         with torch.no_grad(), decoding_attention(m):
-            return {f"probe_tpf_n{cfg.block_size}": jacobi_decode(m, prompts, cfg, **stop).stats.tpf for cfg in cfgs}
+            return {f"probe_tpf_n{cfg.block_size}": jacobi_decode(m, prompts, cfg, stop=stop).stats.tpf for cfg in cfgs}
 
     return probe
 

@@ -23,7 +23,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
-from jf_core.decoding.common import eos_set
 from jf_core.decoding.dispatch import Decoder, Dispatch, prior_speedup
 from jf_core.decoding.sampling import Sampling
 from jf_core.serving.spec import ServingSpec, serving_spec
@@ -70,8 +69,8 @@ class Engine:
         from jf_core.models import stop_tokens
 
         self.model, self.tokenizer, self.spec, self.name = model, tokenizer, spec, name
-        self.stops = stop_tokens(model, tokenizer)
-        self.eos = eos_set(self.stops["eos_token_id"])
+        self.stop = stop_tokens(model, tokenizer)
+        self.eos = self.stop.eos
         self.context_length = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
         self.dispatch = Dispatch()
         self.clock = clock  # times each batch's decoding for the dispatch's tokens/s
@@ -152,7 +151,7 @@ class Engine:
         cfg = replace(self.spec.decode, max_new_tokens=budget)
         if block_size is not None:
             cfg = replace(cfg, block_size=block_size)
-        out = decode(self.model, prompts, cfg, decoder=chosen, on_tokens=on_tokens, **noise, **self.stops)
+        out = decode(self.model, prompts, cfg, decoder=chosen, on_tokens=on_tokens, **noise, stop=self.stop)
         seconds = self.clock() - start
         generated = sum(len(stream.tokens) for stream in streams)
         tpf = out.stats.tpf if chosen == "jacobi" else None

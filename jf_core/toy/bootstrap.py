@@ -11,13 +11,16 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
+from pydantic import BaseModel, ConfigDict
 
 from jf_core.decoding.ar import ar_decode
+from jf_core.decoding.common import StopTokens
 from jf_core.model_dir import save_checkpoint
 from jf_core.paths import jf_home
-from jf_core.threads import ThreadGovernor, cpu_budget
+from jf_core.threads import ThreadGovernor, ThreadRecord, cpu_budget
 from jf_core.toy.data import ar_batches
 from jf_core.toy.evaluate import evaluate
 from jf_core.toy.model import ToyModelConfig, build_model
@@ -26,6 +29,7 @@ from jf_core.toy.tokenizer import build_tokenizer
 from jf_core.training.trainer import TrainConfig, causal_lm_loss, train
 
 RECIPE_VERSION = 2  # bump when code changes what a given config trains or saves (2: the tokenizer's chat template)
+REPORT = "bootstrap.json"  # how the model was made (BootstrapReport), beside its weights
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,27 @@ def embedded_model_dir(cfg: BootstrapConfig | None = None, home: Path | None = N
     return (home or jf_home()) / "models" / f"embedded-qwen2-{cfg.key()}"
 
 
+class BootstrapReport(BaseModel):
+    """How the embedded model was made: its `bootstrap.json`, written beside its weights and read back as this."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    key: str
+    accuracy: float  # greedy, exact match on the test split
+    test_size: int
+    train_seconds: float
+    total_seconds: float
+    parameters: int
+    final_loss: float
+    threads: ThreadRecord
+    config: dict[str, Any]  # the BootstrapConfig it was trained with
+    loss_curve: list[tuple[int, float]]
+
+    @classmethod
+    def read(cls, model_dir: str | Path) -> BootstrapReport:
+        return cls.model_validate_json((Path(model_dir) / REPORT).read_text())
+
+
 def ensure_embedded_model(
     cfg: BootstrapConfig | None = None,
     home: Path | None = None,
@@ -64,7 +89,7 @@ def ensure_embedded_model(
     """The cached embedded model's directory; bootstraps it first when it is not there (`on_log(step, row)`: the
     training's logged rows, for a caller whose terminal bar nobody sees, such as a flow's task)."""
     out = embedded_model_dir(cfg, home)
-    if (out / "bootstrap.json").is_file():
+    if (out / REPORT).is_file():
         return out
     bootstrap(cfg or BootstrapConfig(), out, progress=progress, on_log=on_log)
     return out
@@ -72,7 +97,7 @@ def ensure_embedded_model(
 
 def bootstrap(
     cfg: BootstrapConfig, out: Path, progress: bool = True, on_log: Callable[[int, dict], None] | None = None
-) -> dict:
+) -> BootstrapReport:
     """Train, evaluate (greedy, exact match on the test split) and save atomically; return the report."""
     torch.manual_seed(cfg.seed)
     tokenizer = build_tokenizer()
@@ -94,23 +119,22 @@ def bootstrap(
 
     def decode(prompts):
         return ar_decode(
-            model, prompts, max_new_tokens=160, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
+            model, prompts, max_new_tokens=160, stop=StopTokens(tokenizer.eos_token_id, tokenizer.pad_token_id)
         )
 
     evaluation = evaluate(tokenizer, test_set, decode, batch_size=64)
-    report = {
-        "key": cfg.key(),
-        "accuracy": evaluation.accuracy,
-        "test_size": evaluation.total,
-        "train_seconds": result.seconds,
-        "total_seconds": time.perf_counter() - started,
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "final_loss": result.history[-1]["loss"],
-        "threads": result.threads,
-        "config": {**asdict(cfg), "threads": cfg.train_threads()},
-        "loss_curve": [(int(r["step"]), r["loss"]) for r in result.history],
-    }
-    save_checkpoint(
-        model, out, tokenizer=tokenizer, extra_files={"bootstrap.json": json.dumps(report, indent=2, default=str)}
+    report = BootstrapReport(
+        key=cfg.key(),
+        accuracy=evaluation.accuracy,
+        test_size=evaluation.total,
+        train_seconds=result.seconds,
+        total_seconds=time.perf_counter() - started,
+        parameters=sum(p.numel() for p in model.parameters()),
+        final_loss=result.history[-1]["loss"],
+        threads=result.threads,
+        # JSON's view of the config (a torch dtype as its name), as the file has always held it
+        config=json.loads(json.dumps({**asdict(cfg), "threads": cfg.train_threads()}, default=str)),
+        loss_curve=[(int(r["step"]), r["loss"]) for r in result.history],
     )
+    save_checkpoint(model, out, tokenizer=tokenizer, extra_files={REPORT: report.model_dump_json(indent=2)})
     return report

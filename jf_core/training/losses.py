@@ -30,10 +30,14 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
+
+if TYPE_CHECKING:
+    from jf_core.training.config import JFTrainConfig
 
 Batch = dict[str, torch.Tensor]
 
@@ -245,6 +249,20 @@ class JacobiForcingObjective:
         self.mask_variant = mask_variant
         self.lean = lean
         self.base = base.requires_grad_(False).eval() if base is not None else None
+
+    @classmethod
+    def of(cls, t: JFTrainConfig, base: torch.nn.Module | None = None) -> JacobiForcingObjective:
+        """The profile's training section's loss; `base`: the frozen input model that `base_kl_weight` compares
+        against (needed when it is > 0)."""
+        loss = JFLossConfig(
+            ar_weight=t.ar_weight,
+            consistency_weight=t.consistency_weight,
+            temperature=t.temperature,
+            hard_targets=t.hard_targets,
+            chunk=t.loss_chunk,
+            base_kl_weight=t.base_kl_weight,
+        )
+        return cls(loss, t.mask, lean=t.lean_loss, base=base)
 
     def summarize(self, totals: dict[str, float]) -> dict[str, float]:
         """A step's metrics from its summed per-batch metrics (all micro-batches, all workers): token-weighted."""

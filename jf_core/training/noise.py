@@ -23,7 +23,10 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import TYPE_CHECKING, Literal, get_args
+
+if TYPE_CHECKING:
+    from jf_core.training.config import JFTrainConfig
 
 # The schedules a window of target ratios defines (training.schedule), and CLLM's, which has none (training.method).
 WindowSchedule = Literal["progressive", "progressive_phase", "reverse", "random"]
@@ -37,6 +40,11 @@ class NoiseSchedule:
     min_ratio: float = 0.0
     max_ratio: float = 1.0
     seed: int = 0
+
+    @classmethod
+    def of(cls, t: JFTrainConfig) -> NoiseSchedule:
+        """The profile's training section's schedule: its window for Jacobi Forcing, CLLM's uniform state pick."""
+        return cls(t.noise_kind, window=t.window, min_ratio=t.min_ratio, max_ratio=t.max_ratio, seed=t.seed)
 
     def __post_init__(self) -> None:
         if self.window < 1:

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 import torch
 
+from jf_core.decoding.common import StopTokens
 from jf_core.decoding.jacobi import BlockStates, JacobiConfig, JacobiDecoder
 from jf_core.decoding.kv import decoding_attention
 from jf_core.training.packing import PackedExample
@@ -32,7 +33,7 @@ class OnPolicyStates:
         examples: Sequence[PackedExample],
         *,
         prompts: int,
-        stop: dict,
+        stop: StopTokens,
         seed: int = 0,
         draft_init: str = "prompt_sample",
         batch_size: int = 4,
@@ -66,7 +67,7 @@ class OnPolicyStates:
             )
             recorder = BlockStates()
             with torch.no_grad(), decoding_attention(model):
-                out = JacobiDecoder(model, cfg, **self.stop, recorder=recorder).decode([e.prompt for e in batch])
+                out = JacobiDecoder(model, cfg, stop=self.stop, recorder=recorder).decode([e.prompt for e in batch])
             forwards += out.stats.forwards
             tokens += out.stats.new_tokens
             for row, example in enumerate(batch):

@@ -21,13 +21,16 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from tqdm.auto import tqdm
 
-from jf_core.threads import ThreadGovernor
+from jf_core.threads import ThreadGovernor, ThreadRecord
 from jf_core.training.parallel import Parallel
+
+if TYPE_CHECKING:
+    from jf_core.training.config import JFTrainConfig
 
 Batch = dict[str, torch.Tensor]
 
@@ -56,6 +59,21 @@ class TrainConfig:
     log_every: int = 10
     compute_dtype: torch.dtype = torch.float32  # autocast dtype when not float32 (one process and DDP)
 
+    @classmethod
+    def of(cls, t: JFTrainConfig, *, log_every: int = 10, compute_dtype: str = "float32") -> TrainConfig:
+        """The loop of the profile's training section; `compute_dtype` is the model's (a profile's model.dtype,
+        "auto" meaning fp32 on CPU and bf16 on CUDA)."""
+        return cls(
+            compute_dtype=getattr(torch, compute_dtype),
+            steps=t.steps,
+            lr=t.lr,
+            warmup_steps=t.warmup_steps,
+            grad_accum=t.grad_accum,
+            grad_clip=t.grad_clip,
+            seed=t.seed,
+            log_every=log_every,
+        )
+
     def __post_init__(self) -> None:
         for name in ("steps", "grad_accum", "log_every"):
             if getattr(self, name) < 1:
@@ -72,7 +90,7 @@ class TrainResult:
     seconds: float
     history: list[dict[str, float]] = field(default_factory=list)
     resumed_from: int = 0  # the step a checkpoint put the run at (0: from the start)
-    threads: dict = field(default_factory=dict)  # ThreadGovernor.record(): the counts this run used, for its params
+    threads: ThreadRecord = field(default_factory=ThreadRecord)  # the counts this run used, for its params
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -221,7 +239,7 @@ def train(
         seconds=time.perf_counter() - start,
         history=history,
         resumed_from=first_step,
-        threads=threads.record() if threads is not None else {},
+        threads=threads.record() if threads is not None else ThreadRecord(),
     )
 
 

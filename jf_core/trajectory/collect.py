@@ -65,7 +65,7 @@ def collect(
     for first in range(0, len(prompts), cfg.batch_size):
         batch = prompts[first : first + cfg.batch_size]
         recorder = BlockStates()
-        decoder = JacobiDecoder(model, jacobi, **stop_tokens(model, tokenizer), recorder=recorder)
+        decoder = JacobiDecoder(model, jacobi, stop=stop_tokens(model, tokenizer), recorder=recorder)
         out = decoder.decode([p.token_ids for p in batch])
         new_tokens += out.stats.new_tokens
         for (sequence, block), (fixed_point, length) in sorted(recorder.fixed.items()):

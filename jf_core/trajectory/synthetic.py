@@ -25,7 +25,7 @@ from typing import Literal
 import torch
 
 from jf_core.decoding.ar import ar_decode
-from jf_core.decoding.common import eos_set, first_eos
+from jf_core.decoding.common import first_eos
 from jf_core.models import stop_tokens
 
 Corruption = Literal["context", "vocab"]
@@ -50,15 +50,15 @@ def synthesize(model: torch.nn.Module, tokenizer, prompts, cfg, *, model_hash: s
     """(records, new tokens generated) for `prompts` (PromptItem) under a CollectConfig whose `kind` is synthetic:
     one record per prompt x block, as `collect` writes Jacobi ones."""
     stop = stop_tokens(model, tokenizer)
-    eos_ids = eos_set(stop["eos_token_id"])
-    n, pad = cfg.block_size, stop["pad_token_id"]
+    eos_ids = stop.eos
+    n, pad = cfg.block_size, stop.pad
     max_new = math.ceil(cfg.max_new_tokens / n) * n  # whole blocks, as Jacobi collection generates
     records: list[dict] = []
     new_tokens = 0
     for first in range(0, len(prompts), cfg.batch_size):
         batch = prompts[first : first + cfg.batch_size]
         with torch.no_grad():
-            out = ar_decode(model, [p.token_ids for p in batch], max_new_tokens=max_new, **stop)
+            out = ar_decode(model, [p.token_ids for p in batch], max_new_tokens=max_new, stop=stop)
         new_tokens += out.stats.new_tokens
         for item, answer in zip(batch, out.sequences, strict=True):
             rng = random.Random(f"{cfg.seed}:synthetic:{item.prompt_id}")

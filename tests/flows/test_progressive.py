@@ -32,3 +32,18 @@ def test_a_round_takes_the_earlier_rounds_summaries_as_its_history():
     params = jf_round.validate_parameters({"profile": "tiny", "history": [summary.model_dump(mode="json")]})
     assert params["history"] == [summary] and isinstance(params["history"][0], RoundSummary)
     assert tpf_per_round([*params["history"], summary]).axes[0].get_title() == "Vanilla Jacobi TPF per round"
+
+
+def test_a_built_profile_is_taken_as_it_is_and_named_by_its_name():
+    """`jf run` builds the profile once and hands it to the flow: the flow's parameter validation keeps it (no second
+    build), over the API it comes back from JSON as the same profile, and overrides still apply to it."""
+    from jacobi_forcing.flows.round import jf_round, load, profile_label, run_key
+
+    prof = load_profile("tiny", training={"steps": 5})
+    params = jf_round.validate_parameters({"profile": prof})
+    assert params["profile"] is prof and load(prof, None) is prof
+    over_api = jf_round.validate_parameters({"profile": prof.model_dump(mode="json")})["profile"]
+    assert over_api == prof and over_api.training.steps == 5
+    assert load(prof, {"training": {"lr": 0.5}}).training.lr == 0.5 and prof.training.lr != 0.5
+    assert profile_label(prof) == profile_label(prof.model_dump(mode="json")) == profile_label("tiny") == "tiny"
+    assert run_key({"profile": prof}) == run_key({"profile": over_api}) != run_key({"profile": "tiny"})

@@ -16,6 +16,7 @@ import mlflow
 import pytest
 from mlflow import MlflowClient
 
+from jf_core.decoding.common import StopTokens
 from jf_core.model_dir import read_block
 from jf_core.round.report import RoundReport
 from tests.infra.sockets import SocketWatch
@@ -153,7 +154,7 @@ def test_round_registers_reuses_and_gates(prefect_server, jf_env):
 
     hf, tok = load_model(summary.model)
     ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
-    greedy = ar_decode(hf, ids, max_new_tokens=24, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    greedy = ar_decode(hf, ids, max_new_tokens=24, stop=StopTokens(tok.eos_token_id, tok.pad_token_id))
     assert texts == [tok.decode(s, skip_special_tokens=True) for s in greedy.sequences]
 
 

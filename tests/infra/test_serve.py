@@ -59,7 +59,7 @@ def server(embedded, tmp_path_factory):
 def greedy(server, prompt: str, budget: int) -> str:
     tok = server["tok"]
     ids = tok(prompt, add_special_tokens=False)["input_ids"]
-    out = ar_decode(server["model"], [ids], max_new_tokens=budget, **stop_tokens(server["model"], tok))
+    out = ar_decode(server["model"], [ids], max_new_tokens=budget, stop=stop_tokens(server["model"], tok))
     return tok.decode(out.sequences[0], skip_special_tokens=True)
 
 
@@ -106,7 +106,7 @@ def test_sampling_with_a_seed_is_the_ar_sample_of_that_seed_plain_and_streamed(s
 
     def sample(seed: int) -> str:
         sampling = Sampling(temperature=3.0, top_k=5, top_p=0.98)
-        out = ar_decode(model, [ids], max_new_tokens=40, sampling=sampling, seeds=[seed], **stop_tokens(model, tok))
+        out = ar_decode(model, [ids], max_new_tokens=40, sampling=sampling, seeds=[seed], stop=stop_tokens(model, tok))
         return tok.decode(out.sequences[0], skip_special_tokens=True)
 
     asked = {"model": "embedded", "prompt": PROMPTS[0], "max_tokens": 40, "temperature": 3.0, "top_p": 0.98}

@@ -331,7 +331,7 @@ def _serve_the_champion(env) -> None:
 
     def greedy(prompt: str, budget: int) -> str:
         ids = tok(prompt, add_special_tokens=False)["input_ids"]
-        out = ar_decode(model, [ids], max_new_tokens=budget, **stop_tokens(model, tok))
+        out = ar_decode(model, [ids], max_new_tokens=budget, stop=stop_tokens(model, tok))
         return tok.decode(out.sequences[0], skip_special_tokens=True)
 
     proc, url = spawn_jf_serve(["models:/jf-tiny@champion"], env=env)

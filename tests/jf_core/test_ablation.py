@@ -8,6 +8,7 @@ import pytest
 
 from jf_core import ablation
 from jf_core.config import JFTrainConfig, load_profile
+from jf_core.training.noise import NoiseSchedule
 
 
 def test_every_catalog_variant_is_a_valid_profile_override():
@@ -19,7 +20,7 @@ def test_every_catalog_variant_is_a_valid_profile_override():
             assert prof.training.method == "jacobi_forcing", name
             assert prof.training.mask == ("clean_context" if "clean-context" in name else "shipped"), name
     cllm = load_profile("tiny", **ablation.VARIANTS["cllm"]).training
-    assert cllm.noise_schedule().kind == "uniform_state" and cllm.mask == "clean_context"
+    assert NoiseSchedule.of(cllm).kind == "uniform_state" and cllm.mask == "clean_context"
 
 
 def test_cllm_without_the_clean_context_mask_is_refused():

@@ -22,6 +22,7 @@ LAYERS = [
     "training",
     "serving",
     "toy",  # the embedded model and task
+    "model_ref",  # one function from a model reference to a directory or hub id
     "trajectory",
     "config",  # the profile's schema: names the implementations below it
     "evaluation",

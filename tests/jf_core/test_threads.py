@@ -12,6 +12,7 @@ import time
 import pytest
 import torch
 
+from jf_core.decoding.common import StopTokens
 from jf_core.threads import ThreadGovernor, _sample, cpu_budget, others_load, threads_for
 
 linux = pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="the governor reads /proc/stat")
@@ -80,7 +81,7 @@ def test_the_governor_gives_a_thread_to_a_busy_neighbour_and_takes_it_back(resto
     governor.tick(step=20)
     assert torch.get_num_threads() == 2
     assert governor.changes == [(0, 2), (10, 1), (20, 2)]
-    assert governor.record() | {"changes": None} == {
+    assert governor.record().model_dump() | {"changes": None} == {
         "policy": "governed",
         "budget": 2,
         "initial": 2,
@@ -102,7 +103,7 @@ def test_a_users_count_is_set_once_and_never_changed(restore_threads):
         spinner.kill()
         spinner.wait()
     assert torch.get_num_threads() == 1
-    assert governor.record()["policy"] == "fixed" and governor.changes == [(0, 1)]
+    assert governor.record().policy == "fixed" and governor.changes == [(0, 1)]
 
 
 def _train_embedded_recipe(governor: ThreadGovernor, steps: int = 30) -> dict[str, torch.Tensor]:
@@ -141,7 +142,7 @@ def test_training_gives_the_same_weights_alone_and_beside_a_busy_process(restore
     finally:
         spinner.kill()
         spinner.wait()
-    assert governor.record()["policy"] == "fixed" and governor.record()["min"] == cpu_budget()
+    assert governor.record().policy == "fixed" and governor.record().min == cpu_budget()
     assert alone.keys() == busy.keys()
     assert all(torch.equal(alone[k], busy[k]) for k in alone), "training followed the machine's load"
 
@@ -162,12 +163,12 @@ def test_decoding_gives_the_same_tokens_and_forwards_on_any_thread_count(embedde
 
     model, tok = embedded
     prompts = [tok(e.prompt)["input_ids"] for e in make_split("test", 24)]
-    ids = {"eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id}
+    ids = StopTokens(tok.eos_token_id, tok.pad_token_id)
     runs = []
     for count in (1, 2):
         torch.set_num_threads(count)
-        jacobi = decode(model, prompts, JacobiConfig(block_size=16, max_new_tokens=96), **ids)
-        ar = ar_decode(model, prompts, max_new_tokens=96, **ids)
+        jacobi = decode(model, prompts, JacobiConfig(block_size=16, max_new_tokens=96), stop=ids)
+        ar = ar_decode(model, prompts, max_new_tokens=96, stop=ids)
         runs.append((jacobi.sequences, jacobi.stats.sequences, ar.sequences))  # not its timings
     assert runs[0] == runs[1]
 
@@ -188,7 +189,7 @@ def test_a_fixed_count_beside_a_busy_process_is_kept_and_its_user_told(restore_t
         spinner.kill()
         spinner.wait()
     assert torch.get_num_threads() == 2 and governor.changes == [(0, 2)]
-    assert governor.record()["contended_at"] == 7
+    assert governor.record().contended_at == 7
     # a log record (tasks forward jf.* records into their run's log), said once, naming the setting that helps
     told = [r for r in caplog.records if r.name == "jf.threads"]
     assert len(told) == 1 and told[0].levelno == logging.WARNING, caplog.records

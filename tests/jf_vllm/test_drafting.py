@@ -123,8 +123,8 @@ def test_a_vllm_shaped_loop_with_the_drafter_is_jf_cores_jacobi_decoder_forward_
     for example in make_split("test", 3):
         prompt = tok(example.prompt)["input_ids"]
         for n in (4, 8):
-            ours = jacobi_decode(model, [prompt], JacobiConfig(block_size=n, max_new_tokens=40), **stops)
-            tokens, steps = _vllm_shaped_decode(model, prompt, n, 40, set(stops["eos_token_id"]))
+            ours = jacobi_decode(model, [prompt], JacobiConfig(block_size=n, max_new_tokens=40), stop=stops)
+            tokens, steps = _vllm_shaped_decode(model, prompt, n, 40, set(stops.eos))
             assert tokens == ours.sequences[0]
             # tokens committed per forward after prefill, forward for forward
             assert steps == ours.stats.sequences[0].accepted

@@ -212,7 +212,7 @@ def test_jf_serve_with_vllm_answers_the_openai_client_with_vllms_greedy_text(vll
         prompt = make_split("test", 1)[0].prompt
         reply = client.completions.create(model=served[0], prompt=prompt, max_tokens=24, temperature=0)
         ids = tok(prompt)["input_ids"]
-        ours = ar_decode(model, [ids], max_new_tokens=24, **stop_tokens(model, tok)).sequences[0]
+        ours = ar_decode(model, [ids], max_new_tokens=24, stop=stop_tokens(model, tok)).sequences[0]
         assert reply.choices[0].text == tok.decode(ours, skip_special_tokens=True)
     finally:
         server.terminate()

@@ -35,9 +35,9 @@ def evaluations(embedded):
     cfg = EvalConfig(num_prompts=6, speed_prompts=6, block_sizes=[8], max_new_tokens=160, batch_size=3, repeats=1)
     stop = stop_tokens(model, tok)
     clean = evaluate_model(model, tok, cfg, fmt=PromptFormat(), stop=stop)
-    banned = stop["eos_token_id"] if isinstance(stop["eos_token_id"], (list, tuple)) else [stop["eos_token_id"]]
+    banned = sorted(stop.eos)
     eos = torch.tensor(banned)
-    loop = next(i for i in range(len(tok)) if i not in banned and i != stop["pad_token_id"])
+    loop = next(i for i in range(len(tok)) if i not in banned and i != stop.pad)
 
     def degenerate(_module, _inputs, logits):
         out = logits.index_fill(-1, eos, float("-inf"))

@@ -17,6 +17,7 @@ import pytest
 
 from jacobi_forcing.tasks import mlflow_runs, model_package
 from jf_core.decoding.ar import ar_decode
+from jf_core.decoding.common import StopTokens
 from jf_core.decoding.multiblock import JFDecodeConfig
 from jf_core.decoding.sampling import Sampling
 from jf_core.models import load_model
@@ -55,15 +56,15 @@ def registered(tmp_path, monkeypatch, profile):
 def greedy_texts(model_dir, prompts, max_new_tokens: int) -> list[str]:
     model, tok = load_model(str(model_dir))
     ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
-    out = ar_decode(model, ids, max_new_tokens=max_new_tokens, eos_token_id=tok.eos_token_id, pad_token_id=0)
+    out = ar_decode(model, ids, max_new_tokens=max_new_tokens, stop=StopTokens(tok.eos_token_id, 0))
     return [tok.decode(s, skip_special_tokens=True) for s in out.sequences]
 
 
 def sampled_texts(model_dir, prompts, max_new_tokens: int, sampling, seeds) -> list[str]:
     model, tok = load_model(str(model_dir))
     ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
-    stops = {"eos_token_id": tok.eos_token_id, "pad_token_id": 0}
-    out = ar_decode(model, ids, max_new_tokens=max_new_tokens, sampling=sampling, seeds=seeds, **stops)
+    stops = StopTokens(tok.eos_token_id, 0)
+    out = ar_decode(model, ids, max_new_tokens=max_new_tokens, sampling=sampling, seeds=seeds, stop=stops)
     return [tok.decode(s, skip_special_tokens=True) for s in out.sequences]
 
 

@@ -59,7 +59,8 @@ def runs(packed, tmp_path_factory):
     """The one-process reference on the workers' global batches, then DDP and FSDP2 on 2 workers."""
     from jf_core.models import load_model
     from jf_core.training.jf_data import global_batches, read_packed_share
-    from jf_core.training.trainer import train
+    from jf_core.training.losses import JacobiForcingObjective
+    from jf_core.training.trainer import TrainConfig, train
 
     profile, paths = packed
     tmp = tmp_path_factory.mktemp("runs")
@@ -67,7 +68,7 @@ def runs(packed, tmp_path_factory):
     shares = [read_packed_share(paths.packed / "examples.parquet", rank, 2) for rank in range(2)]
     t = profile.training
     batches = global_batches(shares, t.batch_size, tok.pad_token_id, seed=t.seed, variant=t.mask)
-    single = train(model.train(), batches, t.objective(), t.loop(log_every=1), progress=False)
+    single = train(model.train(), batches, JacobiForcingObjective.of(t), TrainConfig.of(t, log_every=1), progress=False)
     out = {"single": ([h["loss"] for h in single.history], {k: v.detach() for k, v in model.state_dict().items()})}
     for strategy in ("ddp", "fsdp2"):
         target = run_dir(paths, tmp, strategy)
@@ -114,6 +115,6 @@ def test_the_consolidated_model_loads_and_decodes_losslessly(runs):
     model, tok = load_model(str(target.model))
     prompts = [tok(t, add_special_tokens=False)["input_ids"] for t in ("program: a=5; step +3; return d", "a=1")]
     stop = stop_tokens(model, tok)
-    want = ar_decode(model, prompts, max_new_tokens=24, **stop).sequences
-    got = jacobi_decode(model, prompts, JacobiConfig(block_size=8, max_new_tokens=24), **stop).sequences
+    want = ar_decode(model, prompts, max_new_tokens=24, stop=stop).sequences
+    got = jacobi_decode(model, prompts, JacobiConfig(block_size=8, max_new_tokens=24), stop=stop).sequences
     assert got == want

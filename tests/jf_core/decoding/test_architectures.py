@@ -16,8 +16,9 @@ import torch
 
 from jf_core.decoding import decode
 from jf_core.decoding.ar import ar_decode
+from jf_core.decoding.common import StopTokens
 from jf_core.decoding.kv import KVState, UnsupportedModelError, attention_layout
-from jf_core.evaluation.speed import hf_generate_decoder
+from jf_core.evaluation.methods import hf_generate_decoder
 from tests import flash_standin
 from tests.jf_core.decoding.architectures import CONFIGS, DECODERS, NEW, PROMPTS, WINDOW, build, supports
 
@@ -44,12 +45,14 @@ _REFERENCE: dict[str, list[list[int]]] = {}
 def reference(arch: str) -> list[list[int]]:
     """HF greedy generate, one prompt at a time, on the architecture's eager model (the plainest attention)."""
     if arch not in _REFERENCE:
-        _REFERENCE[arch] = hf_generate_decoder(build(arch, "eager"), None, 0, NEW, batched=False)(PROMPTS).sequences
+        _REFERENCE[arch] = hf_generate_decoder(build(arch, "eager"), StopTokens(None, 0), NEW, batched=False)(
+            PROMPTS
+        ).sequences
     return _REFERENCE[arch]
 
 
 def run(model, name: str, prompts):
-    return decode(model, prompts, DECODERS[name], eos_token_id=None, pad_token_id=0).sequences
+    return decode(model, prompts, DECODERS[name], stop=StopTokens(None, 0)).sequences
 
 
 @pytest.mark.parametrize("decoder", sorted(DECODERS))
@@ -150,7 +153,7 @@ def test_unsupported_attention_is_refused_by_name(build_model, message):
     for name in ("ar", "jacobi"):
         with pytest.raises(UnsupportedModelError, match=message):
             if name == "ar":
-                ar_decode(model, [[5, 6, 7], [8, 9], [1, 2, 3, 4]], max_new_tokens=4, eos_token_id=None, pad_token_id=0)
+                ar_decode(model, [[5, 6, 7], [8, 9], [1, 2, 3, 4]], max_new_tokens=4, stop=StopTokens(None, 0))
             else:
                 run(model, "jacobi", [[5, 6, 7]])
 
@@ -167,7 +170,7 @@ def test_forwards_pass_the_cache_under_the_name_the_model_takes():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a deprecated-argument FutureWarning would fail here
         assert run(llama, "jacobi", PROMPTS[:1]) == reference("llama")[:1]
-        ar = ar_decode(llama, PROMPTS[:1], max_new_tokens=NEW, eos_token_id=None, pad_token_id=0).sequences
+        ar = ar_decode(llama, PROMPTS[:1], max_new_tokens=NEW, stop=StopTokens(None, 0)).sequences
     assert ar == reference("llama")[:1]
     name = next(iter(cache_kwargs(gpt2, None)))
     assert name in __import__("inspect").signature(type(gpt2).forward).parameters

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from jf_core.decoding.ar import ar_decode
+from jf_core.decoding.common import StopTokens
 from jf_core.decoding.jacobi import JacobiConfig, jacobi_decode
 from jf_core.toy.task import make_split
 
@@ -43,14 +44,12 @@ def test_jacobi_equals_generate_on_embedded_model(setup, block_size, batch):
     got = []
     for start in range(0, len(prompts), batch):
         got += jacobi_decode(
-            model, prompts[start : start + batch], cfg, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id
+            model, prompts[start : start + batch], cfg, stop=StopTokens(tok.eos_token_id, tok.pad_token_id)
         ).sequences
     assert got == expected
 
 
 def test_ar_equals_generate_on_embedded_model(setup):
     model, tok, prompts, expected = setup
-    out = ar_decode(
-        model, prompts, max_new_tokens=MAX_NEW, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id
-    )
+    out = ar_decode(model, prompts, max_new_tokens=MAX_NEW, stop=StopTokens(tok.eos_token_id, tok.pad_token_id))
     assert out.sequences == expected

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from jf_core.decoding.ar import ar_decode
+from jf_core.decoding.common import StopTokens
 from jf_core.decoding.jacobi import JacobiConfig, jacobi_decode
 from tests.conftest import PAD, VOCAB
 
@@ -42,7 +43,7 @@ def test_jacobi_equals_generate(tiny_model, block_size, batch):
     cfg = JacobiConfig(block_size=block_size, max_new_tokens=MAX_NEW)
     got = []
     for start in range(0, len(ps), batch):
-        got += jacobi_decode(tiny_model, ps[start : start + batch], cfg, eos_token_id=None, pad_token_id=PAD).sequences
+        got += jacobi_decode(tiny_model, ps[start : start + batch], cfg, stop=StopTokens(None, PAD)).sequences
     assert got == expected
 
 
@@ -56,7 +57,7 @@ def test_eos_mid_block(tiny_model, block_size):
     expected = [reference(tiny_model, p, MAX_NEW, eos) for p in ps]
     assert any(len(e) < MAX_NEW for e in expected) and any(e != f for e, f in zip(expected, free, strict=False))
     out = jacobi_decode(
-        tiny_model, ps, JacobiConfig(block_size=block_size, max_new_tokens=MAX_NEW), eos_token_id=eos, pad_token_id=PAD
+        tiny_model, ps, JacobiConfig(block_size=block_size, max_new_tokens=MAX_NEW), stop=StopTokens(eos, PAD)
     )
     assert out.sequences == expected
     for seq, stats in zip(out.sequences, out.stats.sequences, strict=False):
@@ -68,25 +69,23 @@ def test_every_draft_init_is_lossless(tiny_model, draft_init):
     ps = prompts(3, seed=5)
     expected = [reference(tiny_model, p, 30, None) for p in ps]
     cfg = JacobiConfig(block_size=8, max_new_tokens=30, draft_init=draft_init, seed=11)
-    assert jacobi_decode(tiny_model, ps, cfg, eos_token_id=None, pad_token_id=PAD).sequences == expected
+    assert jacobi_decode(tiny_model, ps, cfg, stop=StopTokens(None, PAD)).sequences == expected
 
 
 def test_max_new_tokens_is_exact(tiny_model):
     ps = prompts(2, seed=7)
     for max_new in (1, 2, 5, 17):
         out = jacobi_decode(
-            tiny_model, ps, JacobiConfig(block_size=16, max_new_tokens=max_new), eos_token_id=None, pad_token_id=PAD
+            tiny_model, ps, JacobiConfig(block_size=16, max_new_tokens=max_new), stop=StopTokens(None, PAD)
         )
         assert out.sequences == [reference(tiny_model, p, max_new, None) for p in ps]
 
 
 def test_stats_count_every_forward(tiny_model):
     ps = prompts(3)
-    ar = ar_decode(tiny_model, ps, max_new_tokens=MAX_NEW, eos_token_id=None, pad_token_id=PAD)
+    ar = ar_decode(tiny_model, ps, max_new_tokens=MAX_NEW, stop=StopTokens(None, PAD))
     assert ar.stats.tpf == 1.0 and all(s.forwards == MAX_NEW for s in ar.stats.sequences)
-    jac = jacobi_decode(
-        tiny_model, ps, JacobiConfig(block_size=16, max_new_tokens=MAX_NEW), eos_token_id=None, pad_token_id=PAD
-    )
+    jac = jacobi_decode(tiny_model, ps, JacobiConfig(block_size=16, max_new_tokens=MAX_NEW), stop=StopTokens(None, PAD))
     for s in jac.stats.sequences:
         # prefill yields token 1; each decode forward commits len(accepted) tokens; the last known token is free.
         assert s.forwards == 1 + len(s.accepted)
@@ -98,8 +97,8 @@ def test_stats_count_every_forward(tiny_model):
 def test_deterministic_and_independent_of_batch_mates(tiny_model):
     ps = prompts(4, seed=9)
     cfg = JacobiConfig(block_size=16, max_new_tokens=32, seed=3)
-    alone = jacobi_decode(tiny_model, ps[:1], cfg, eos_token_id=None, pad_token_id=PAD)
-    together = jacobi_decode(tiny_model, ps, cfg, eos_token_id=None, pad_token_id=PAD)
+    alone = jacobi_decode(tiny_model, ps[:1], cfg, stop=StopTokens(None, PAD))
+    together = jacobi_decode(tiny_model, ps, cfg, stop=StopTokens(None, PAD))
     assert alone.stats.sequences[0].accepted == together.stats.sequences[0].accepted
 
 
@@ -117,10 +116,10 @@ def test_config_rejects_bad_values(bad, match):
 
 def test_empty_prompt_is_rejected(tiny_model):
     with pytest.raises(ValueError, match="prompt 1 is empty"):
-        jacobi_decode(tiny_model, [[5, 6], []], JacobiConfig(), eos_token_id=None, pad_token_id=PAD)
+        jacobi_decode(tiny_model, [[5, 6], []], JacobiConfig(), stop=StopTokens(None, PAD))
 
 
 def test_ar_equals_generate_batched(tiny_model):
     ps = prompts(4, seed=2)
     expected = [reference(tiny_model, p, MAX_NEW, None) for p in ps]
-    assert ar_decode(tiny_model, ps, max_new_tokens=MAX_NEW, eos_token_id=None, pad_token_id=PAD).sequences == expected
+    assert ar_decode(tiny_model, ps, max_new_tokens=MAX_NEW, stop=StopTokens(None, PAD)).sequences == expected

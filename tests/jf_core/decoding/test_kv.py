@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from jf_core.decoding.common import left_pad
+from jf_core.decoding.common import StopTokens, left_pad
 from jf_core.decoding.kv import KVState
 from tests import flash_standin
 from tests.conftest import PAD, VOCAB
@@ -207,8 +207,8 @@ def test_a_model_that_trains_on_flex_attention_decodes_on_sdpa(monkeypatch):
     prompts = [[5, 9, 13, 2], [7, 3]]
     cfg = JacobiConfig(block_size=4, max_new_tokens=12)
     with pytest.raises(AssertionError, match="ran FlexAttention"):
-        jacobi_decode(trained, prompts, cfg, eos_token_id=None, pad_token_id=PAD)
+        jacobi_decode(trained, prompts, cfg, stop=StopTokens(None, PAD))
     with decoding_attention(trained):
-        out = jacobi_decode(trained, prompts, cfg, eos_token_id=None, pad_token_id=PAD)
-    assert out.sequences == jacobi_decode(sdpa, prompts, cfg, eos_token_id=None, pad_token_id=PAD).sequences
+        out = jacobi_decode(trained, prompts, cfg, stop=StopTokens(None, PAD))
+    assert out.sequences == jacobi_decode(sdpa, prompts, cfg, stop=StopTokens(None, PAD)).sequences
     assert trained.config._attn_implementation == "flex_attention"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from jf_core.decoding.common import StopTokens
 from jf_core.decoding.multiblock import JFDecodeConfig, JFDecoder, jf_decode
 from jf_core.decoding.recycling import NgramPool
 from tests.conftest import PAD
@@ -24,7 +25,7 @@ WIDTHS = {
 def decode_all(model, ps, cfg, eos, batch):
     got = []
     for start in range(0, len(ps), batch):
-        got += jf_decode(model, ps[start : start + batch], cfg, eos_token_id=eos, pad_token_id=PAD).sequences
+        got += jf_decode(model, ps[start : start + batch], cfg, stop=StopTokens(eos, PAD)).sequences
     return got
 
 
@@ -80,8 +81,8 @@ def test_draft_eos_cut_runs_fewer_tokens_for_the_same_output(embedded):
 
     model, tok = embedded
     ps = [tok(e.prompt, add_special_tokens=False)["input_ids"] for e in make_split("test", 6)]
-    ids = {"eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id}
-    expected = ar_decode(model, ps, max_new_tokens=160, **ids).sequences
+    ids = StopTokens(tok.eos_token_id, tok.pad_token_id)
+    expected = ar_decode(model, ps, max_new_tokens=160, stop=ids).sequences
     ran = {}
     for cut in (False, True):
         width: list[int] = []
@@ -90,7 +91,7 @@ def test_draft_eos_cut_runs_fewer_tokens_for_the_same_output(embedded):
         )
         try:
             cfg = JFDecodeConfig(block_size=64, num_blocks=2, pool_size=0, max_new_tokens=160, cut_at_draft_eos=cut)
-            assert jf_decode(model, ps, cfg, **ids).sequences == expected
+            assert jf_decode(model, ps, cfg, stop=ids).sequences == expected
         finally:
             hook.remove()
         ran[cut] = sum(width)
@@ -113,11 +114,11 @@ def test_embedded_model_lossless_and_the_add_ons_engage(embedded):
 
     model, tok = embedded
     ps = [tok(e.prompt, add_special_tokens=False)["input_ids"] for e in make_split("test", 6)]
-    expected = ar_decode(model, ps, max_new_tokens=160, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    expected = ar_decode(model, ps, max_new_tokens=160, stop=StopTokens(tok.eos_token_id, tok.pad_token_id))
     cfg = JFDecodeConfig(
         block_size=16, num_blocks=2, pool_size=4, spawn_ratio=0.5, max_new_tokens=160, seed_drafts=True
     )
-    decoder = JFDecoder(model, cfg, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    decoder = JFDecoder(model, cfg, stop=StopTokens(tok.eos_token_id, tok.pad_token_id))
     seqs = [decoder.new_sequence(i, p) for i, p in enumerate(ps)]
     decoder.new_sequence = lambda i, p: seqs[i]  # keep handles on the sequences to read their counters
     out = decoder.decode(ps)
@@ -133,7 +134,7 @@ def test_recorder_is_refused_and_bad_configs_are_named(tiny_model):
     with pytest.raises(ValueError, match="spawn_ratio"):
         JFDecodeConfig(spawn_ratio=0.0)
     with pytest.raises(ValueError, match="BlockRecorder"):
-        JFDecoder(tiny_model, JFDecodeConfig(), eos_token_id=None, pad_token_id=PAD, recorder=object())
+        JFDecoder(tiny_model, JFDecodeConfig(), stop=StopTokens(None, PAD), recorder=object())
 
 
 def test_ngram_pool_keys_continuations_by_the_token_before_them():

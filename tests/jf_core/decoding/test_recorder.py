@@ -10,6 +10,7 @@ from collections import defaultdict
 
 import pytest
 
+from jf_core.decoding.common import StopTokens
 from jf_core.decoding.jacobi import JacobiConfig, jacobi_decode
 from tests.conftest import PAD
 
@@ -33,7 +34,7 @@ def test_trajectories_are_complete_and_unaliased(tiny_model, block_size):
     prompts = [[5, 6, 7, 8], [9, 10]]
     rec = Collect()
     cfg = JacobiConfig(block_size=block_size, max_new_tokens=4 * block_size, draft_init="random_vocab", seed=1)
-    out = jacobi_decode(tiny_model, prompts, cfg, eos_token_id=None, pad_token_id=PAD, recorder=rec)
+    out = jacobi_decode(tiny_model, prompts, cfg, stop=StopTokens(None, PAD), recorder=rec)
     for seq, generated in enumerate(out.sequences):
         blocks = sorted(b for s, b in rec.fixed if s == seq)
         assert blocks == list(range(4))
@@ -59,7 +60,7 @@ def test_initial_draft_is_recorded_before_being_overwritten(tiny_model):
     fixed point. Here states are fresh lists, so mutating the decoder's window cannot reach them."""
     rec = Collect()
     cfg = JacobiConfig(block_size=16, max_new_tokens=16, draft_init="random_vocab", seed=4)
-    jacobi_decode(tiny_model, [[11, 12, 13]], cfg, eos_token_id=None, pad_token_id=PAD, recorder=rec)
+    jacobi_decode(tiny_model, [[11, 12, 13]], cfg, stop=StopTokens(None, PAD), recorder=rec)
     states = rec.states[(0, 0)]
     assert len(states) >= 2
     assert states[0] != states[-1]
@@ -69,14 +70,14 @@ def test_block_ending_at_eos_converges_with_its_length(tiny_model):
     """The block holding EOS is recorded: fixed point through EOS, pad after it, and the valid length."""
     prompt = [21, 22, 23, 24]
     free = jacobi_decode(
-        tiny_model, [prompt], JacobiConfig(block_size=8, max_new_tokens=40), eos_token_id=None, pad_token_id=PAD
+        tiny_model, [prompt], JacobiConfig(block_size=8, max_new_tokens=40), stop=StopTokens(None, PAD)
     ).sequences[0]
     # EOS := the first token inside block 2 (tokens 16..22) that greedy has not produced before
     at = next(i for i in range(17, 23) if free[i] not in free[:i])
     eos = free[at]
     rec = Collect()
     cfg = JacobiConfig(block_size=8, max_new_tokens=40)
-    out = jacobi_decode(tiny_model, [prompt], cfg, eos_token_id=eos, pad_token_id=PAD, recorder=rec)
+    out = jacobi_decode(tiny_model, [prompt], cfg, stop=StopTokens(eos, PAD), recorder=rec)
     assert out.sequences[0] == free[: at + 1]
     assert sorted(rec.fixed) == [(0, 0), (0, 1), (0, 2)]
     assert rec.lengths == {(0, 0): 8, (0, 1): 8, (0, 2): at - 15}

@@ -15,6 +15,7 @@ from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
 from jf_core.decoding import decode
 from jf_core.decoding.ar import ar_decode
+from jf_core.decoding.common import StopTokens
 from jf_core.decoding.jacobi import JacobiConfig
 from jf_core.decoding.multiblock import JFDecodeConfig
 from jf_core.decoding.sampling import Sampler, Sampling, gumbel_noise
@@ -76,14 +77,14 @@ def test_the_sampler_keeps_the_vocabulary_keys():
 def test_every_decoder_draws_the_ar_sample_of_the_same_seeds(embedded, method, batch, sampling):
     model, tok = embedded
     examples = [tok(e.prompt, add_special_tokens=False)["input_ids"] for e in make_split("test", 4)]
-    stops = {"eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id}
-    greedy = ar_decode(model, examples, max_new_tokens=48, **stops).sequences
+    stops = StopTokens(tok.eos_token_id, tok.pad_token_id)
+    greedy = ar_decode(model, examples, max_new_tokens=48, stop=stops).sequences
     accepted, forwards, sampled = 0, 0, 0
     for start in range(0, 12, batch):  # 12 seeds per case
         seeds = [start + i for i in range(batch)]
         prompts = [examples[s % 4] for s in seeds]
-        want = ar_decode(model, prompts, max_new_tokens=48, sampling=sampling, seeds=seeds, **stops)
-        out = decode(model, prompts, CONFIGS[method], sampling=sampling, seeds=seeds, **stops)
+        want = ar_decode(model, prompts, max_new_tokens=48, sampling=sampling, seeds=seeds, stop=stops)
+        out = decode(model, prompts, CONFIGS[method], sampling=sampling, seeds=seeds, stop=stops)
         assert out.sequences == want.sequences, f"seeds {seeds}"
         accepted += sum(len(s) for s in out.sequences)
         forwards += sum(s.forwards for s in out.stats.sequences)
@@ -96,12 +97,12 @@ def test_every_decoder_draws_the_ar_sample_of_the_same_seeds(embedded, method, b
 def test_identity_on_random_architectures(tiny_model, method):
     prompts = [[5, 9, 200, 33], [7, 7, 7], [100, 101, 102, 103, 104], [42]]
     sampling = Sampling(temperature=0.9, top_k=40, top_p=0.95)
-    stops = {"eos_token_id": None, "pad_token_id": PAD}
+    stops = StopTokens(None, PAD)
     seeds = [11, 12, 13, 14]
-    want = ar_decode(tiny_model, prompts, max_new_tokens=48, sampling=sampling, seeds=seeds, **stops)
-    out = decode(tiny_model, prompts, CONFIGS[method], sampling=sampling, seeds=seeds, **stops)
+    want = ar_decode(tiny_model, prompts, max_new_tokens=48, sampling=sampling, seeds=seeds, stop=stops)
+    out = decode(tiny_model, prompts, CONFIGS[method], sampling=sampling, seeds=seeds, stop=stops)
     assert out.sequences == want.sequences
-    alone = decode(tiny_model, prompts[2:3], CONFIGS[method], sampling=sampling, seeds=seeds[2:3], **stops)
+    alone = decode(tiny_model, prompts[2:3], CONFIGS[method], sampling=sampling, seeds=seeds[2:3], stop=stops)
     assert alone.sequences[0] == want.sequences[2]  # a request's text does not depend on its batch
 
 
@@ -164,7 +165,7 @@ def hf_samples(model, prompt: list[int], sampling: Sampling, n: int) -> list[tup
 
 def our_samples(model, prompt: list[int], sampling: Sampling, n: int) -> list[tuple[int, int]]:
     config = JFDecodeConfig(block_size=2, num_blocks=2, pool_size=2, max_new_tokens=2)
-    out = decode(model, [prompt] * n, config, sampling=sampling, seeds=range(n), eos_token_id=None, pad_token_id=PAD)
+    out = decode(model, [prompt] * n, config, sampling=sampling, seeds=range(n), stop=StopTokens(None, PAD))
     return [tuple(s) for s in out.sequences]
 
 

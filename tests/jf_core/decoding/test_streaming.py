@@ -8,6 +8,7 @@ import pytest
 
 from jf_core.decoding import decode
 from jf_core.decoding.ar import ar_decode
+from jf_core.decoding.common import StopTokens
 from jf_core.decoding.jacobi import JacobiConfig
 from jf_core.decoding.multiblock import JFDecodeConfig
 from jf_core.toy.task import make_split
@@ -39,13 +40,13 @@ class Sink:
 def test_streamed_chunks_are_the_output_as_it_becomes_final(embedded, method, batch):
     model, tok = embedded
     prompts = [tok(e.prompt, add_special_tokens=False)["input_ids"] for e in make_split("test", batch)]
-    stops = {"eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id}
+    stops = StopTokens(tok.eos_token_id, tok.pad_token_id)
     sink = Sink()
     if method == "ar":
-        out = ar_decode(model, prompts, max_new_tokens=160, on_tokens=sink, **stops)
+        out = ar_decode(model, prompts, max_new_tokens=160, on_tokens=sink, stop=stops)
     else:
-        out = decode(model, prompts, CONFIGS[method], on_tokens=sink, **stops)
-    want = ar_decode(model, prompts, max_new_tokens=160, **stops).sequences
+        out = decode(model, prompts, CONFIGS[method], on_tokens=sink, stop=stops)
+    want = ar_decode(model, prompts, max_new_tokens=160, stop=stops).sequences
     for i, sequence in enumerate(out.sequences):
         assert sink.joined(i) == sequence == want[i]
         assert sequence[-1] == tok.eos_token_id

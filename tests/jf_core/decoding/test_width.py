@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from jf_core.decoding.ar import ar_decode
+from jf_core.decoding.common import StopTokens
 from jf_core.decoding.multiblock import JFDecodeConfig, jf_decode
 from jf_core.decoding.width import RowWidth, WidthPolicy
 from jf_core.toy.task import make_split
@@ -50,9 +51,9 @@ def test_embedded_model_same_text_from_fewer_slots(embedded):
     """At n=64 with two blocks, full windows run every draft slot; adaptive width runs about what is accepted, and
     the text is AR's either way, at batch 1 and 3."""
     model, tok = embedded
-    ids = {"eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id}
+    ids = StopTokens(tok.eos_token_id, tok.pad_token_id)
     ps = [tok(e.prompt, add_special_tokens=False)["input_ids"] for e in make_split("test", 6)]
-    expected = ar_decode(model, ps, max_new_tokens=160, **ids).sequences
+    expected = ar_decode(model, ps, max_new_tokens=160, stop=ids).sequences
     slots = {}
     for adaptive in (False, True):
         ran: list[int] = []  # every forward's input slots (prefills alike in both)
@@ -64,7 +65,7 @@ def test_embedded_model_same_text_from_fewer_slots(embedded):
             for batch in (1, 3):
                 got = []
                 for start in range(0, len(ps), batch):
-                    got += jf_decode(model, ps[start : start + batch], cfg, **ids).sequences
+                    got += jf_decode(model, ps[start : start + batch], cfg, stop=ids).sequences
                 assert got == expected
         finally:
             hook.remove()

@@ -13,9 +13,9 @@ import torch
 
 from jf_core.config import EvalConfig
 from jf_core.decoding.ar import ar_decode
-from jf_core.decoding.common import DecodeOutput
+from jf_core.decoding.common import DecodeOutput, StopTokens
 from jf_core.evaluation.evaluate import LosslessnessError, eval_set, evaluate_model
-from jf_core.evaluation.speed import hf_generate_decoder
+from jf_core.evaluation.methods import hf_generate_decoder
 from jf_core.trajectory.prompts import PromptFormat, PromptSourceConfig, load_prompts
 from tests.conftest import PAD, TINY_MODELS
 
@@ -71,7 +71,7 @@ def _model(tok, dtype=torch.float32):
 
 
 def _stop(tok):
-    return {"eos_token_id": (tok.eos_token_id,), "pad_token_id": tok.pad_token_id}
+    return StopTokens((tok.eos_token_id,), tok.pad_token_id)
 
 
 def test_fp32_evaluation_is_identical_calibrated_and_complete(gsm8k_file):
@@ -119,7 +119,7 @@ def test_fp32_difference_is_a_bug_and_raises(gsm8k_file):
     stop = _stop(tok)
 
     def off_by_one(prompts):
-        out = ar_decode(model, prompts, max_new_tokens=12, **stop)
+        out = ar_decode(model, prompts, max_new_tokens=12, stop=stop)
         return DecodeOutput([[*s[:2], (s[2] + 1) % 50, *s[3:]] for s in out.sequences], out.stats)
 
     cfg = _cfg(gsm8k_file, block_sizes=[4])
@@ -167,18 +167,18 @@ def test_hf_generate_row_is_plain_greedy_under_a_qwen_generation_config():
     penalty, stops on either EOS, and equals our greedy AR, one by one and in left-padded batches."""
     model = copy.deepcopy(TINY_MODELS["qwen2"]())
     prompts = [[5, 6, 7, 8, 9], [10, 11, 12], [13, 14, 15, 16], [40, 41]]
-    free = ar_decode(model, prompts, max_new_tokens=40, eos_token_id=None, pad_token_id=PAD).sequences
+    free = ar_decode(model, prompts, max_new_tokens=40, stop=StopTokens(None, PAD)).sequences
     eos = (free[0][6], free[2][9])  # two ids the model really emits: stopping on them matters
     model.generation_config.repetition_penalty = 1.05
     model.generation_config.eos_token_id = list(eos)
     model.generation_config.top_k, model.generation_config.top_p = 20, 0.8
-    ours = ar_decode(model, prompts, max_new_tokens=40, eos_token_id=eos, pad_token_id=PAD).sequences
+    ours = ar_decode(model, prompts, max_new_tokens=40, stop=StopTokens(eos, PAD)).sequences
     assert any(s[-1] in eos and len(s) < 40 for s in ours)
     # Like with like: a left-padded row and the same prompt alone run different attention kernels, and a random
     # tiny model has near-ties that the last bit decides (which way depends on the CPU's kernels).
-    alone = [ar_decode(model, [p], max_new_tokens=40, eos_token_id=eos, pad_token_id=PAD).sequences[0] for p in prompts]
+    alone = [ar_decode(model, [p], max_new_tokens=40, stop=StopTokens(eos, PAD)).sequences[0] for p in prompts]
     for batched, reference in ((False, alone), (True, ours)):
-        hf = hf_generate_decoder(model, eos, PAD, 40, batched=batched)(prompts).sequences
+        hf = hf_generate_decoder(model, StopTokens(eos, PAD), 40, batched=batched)(prompts).sequences
         assert hf == reference, f"batched={batched}"
     assert model.generation_config.repetition_penalty == 1.05  # the checkpoint's config is left as it was
     # Control: generate() left to the checkpoint's config applies the penalty and is not greedy.

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import json
 
-from jf_core.evaluation.speed import bench, format_table, standard_methods, write_json
+from jf_core.decoding.common import StopTokens
+from jf_core.evaluation.methods import build_methods
+from jf_core.evaluation.speed import bench
+from jf_core.evaluation.tables import format_table, write_json
 from tests.conftest import PAD, TINY_MODELS
 
 
 def test_every_method_runs_and_greedy_methods_agree(tmp_path):
     model = TINY_MODELS["qwen2"]()
     prompts = [[5, 6, 7, 8, 9], [10, 11, 12], [13, 14, 15, 16], [40, 41]]
-    methods = standard_methods(model, eos_token_id=2, pad_token_id=PAD, max_new_tokens=24, block_sizes=(8, 16))
+    methods = build_methods(model, StopTokens(2, PAD), 24, hf=True, block_sizes=(8, 16))
     results = bench(methods, prompts, batch_size=2, warmup_prompts=1, scorer=lambda i, seq: len(seq) == 24)
     by_name = {r.method: r for r in results}
-    assert list(by_name) == ["hf_generate", "ar", "jacobi_n8", "jacobi_n16", "hf_prompt_lookup"]
+    assert list(by_name) == ["hf_generate", "hf_prompt_lookup", "ar", "jacobi_n8", "jacobi_n16"]
     for r in results:
         # every method is greedy and lossless, so all outputs equal HF greedy's
         assert r.identical_fraction == 1.0
@@ -36,15 +39,17 @@ def test_every_method_runs_and_greedy_methods_agree(tmp_path):
 def test_jf_methods_reproduce_their_own_model_and_plots_are_written(tmp_path):
     from jf_core.decoding.multiblock import JFDecodeConfig
     from jf_core.evaluation.plots import bench_figures, save_figures, speed_against_batch_size
-    from jf_core.evaluation.speed import format_markdown, jf_methods
+    from jf_core.evaluation.tables import format_markdown
 
     base, jf = TINY_MODELS["qwen2"](), TINY_MODELS["llama"]()  # two different models, as base and JF would be
     prompts = [[5, 6, 7, 8, 9], [10, 11, 12], [13, 14, 15, 16]]
-    methods = standard_methods(base, eos_token_id=2, pad_token_id=PAD, max_new_tokens=20, block_sizes=(4, 8))
+    methods = build_methods(base, StopTokens(2, PAD), 20, hf=True, block_sizes=(4, 8))
     tuned = JFDecodeConfig(block_size=8, num_blocks=2, pool_size=2, max_new_tokens=20, adaptive_width=True)
-    extra, same = jf_methods(
-        jf, eos_token_id=2, pad_token_id=PAD, max_new_tokens=20, block_size=8, tuned=tuned, jacobi_block_sizes=(4,)
-    )
+    extra = build_methods(
+        jf, StopTokens(2, PAD), 20, prefix="jf_", block_sizes=(4, 8), variants_at=8, tuned=tuned,
+        tuned_name="autotuned", full_width=True,
+    )  # fmt: skip
+    same = dict.fromkeys(extra, "jf_ar")
     methods.update(extra)
     results = {r.method: r for r in bench(methods, prompts, warmup_prompts=1, same_output_as=same)}
     assert set(extra) == {
@@ -81,7 +86,7 @@ def test_tune_picks_the_fastest_measured_config_and_round_trips(tmp_path):
     prompts = [[5, 6, 7, 8, 9], [10, 11, 12]]
     knobs = {"block_sizes": [4, 8], "num_blocks": [1, 2], "pool_sizes": [0, 2], "spawn_ratios": [0.5, 0.85]}
     space = TuneSpace.of(**knobs, width_scales=[0.0])
-    best, trials = tune(model, prompts, eos_token_id=None, pad_token_id=PAD, max_new_tokens=16, space=space, repeats=2)
+    best, trials = tune(model, prompts, stop=StopTokens(None, PAD), max_new_tokens=16, space=space, repeats=2)
     assert len(trials) == 24  # r only varies when K > 1; every point with sampled and with seeded drafts
     assert max(t.tps for t in trials) == next(t.tps for t in trials if t.config == best)
     model.save_pretrained(tmp_path)
@@ -136,14 +141,14 @@ def test_interleaved_runs_take_turns_and_keep_each_batchs_fastest_run():
 def test_jf_methods_sample_losslessly_with_a_seed_per_prompt():
     from jf_core.decoding.multiblock import JFDecodeConfig
     from jf_core.decoding.sampling import Sampling
-    from jf_core.evaluation.speed import jf_methods
 
     jf = TINY_MODELS["llama"]()
     prompts = [[5, 6, 7, 8, 9], [10, 11, 12], [13, 14, 15, 16]]
     tuned = JFDecodeConfig(block_size=8, num_blocks=2, pool_size=2, max_new_tokens=20)
-    common = {"eos_token_id": 2, "pad_token_id": PAD, "max_new_tokens": 20, "block_size": 8}
-    sampled, same = jf_methods(jf, **common, tuned=tuned, sampling=Sampling(1.0, top_k=20))
-    greedy, _ = jf_methods(jf, **common)
+    common = {"prefix": "jf_", "block_sizes": (8,), "variants_at": 8, "tuned_name": "autotuned", "full_width": True}
+    sampled = build_methods(jf, StopTokens(2, PAD), 20, **common, tuned=tuned, sampling=Sampling(1.0, top_k=20))
+    greedy = build_methods(jf, StopTokens(2, PAD), 20, **common)
+    same = dict.fromkeys(sampled, "jf_ar")
     # Batches of 2 and 1: a prompt's seed comes with it, so every method and batching draws the same sample.
     results = bench(
         sampled, prompts, batch_size=2, warmup_prompts=1, same_output_as=same, reference=None, baseline_ar="jf_ar"
@@ -154,14 +159,13 @@ def test_jf_methods_sample_losslessly_with_a_seed_per_prompt():
 
 def test_the_autotuned_row_runs_ar_above_the_stored_crossover(embedded):
     from jf_core.decoding.multiblock import JFDecodeConfig
-    from jf_core.evaluation.speed import jf_methods
     from jf_core.toy.task import make_split
 
     model, tok = embedded
     prompts = [tok(e.prompt, add_special_tokens=False)["input_ids"] for e in make_split("test", 2)]
     tuned = JFDecodeConfig(block_size=16, num_blocks=2, pool_size=2, max_new_tokens=64)
-    stops = {"eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id}
-    methods, _ = jf_methods(model, **stops, max_new_tokens=64, block_size=16, tuned=tuned, ar_above_batch=1)
+    stop = StopTokens(tok.eos_token_id, tok.pad_token_id)
+    methods = build_methods(model, stop, 64, prefix="jf_", tuned=tuned, tuned_name="autotuned", ar_above_batch=1)
     ar = methods["jf_ar"](prompts)
     above = methods["jf_autotuned"](prompts)  # batch 2 > 1: AR, forward for forward
     assert above.sequences == ar.sequences and above.stats.forwards == ar.stats.forwards

@@ -19,7 +19,7 @@ def test_training_on_its_own_trajectories_raises_their_tpf_losslessly(profile, t
     # References for the accuracy column: the base model's own greedy answers, scored by exact match, so the base
     # scores 1.0 and a trained model scores its share of unchanged answers: accuracy must equal "= base".
     base_model, _ = load_model(profile.model.path)
-    greedy = ar_decode(base_model, prompts[:5], max_new_tokens=16, **stop_tokens(base_model, tok)).sequences
+    greedy = ar_decode(base_model, prompts[:5], max_new_tokens=16, stop=stop_tokens(base_model, tok)).sequences
     answers = [{"tokens": list(g)} for g in greedy]
 
     def same_answer(tokens: list[int], row: dict) -> bool:

@@ -31,7 +31,7 @@ def engine(profile, tmp_path):
 
 
 def greedy(engine: Engine, prompt: list[int], budget: int) -> list[int]:
-    out = ar_decode(engine.model, [prompt], max_new_tokens=budget, **engine.stops)
+    out = ar_decode(engine.model, [prompt], max_new_tokens=budget, stop=engine.stop)
     return out.sequences[0]
 
 
@@ -54,7 +54,7 @@ def test_requests_with_different_budgets_and_stops_share_a_batch(engine, method)
             assert engine.tokenizer.decode(c.tokens, skip_special_tokens=True).startswith(c.text)
         else:
             assert c.tokens == want and c.text == text
-            assert c.finish_reason == ("stop" if want[-1] in engine.stops["eos_token_id"] else "length")
+            assert c.finish_reason == ("stop" if want[-1] in engine.stop.eos else "length")
         assert c.prompt_tokens == len(prompt) and c.forwards >= 1
 
 
@@ -106,7 +106,7 @@ def test_sampled_requests_get_the_ar_sample_of_their_own_seed(engine, method):
             max_new_tokens=request.max_new_tokens,
             sampling=sampling,
             seeds=[request.seed],
-            **engine.stops,
+            stop=engine.stop,
         )
         assert c.tokens == want.sequences[0]
     greedy_out = [greedy(engine, prompt, 16) for prompt in ids[:1]]

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import json
-
-from jf_core.config import ModelConfig
 from jf_core.threads import cpu_budget
-from jf_core.toy.bootstrap import BootstrapConfig, embedded_model_dir, ensure_embedded_model
+from jf_core.toy.bootstrap import BootstrapConfig, ensure_embedded_model
 
 
 def test_the_thread_count_is_part_of_the_key():
@@ -14,16 +11,6 @@ def test_the_thread_count_is_part_of_the_key():
     assert BootstrapConfig(threads=1).key() != BootstrapConfig(threads=2).key()
     assert BootstrapConfig().key() == BootstrapConfig(threads=cpu_budget()).key()  # None: every CPU it may use
     assert BootstrapConfig().train_threads() == cpu_budget()
-
-
-def test_the_profile_thread_count_picks_the_embedded_model_it_trains(tmp_path, monkeypatch):
-    """`jf run --set compute.threads=1` resolves (and would bootstrap) the 1-thread embedded model."""
-    monkeypatch.setenv("JF_HOME", str(tmp_path))
-    one = embedded_model_dir(BootstrapConfig(threads=1))
-    one.mkdir(parents=True)
-    (one / "bootstrap.json").write_text(json.dumps({"threads": {"policy": "fixed", "initial": 1}}))
-    assert ModelConfig(path="embedded").resolve(1) == str(one)
-    assert embedded_model_dir(BootstrapConfig(threads=2)) != one
 
 
 def test_a_bootstrap_reports_its_steps_to_a_caller_that_shows_no_bar(tmp_path, capsys):

@@ -273,7 +273,7 @@ def test_the_cllm_baseline_in_one_packed_pass_is_cllms_two_forward_loss(arch):
 def test_cllm_packing_draws_intermediate_states_uniformly():
     from jf_core.config import JFTrainConfig
 
-    schedule = JFTrainConfig(method="cllm", mask="clean_context", seed=3).noise_schedule()
+    schedule = NoiseSchedule.of(JFTrainConfig(method="cllm", mask="clean_context", seed=3))
     states = [[1, 9, 9, 9], [1, 2, 9, 9], [1, 2, 3, 9], [1, 2, 3, 4]]
     recs = [record(f"p{i}", 0, states, [1, 2, 3, 4]) for i in range(300)]
     recs.append(record("converged", 0, [[1, 2, 3, 4]], [1, 2, 3, 4]))
@@ -370,4 +370,7 @@ def test_base_kl_needs_its_base_and_one_process():
         JacobiForcingObjective(JFLossConfig(base_kl_weight=1.0))
     with pytest.raises(ValueError, match="base_kl_weight keeps a whole frozen copy"):
         JFTrainConfig(base_kl_weight=1.0, strategy="fsdp2")
-    assert JFTrainConfig(base_kl_weight=1.0).objective(base=TINY_MODELS["qwen2"]()).cfg.base_kl_weight == 1.0
+    assert (
+        JacobiForcingObjective.of(JFTrainConfig(base_kl_weight=1.0), base=TINY_MODELS["qwen2"]()).cfg.base_kl_weight
+        == 1.0
+    )

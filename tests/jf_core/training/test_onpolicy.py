@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import torch
 
+from jf_core.decoding.common import StopTokens
 from jf_core.training.noise import NoiseSchedule
 from jf_core.training.onpolicy import OnPolicyStates
 from jf_core.training.packing import pack_records
@@ -14,7 +15,7 @@ from jf_core.trajectory.collect import CollectConfig, collect
 from jf_core.trajectory.prompts import PromptItem
 from tests.conftest import PAD, TINY_MODELS
 
-STOP = {"eos_token_id": None, "pad_token_id": PAD}
+STOP = StopTokens(None, PAD)
 
 
 def _examples(model, seed=0):

@@ -5,6 +5,7 @@ import itertools
 import pytest
 import torch
 
+from jf_core.decoding.common import StopTokens
 from jf_core.model_dir import save_checkpoint
 from jf_core.training.trainer import NonFiniteLossError, TrainConfig, causal_lm_loss, lr_at, train
 from tests.conftest import TINY_MODELS
@@ -176,8 +177,7 @@ def test_a_probe_measures_the_model_during_training_without_changing_what_it_lea
 
         def probe(m, seen=seen):
             seen.append(m.training)
-            out = jacobi_decode(m, [[5, 6, 7]], JacobiConfig(block_size=4, max_new_tokens=8), eos_token_id=None,
-                                pad_token_id=0)  # fmt: skip
+            out = jacobi_decode(m, [[5, 6, 7]], JacobiConfig(block_size=4, max_new_tokens=8), stop=StopTokens(None, 0))
             return {"probe_tpf_n4": out.stats.tpf}
 
         result = train(

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from jf_core.decoding.ar import ar_decode
+from jf_core.decoding.common import StopTokens
 from jf_core.trajectory.collect import CollectConfig, collect
 from jf_core.trajectory.prompts import PromptItem
 from tests.conftest import PAD
@@ -28,7 +29,7 @@ def test_records_are_complete_trajectories(tiny_model, block_size):
     result = collect(tiny_model, TOK, prompts, cfg, model_hash="h")
     whole = cfg.jacobi().max_new_tokens
     greedy = ar_decode(
-        tiny_model, [p.token_ids for p in prompts], max_new_tokens=whole, eos_token_id=None, pad_token_id=PAD
+        tiny_model, [p.token_ids for p in prompts], max_new_tokens=whole, stop=StopTokens(None, PAD)
     ).sequences
     for p, expected in zip(prompts, greedy, strict=True):
         rows = [r for r in result.records if r["prompt_id"] == p.prompt_id]
@@ -68,7 +69,7 @@ def test_synthetic_records_are_greedy_blocks_with_corrupted_tails(tiny_model, co
     cfg = CollectConfig(block_size=4, max_new_tokens=10, batch_size=2, kind="synthetic", corruption=corruption)
     result = collect(tiny_model, TOK, prompts, cfg, model_hash="h")
     greedy = ar_decode(
-        tiny_model, [p.token_ids for p in prompts], max_new_tokens=12, eos_token_id=None, pad_token_id=PAD
+        tiny_model, [p.token_ids for p in prompts], max_new_tokens=12, stop=StopTokens(None, PAD)
     ).sequences
     assert result.new_tokens == sum(len(g) for g in greedy)
     for p, expected in zip(prompts, greedy, strict=True):

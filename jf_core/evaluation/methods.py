@@ -1,0 +1,183 @@
+"""The methods an evaluation or a bench runs, built in one place (`build_methods`): each a `Decoder` (a batch of
+prompts -> a DecodeOutput) under the name its table row has. The round's evaluation, `jf eval` and `jf bench decode`
+all build theirs here: our AR (every speedup's baseline and every greedy method's reference), plain Jacobi at each
+block size, the model's tuned config, and for the bench HF `generate` and prompt lookup, and a trained model's
+recycling and multi-block rows beside its own AR.
+
+HF methods are greedy and nothing else (`greedy_generation_config`), wrapped to the project's decoder interface;
+their forwards are counted by a hook, so their TPF is measured, not assumed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import zlib
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
+
+import torch
+
+from jf_core.decoding import decode
+from jf_core.decoding.ar import ar_decode
+from jf_core.decoding.common import DecodeOutput, StopTokens, finish, left_pad
+from jf_core.decoding.jacobi import JacobiConfig
+from jf_core.decoding.multiblock import JFDecodeConfig
+from jf_core.decoding.sampling import Sampling
+from jf_core.decoding.stats import DecodeStats, SequenceStats, Timer
+from jf_core.evaluation.speed import Decoder
+
+
+class ForwardCounter:
+    """Counts `model.forward` calls (one per decoding step of HF generate, prefill included)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.count = 0
+        self._handle = model.register_forward_pre_hook(self._hook)
+
+    def _hook(self, *_args) -> None:
+        self.count += 1
+
+    def close(self) -> None:
+        self._handle.remove()
+
+
+@contextlib.contextmanager
+def _pristine_generation_config(model) -> Iterator[None]:
+    """transformers fills every field a passed GenerationConfig leaves unset from the checkpoint's
+    generation_config.json (Qwen instruct ships repetition_penalty 1.05, top_k, top_p, ...): during the call the
+    model's own config is a blank one, so nothing but what we pass applies."""
+    from transformers import GenerationConfig
+
+    saved = model.generation_config
+    model.generation_config = GenerationConfig()
+    try:
+        yield
+    finally:
+        model.generation_config = saved
+
+
+def greedy_generation_config(stop: StopTokens, max_new_tokens: int, **extra):
+    """Plain greedy search, explicitly: no penalties, no sampling knobs, every EOS id."""
+    from transformers import GenerationConfig
+
+    return GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        num_beams=1,
+        repetition_penalty=1.0,
+        no_repeat_ngram_size=0,
+        eos_token_id=sorted(stop.eos) or None,
+        pad_token_id=stop.pad,
+        **extra,
+    )
+
+
+def hf_generate_decoder(
+    model, stop: StopTokens, max_new_tokens: int, *, batched: bool = True, **generate_kwargs
+) -> Decoder:
+    """HF `generate`, greedy and nothing else (`greedy_generation_config`), wrapped to the project's decoder
+    interface: left-padded batches like our decoders, or one call per prompt for methods that only run at batch 1
+    (prompt lookup: `batched=False`). Forwards are counted by a hook; a sequence's TPF counts the batch forwards it
+    took part in (through its EOS)."""
+    eos = stop.eos
+    gen_config = greedy_generation_config(stop, max_new_tokens, **generate_kwargs)
+
+    def run(prompts: list[list[int]]) -> tuple[list[list[int]], int]:
+        ids, mask = left_pad(prompts, stop.pad, model.device)
+        counter = ForwardCounter(model)
+        with _pristine_generation_config(model):
+            try:
+                out = model.generate(input_ids=ids, attention_mask=mask, generation_config=gen_config)
+            finally:
+                counter.close()
+        return out[:, ids.shape[1] :].tolist(), counter.count
+
+    def decode(prompts: list[list[int]]) -> DecodeOutput:
+        timer = Timer(model.device)
+        start = timer.now()
+        groups = [prompts] if batched else [[p] for p in prompts]
+        seqs, stats = [], []
+        for group in groups:
+            rows, forwards = run(group)
+            for row in rows:
+                tokens, _ = finish(row, eos, max_new_tokens)
+                seqs.append(tokens)
+                # At batch 1 the hook counts this sequence's forwards; in a batch, one per token it generated.
+                taken = forwards if len(group) == 1 else len(tokens)
+                stats.append(SequenceStats(new_tokens=len(tokens), forwards=taken))
+        return DecodeOutput(seqs, DecodeStats(stats, decode_seconds=timer.now() - start, prefill_timed=False))
+
+    return decode
+
+
+def prompt_seeds(prompts: Sequence[Sequence[int]]) -> list[int]:
+    """A sampling seed per prompt from its tokens: the same whichever method or batch decodes it."""
+    return [zlib.crc32(",".join(map(str, p)).encode()) for p in prompts]
+
+
+def build_methods(
+    model: torch.nn.Module,
+    stop: StopTokens,
+    max_new_tokens: int,
+    *,
+    ar: bool = True,
+    block_sizes: Sequence[int] = (),
+    variants_at: int | None = None,
+    tuned: JacobiConfig | None = None,
+    tuned_name: str = "tuned",
+    full_width: bool = False,
+    ar_above_batch: int | None = None,
+    sampling: Sampling | None = None,
+    hf: bool = False,
+    prompt_lookup_tokens: int = 10,
+    prefix: str = "",
+) -> dict[str, Decoder]:
+    """One model's methods, in table order, each name led by `prefix` (a second model's rows: `jf_`):
+
+    - `hf_generate`, `hf_prompt_lookup` (with `hf`): HF's greedy search, and its prompt lookup (batch 1 only);
+    - `ar` (unless `ar` is False): our AR, the baseline;
+    - `jacobi_n{n}` for each of `block_sizes`: plain Jacobi;
+    - `recycling`, `multiblock`, `recycling_multiblock` (with `variants_at` = n): Jacobi Forcing's decoding at n,
+      rejection recycling with seeded drafts, two blocks in flight, and both;
+    - `tuned_name` (with `tuned`): the model's tuned config, the model's default decode path: above
+      `ar_above_batch` (its stored crossover) it runs AR; with `full_width` and an adaptive-width config, also
+      `{tuned_name}_full_width`, the same config at full width (what adaptive width brings).
+
+    With `sampling` every row but HF's samples, each prompt with a seed of its own tokens (the same in every method
+    and batch), so "identical" checks that sampled decoding is lossless."""
+
+    def seeds(prompts: list[list[int]]) -> list[int] | None:
+        return prompt_seeds(prompts) if sampling else None
+
+    def run(cfg: JacobiConfig, above: int | None = None) -> Decoder:
+        return lambda ps: decode(model, ps, cfg, stop=stop, sampling=sampling, seeds=seeds(ps), ar_above_batch=above)
+
+    methods: dict[str, Decoder] = {}
+    if hf:
+        methods["hf_generate"] = hf_generate_decoder(model, stop, max_new_tokens)
+        methods["hf_prompt_lookup"] = hf_generate_decoder(
+            model, stop, max_new_tokens, batched=False, prompt_lookup_num_tokens=prompt_lookup_tokens
+        )
+    if ar:
+        methods[f"{prefix}ar"] = lambda ps: ar_decode(
+            model, ps, max_new_tokens=max_new_tokens, stop=stop, sampling=sampling, seeds=seeds(ps)
+        )
+    for n in dict.fromkeys(block_sizes):
+        methods[f"{prefix}jacobi_n{n}"] = run(JacobiConfig(block_size=n, max_new_tokens=max_new_tokens))
+    if variants_at is not None:
+        n, new = variants_at, max_new_tokens
+        methods[f"{prefix}recycling"] = run(
+            JFDecodeConfig(block_size=n, num_blocks=1, pool_size=4, seed_drafts=True, max_new_tokens=new)
+        )
+        methods[f"{prefix}multiblock"] = run(
+            JFDecodeConfig(block_size=n, num_blocks=2, pool_size=0, max_new_tokens=new)
+        )
+        methods[f"{prefix}recycling_multiblock"] = run(
+            JFDecodeConfig(block_size=n, seed_drafts=True, max_new_tokens=new)
+        )
+    if tuned is not None:
+        methods[f"{prefix}{tuned_name}"] = run(replace(tuned, max_new_tokens=max_new_tokens), ar_above_batch)
+        if full_width and getattr(tuned, "adaptive_width", False):
+            full = replace(tuned, max_new_tokens=max_new_tokens, adaptive_width=False)
+            methods[f"{prefix}{tuned_name}_full_width"] = run(full)
+    return methods

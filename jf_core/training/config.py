@@ -1,0 +1,131 @@
+"""The profile's `training` section: what a round's training does, as data, checked field against field.
+
+Each implementation is built from it next to itself: `NoiseSchedule.of` (noise.py), `JacobiForcingObjective.of`
+(losses.py) and `TrainConfig.of` (trainer.py), shared by the local and the distributed trainer. `jf_core.config`
+composes it into the profile, as it does the prompt source (`trajectory/prompts.py`).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from jf_core.training.noise import WindowSchedule
+
+
+class JFTrainConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    # single: this process; ddp: a full replica per Ray Train worker; fsdp2: parameters, gradients and optimizer
+    # state sharded over the workers (compute.train_workers). Weights are fp32 masters always; compute runs in the
+    # model's dtype (model.dtype). See tasks/train_distributed.py and `jf plan`.
+    strategy: Literal["single", "ddp", "fsdp2"] = "single"
+    activation_checkpointing: bool = False  # recompute each layer's activations in backward (non-reentrant)
+    cpu_offload: bool = False  # fsdp2: fp32 masters, gradients and AdamW state in host memory (one small GPU)
+    checkpoint_every: int | None = Field(None, ge=1)  # steps between resumable checkpoints; None: a tenth of the run
+    lean_loss: bool = True  # the LM head on loss positions only, in chunks (losses.py); False: full logits
+    loss_chunk: int = Field(1024, ge=1)  # LM-head rows per chunk
+    steps: int = Field(600, ge=1)
+    lr: float = Field(1e-3, gt=0)
+    warmup_steps: int = Field(30, ge=0)
+    batch_size: int = Field(16, ge=1)  # per worker: the global batch is batch_size x grad_accum x workers
+    grad_accum: int = Field(1, ge=1)
+    grad_clip: float = Field(1.0, gt=0)
+    ar_weight: float = Field(1.0, ge=0)  # lambda
+    consistency_weight: float = Field(1.0, ge=0)
+    temperature: float = Field(1.0, gt=0)  # tau
+    hard_targets: bool = False
+    # Keeping the model's own text: weight of KL(base || model) on the next-token distributions at every answer
+    # position the AR loss scores, against a frozen copy of the input model (one more forward a step, no backward).
+    # 0: no base copy is loaded. The AR loss holds only the argmax on the trained text; this holds the whole
+    # distribution, near-ties included (losses.py).
+    base_kl_weight: float = Field(0.0, ge=0)
+    # jacobi_forcing: noisy blocks picked by the noise schedule, conditioned on noisy context (the mask); cllm: the
+    # CLLM baseline (Kou et al. 2024): a uniformly drawn intermediate Jacobi state of each block, conditioned on the
+    # fixed point before it (mask clean_context), pulled to the fixed point's predictions, no noise schedule. Under
+    # the clean_context mask each noisy block sees exactly CLLM's input [prompt][fixed point < j][state of block j]
+    # and its clean copy gives CLLM's teacher, so one packed forward computes CLLM's per-block loss.
+    method: Literal["jacobi_forcing", "cllm"] = "jacobi_forcing"
+    # jacobi_forcing only, as are the next 3 (noise.py says what each schedule does)
+    schedule: WindowSchedule = "progressive"
+    window: int = Field(16, ge=1)  # w: blocks per noise window
+    min_ratio: float = Field(0.0, ge=0, le=1)
+    max_ratio: float = Field(1.0, ge=0, le=1)
+    mask: Literal["shipped", "clean_context"] = "shipped"
+    # Which draft state a block's noisy copy is: at_packing, the one state the schedule picked when packing (every
+    # visit sees the same); each_visit, drawn again from all the block's recorded states each time its example is
+    # seen (the schedule seeded by the visit: jf_core/training/packing.py `redrawn`).
+    state_pick: Literal["at_packing", "each_visit"] = "at_packing"
+    # On-policy states: every this many steps the model being trained decodes `onpolicy_prompts` of its training
+    # prompts (in turn) and the draft states it visits join those blocks' pools (jf_core/training/onpolicy.py).
+    onpolicy_every: int | None = Field(None, ge=1)
+    onpolicy_prompts: int = Field(8, ge=1)
+    max_length: int = Field(2048, ge=8)
+    mix_ar_every: int = Field(0, ge=0)  # every k-th batch is plain AR on ground-truth data (embedded task only)
+    seed: int = 0
+    # TPF against training steps: every this many steps (None: never), plain Jacobi at the round's block size (and
+    # at each of `tpf_probe_block_sizes`, e.g. [16, 32]) on `tpf_probe_prompts` calibration prompts,
+    # `tpf_probe_tokens` new tokens each (one-process training only). It reads the model and changes nothing in it:
+    # rounds with and without it train the same weights.
+    tpf_probe_every: int | None = Field(None, ge=1)
+    tpf_probe_prompts: int = Field(4, ge=1)
+    tpf_probe_tokens: int = Field(64, ge=1)
+    tpf_probe_block_sizes: list[Annotated[int, Field(ge=1)]] = []
+
+    @model_validator(mode="after")
+    def _probe_in_one_process(self) -> JFTrainConfig:
+        if self.tpf_probe_every is not None and self.strategy != "single":
+            raise ValueError(
+                f"training.tpf_probe_every decodes with the whole model in one process: strategy {self.strategy} "
+                "shards it over workers (set strategy single, or tpf_probe_every null)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _onpolicy(self) -> JFTrainConfig:
+        if self.onpolicy_every is None:
+            return self
+        if self.state_pick != "each_visit":
+            raise ValueError(
+                "training.onpolicy_every adds states to each block's pool, which only each_visit draws from: set "
+                "training.state_pick: each_visit"
+            )
+        if self.strategy != "single":
+            raise ValueError(
+                f"training.onpolicy_every decodes with the whole model in one process: strategy {self.strategy} "
+                "shards it over workers (set strategy single, or onpolicy_every null)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _base_kl_in_one_process(self) -> JFTrainConfig:
+        if self.base_kl_weight and self.strategy != "single":
+            raise ValueError(
+                f"training.base_kl_weight keeps a whole frozen copy of the input model in one process: strategy "
+                f"{self.strategy} shards the model over workers (set strategy single, or base_kl_weight 0)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _cllm_mask(self) -> JFTrainConfig:
+        if self.method == "cllm" and self.mask != "clean_context":
+            raise ValueError(
+                "training.method cllm conditions each draft on the fixed point before it: set training.mask "
+                "clean_context (the shipped mask's noisy context is what Jacobi Forcing adds)"
+            )
+        return self
+
+    @property
+    def method_name(self) -> str:
+        """The method as run names and evaluation labels say it."""
+        return "CLLM" if self.method == "cllm" else "Jacobi Forcing"
+
+    @property
+    def noise_kind(self) -> str:
+        """What picks each block's noisy state: the noise schedule, or CLLM's uniformly drawn Jacobi state."""
+        return "uniform_state" if self.method == "cllm" else self.schedule
+
+    def every(self) -> int:
+        """Steps between resumable checkpoints."""
+        return self.checkpoint_every or max(1, self.steps // 10)
