@@ -32,7 +32,9 @@ from jf_core.round.paths import round_paths
 EVALUATION = {"evaluation": {"tune": {"enabled": False}, "block_sizes": [16, 32], "speed_prompts": 1, "repeats": 1}}
 
 
-def _run(prof: Profile, model_in: str, variant: str, seed: int, decode, client, experiment: str, parent: str) -> dict:
+def _run(
+    prof: Profile, model_in: str, variant: str, seed: int, decode, client, experiment: str, parent: str
+) -> ablation.AblationRun:
     """One (variant, seed): the stages, then its child MLflow run; returns its row for `ablation.summarize`.
     `decode`: the multi-block config the model is also measured with (stored as its decode config, as the round's
     tuner stores its choice)."""
@@ -45,16 +47,16 @@ def _run(prof: Profile, model_in: str, variant: str, seed: int, decode, client, 
     if saved_decode_config(model) != asdict(decode):
         save_decode_config(model, decode)
     result = round_tasks.evaluate(prof, model, f"{variant}, seed {seed}")
-    row = {
-        "variant": variant,
-        "seed": seed,
-        "accuracy": result.accuracy,
-        "tpf": result.tpf,
-        "multiblock_tpf": result.methods["tuned"].tpf,
-        "noise": packed.noise.model_dump(),  # the ablation's rows are plain JSON (jf_core/ablation.py)
-        "train_seconds": trained.train_seconds,
-        "round_dir": root,
-    }
+    row = ablation.AblationRun(
+        variant=variant,
+        seed=seed,
+        accuracy=result.accuracy,
+        tpf=result.tpf,
+        multiblock_tpf=result.methods["tuned"].tpf,
+        noise=packed.noise,
+        train_seconds=trained.train_seconds,
+        round_dir=root,
+    )
     tags = {"jf.variant": variant, "jf.seed": str(seed), "prefect.flow_run_id": str(flow_run.id or "")}
     name = f"{variant} (seed {seed})"
     with mlflow_runs.mlflow_run(client, experiment, name, profile=prof, parent=parent, tags=tags) as run_id:
@@ -70,7 +72,7 @@ def _run(prof: Profile, model_in: str, variant: str, seed: int, decode, client, 
         }
         for key, value in metrics.items():
             client.log_metric(run_id, key, float(value))
-        client.log_dict(run_id, row, "ablation/run.json")
+        client.log_dict(run_id, row.model_dump(mode="json"), "ablation/run.json")
     return row
 
 
@@ -105,7 +107,7 @@ def jf_ablate(
     ablation_config: ablation.AblationConfig | None = None,
     overrides: ProfileOverrides | None = None,
     model: str | None = None,
-) -> dict:
+) -> ablation.AblationResult:
     """`overrides` apply to every variant (the equal compute: steps, prompts, evaluation), before the variant's
     own; `model`: the starting model (default: the profile's)."""
     started = time.monotonic()
@@ -137,28 +139,26 @@ def jf_ablate(
             logger.info("run %d/%d: %s, seed %d", i, len(runs), name, seed)
             rows.append(_run(prof, model_in, name, seed, decode, client, experiment, parent))
         summary = ablation.summarize(rows)
-        table = ablation.markdown(
-            summary,
-            base={"accuracy": input_eval.accuracy, "tpf": input_eval.tpf},
-            multiblock=spec.multiblock_label(),
-        )
+        input_model = ablation.InputFigures(accuracy=input_eval.accuracy, tpf=input_eval.tpf)
+        table = ablation.markdown(summary, base=input_model, multiblock=spec.multiblock_label())
         seconds = time.monotonic() - started
         client.log_text(parent, table, "ablation/table.md")
-        client.log_dict(parent, {"summary": summary, "runs": rows, "seconds": seconds}, "ablation/results.json")
+        logged = {"summary": summary, "runs": rows, "seconds": seconds}
+        client.log_dict(
+            parent, json.loads(json.dumps(logged, default=lambda m: m.model_dump(mode="json"))), "ablation/results.json"
+        )
         import matplotlib.pyplot as plt
 
-        from jf_core.evaluation.plots import ablation_bars
-
-        figure = ablation_bars(summary)
+        figure = ablation.figure(summary)
         client.log_figure(parent, figure, "plots/ablation.png")
         plt.close(figure)
         client.log_metric(parent, "seconds", seconds)
-    answers = rows[0]["noise"]["blocks_per_answer"]
+    answers = rows[0].noise.blocks_per_answer
     note = (
         f"\n{len(runs)} runs ({len(spec.catalog())} variants x {len(spec.seeds)} seeds) of "
         f"{next(iter(runs.values())).training.steps} training steps in {seconds / 60:.1f} min; "
-        f"answers hold {answers['mean']:.1f} blocks "
-        f"(p10 {answers['p10']}, p50 {answers['p50']}, p90 {answers['p90']}) at n={base.trajectory.block_size}.\n"
+        f"answers hold {answers.mean:.1f} blocks "
+        f"(p10 {answers.p10}, p50 {answers.p50}, p90 {answers.p90}) at n={base.trajectory.block_size}.\n"
     )
     create_markdown_artifact(
         f"# Ablation of `{base.name}`\n\n{table}{note}",
@@ -166,13 +166,13 @@ def jf_ablate(
         description="ablation at equal compute",
     )
     logger.info("ablation table:\n%s%s", table, note)
-    return {
-        "summary": summary,
-        "runs": rows,
-        "table": table,
-        "note": note,
-        "input_model": {"accuracy": input_eval.accuracy, "tpf": input_eval.tpf},
-        "seconds": seconds,
-        "mlflow_run_id": parent,
-        "config": json.loads(spec.model_dump_json()),
-    }
+    return ablation.AblationResult(
+        summary=summary,
+        runs=rows,
+        table=table,
+        note=note,
+        input_model=input_model,
+        seconds=seconds,
+        mlflow_run_id=parent,
+        config=spec,
+    )

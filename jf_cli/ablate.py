@@ -35,14 +35,14 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     temporary_server_apart()
     result = jf_ablate(args.profile, ablation_config=config, overrides=overrides or None, model=args.model)
     print()
-    print(result["table"] + result["note"])
+    print(result.table + result.note)
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "table.md").write_text(result["table"] + result["note"])
-        (out / "results.json").write_text(json.dumps(result, indent=2, default=str))
+        (out / "table.md").write_text(result.table + result.note)
+        (out / "results.json").write_text(result.model_dump_json(indent=2))
         print(f"written: {out / 'table.md'}, {out / 'results.json'}")
-    print(f"MLflow parent run {result['mlflow_run_id']} (table, runs, plots/ablation.png)")
+    print(f"MLflow parent run {result.mlflow_run_id} (table, runs, plots/ablation.png)")
     return 0
 
 

@@ -14,11 +14,16 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from pydantic import Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from jf_core.config import _Strict, merge_overrides
 from jf_core.evaluation import tables
+from jf_core.training.noise import NoiseProfile
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 def _jf(schedule: str, window: int, mask: str = "shipped", **training) -> dict[str, dict]:
@@ -118,29 +123,107 @@ def _spread(values: Sequence[float]) -> tuple[float, float]:
     return mean, statistics.stdev(values) if len(values) > 1 else 0.0
 
 
-def summarize(runs: Sequence[dict]) -> list[dict]:
+class AblationRun(BaseModel):
+    """One (variant, seed): what `jf-ablate` measured of the model it trained."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    variant: str
+    seed: int
+    accuracy: float
+    tpf: dict[str, float]  # plain Jacobi's TPF by block size
+    multiblock_tpf: float = math.nan  # under the ablation's multi-block decode
+    noise: NoiseProfile  # what the variant's schedule picked
+    train_seconds: float = 0.0
+    round_dir: str = ""
+
+
+Spread = tuple[float, float]  # mean and standard deviation over seeds
+
+
+class AblationRow(BaseModel):
+    """A variant over its seeds: a row of the table."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    variant: str
+    seeds: list[int]
+    accuracy: Spread
+    tpf: dict[str, Spread]
+    multiblock_tpf: Spread
+    picked_noise: Spread
+    noisy_half: Spread  # the share of blocks whose noisy copy is wrong past its middle
+    paper: tuple[float, float] | None = None  # (accuracy, iterations per token) where the paper has the row
+
+
+class InputFigures(BaseModel):
+    """The input model's row: accuracy and TPF by block size, measured once."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    accuracy: float
+    tpf: dict[str, float]
+
+
+class Margin(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    difference: float
+    ratio: float
+    t: float  # Welch's t statistic
+
+
+class AblationResult(BaseModel):
+    """What `jf-ablate` returns (and `jf ablate --out` writes as results.json)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    summary: list[AblationRow]
+    runs: list[AblationRun]
+    table: str  # the Markdown table
+    note: str  # what ran, and how long the answers were
+    input_model: InputFigures
+    seconds: float
+    mlflow_run_id: str
+    config: AblationConfig
+
+
+def summarize(runs: Sequence[AblationRun]) -> list[AblationRow]:
     """Per variant (in first-seen order): mean and standard deviation over seeds of accuracy, TPF per block size,
-    multi-block TPF and the picked noise ratio; `runs` are dicts with variant, seed, accuracy, tpf {n: value},
-    multiblock_tpf and noise (ratio_profile)."""
-    by_variant: dict[str, list[dict]] = {}
+    multi-block TPF and the picked noise ratio."""
+    by_variant: dict[str, list[AblationRun]] = {}
     for run in runs:
-        by_variant.setdefault(run["variant"], []).append(run)
+        by_variant.setdefault(run.variant, []).append(run)
     rows = []
     for name, group in by_variant.items():
-        sizes = sorted({n for r in group for n in r["tpf"]}, key=int)
-        row = {
-            "variant": name,
-            "seeds": sorted(r["seed"] for r in group),
-            "accuracy": _spread([r["accuracy"] for r in group]),
-            "tpf": {n: _spread([r["tpf"][n] for r in group]) for n in sizes},
-            "multiblock_tpf": _spread([r.get("multiblock_tpf", math.nan) for r in group]),
-            "picked_noise": _spread([r["noise"]["picked_mean"] for r in group]),
-            "noisy_half": _spread([r["noise"]["picked_above_half"] for r in group]),
-        }
-        if name in PAPER:
-            row["paper"] = PAPER[name]
-        rows.append(row)
+        sizes = sorted({n for r in group for n in r.tpf}, key=int)
+        rows.append(
+            AblationRow(
+                variant=name,
+                seeds=sorted(r.seed for r in group),
+                accuracy=_spread([r.accuracy for r in group]),
+                tpf={n: _spread([r.tpf[n] for r in group]) for n in sizes},
+                multiblock_tpf=_spread([r.multiblock_tpf for r in group]),
+                picked_noise=_spread([r.noise.picked_mean for r in group]),
+                noisy_half=_spread([r.noise.picked_above_half for r in group]),
+                paper=PAPER.get(name),
+            )
+        )
     return rows
+
+
+def margin(rows: Sequence[AblationRow], winner: str, baseline: str, n: str) -> Margin:
+    """TPF of `winner` over `baseline` at block size n ("multiblock": the multi-block decode): the difference of
+    means, their ratio and a Welch t statistic."""
+
+    def tpf(row: AblationRow) -> Spread:
+        return row.multiblock_tpf if n == "multiblock" else row.tpf[n]
+
+    row_a, row_b = (next(r for r in rows if r.variant == name) for name in (winner, baseline))
+    a, b = tpf(row_a), tpf(row_b)
+    k_a, k_b = len(row_a.seeds), len(row_b.seeds)
+    se = math.sqrt(a[1] ** 2 / k_a + b[1] ** 2 / k_b)
+    return Margin(difference=a[0] - b[0], ratio=a[0] / b[0], t=(a[0] - b[0]) / se if se > 0 else math.inf)
 
 
 def _pm(stat: tuple[float, float], digits: int = 2, scale: float = 1.0) -> str:
@@ -148,46 +231,63 @@ def _pm(stat: tuple[float, float], digits: int = 2, scale: float = 1.0) -> str:
     return f"{mean * scale:.{digits}f} ± {sd * scale:.{digits}f}"
 
 
-def markdown(rows: Sequence[dict], base: dict | None = None, multiblock: str = "multi-block") -> str:
+def markdown(rows: Sequence[AblationRow], base: InputFigures | None = None, multiblock: str = "multi-block") -> str:
     """The ablation table: accuracy (%), TPF per block size, multi-block TPF and iterations per token at the first
     block size (mean ± sd over seeds), the noise the schedule picked, and the paper's figures where it has the row."""
-    sizes = sorted({n for r in rows for n in r["tpf"]}, key=int)
+    sizes = sorted({n for r in rows for n in r.tpf}, key=int)
     head = ["variant", "seeds", "accuracy %", *[f"TPF n={n}" for n in sizes], f"TPF {multiblock}"]
     head += [f"iter/token n={sizes[0]}"]
     head += ["picked noise ratio", "blocks with ratio > 0.5", "paper: accuracy / iter/token"]
     lines = []
     if base is not None:
-        cells = ["input model", "-", f"{100 * base['accuracy']:.2f}", *[f"{base['tpf'][n]:.2f}" for n in sizes]]
-        lines.append([*cells, "-", f"{1 / base['tpf'][sizes[0]]:.3f}", "-", "-", "-"])
+        cells = ["input model", "-", f"{100 * base.accuracy:.2f}", *[f"{base.tpf[n]:.2f}" for n in sizes]]
+        lines.append([*cells, "-", f"{1 / base.tpf[sizes[0]]:.3f}", "-", "-", "-"])
     for r in rows:
-        mean_tpf, sd_tpf = r["tpf"][sizes[0]]
+        mean_tpf, sd_tpf = r.tpf[sizes[0]]
         iters = 1 / mean_tpf
         iters_sd = sd_tpf / mean_tpf**2  # first-order propagation of the TPF spread
-        paper = r.get("paper")
         cells = [
-            r["variant"],
-            str(len(r["seeds"])),
-            _pm(r["accuracy"], scale=100),
-            *[_pm(r["tpf"][n]) for n in sizes],
-            "-" if math.isnan(r["multiblock_tpf"][0]) else _pm(r["multiblock_tpf"]),
+            r.variant,
+            str(len(r.seeds)),
+            _pm(r.accuracy, scale=100),
+            *[_pm(r.tpf[n]) for n in sizes],
+            "-" if math.isnan(r.multiblock_tpf[0]) else _pm(r.multiblock_tpf),
             f"{iters:.3f} ± {iters_sd:.3f}",
-            _pm(r["picked_noise"]),
-            _pm(r["noisy_half"]),
-            f"{100 * paper[0]:.1f}% / {paper[1]:.2f}" if paper else PAPER_NOTES.get(r["variant"], "-"),
+            _pm(r.picked_noise),
+            _pm(r.noisy_half),
+            f"{100 * r.paper[0]:.1f}% / {r.paper[1]:.2f}" if r.paper else PAPER_NOTES.get(r.variant, "-"),
         ]
         lines.append(cells)
     return tables.markdown(head, lines) + "\n"
 
 
-def margin(rows: Sequence[dict], winner: str, baseline: str, n: str) -> dict:
-    """TPF of `winner` over `baseline` at block size n ("multiblock": the multi-block decode): the difference of
-    means, their ratio and a Welch t statistic."""
+def figure(rows: Sequence[AblationRow]) -> Figure:
+    """The summary's rows as bars: TPF per block size (left) and accuracy (right), mean with one standard
+    deviation over seeds as error bars."""
+    from jf_core.evaluation.plots import plt  # pyplot on the headless backend
 
-    def tpf(row: dict) -> tuple[float, float]:
-        return row["multiblock_tpf"] if n == "multiblock" else row["tpf"][n]
-
-    row_a, row_b = (next(r for r in rows if r["variant"] == name) for name in (winner, baseline))
-    a, b = tpf(row_a), tpf(row_b)
-    k_a, k_b = len(row_a["seeds"]), len(row_b["seeds"])
-    se = math.sqrt(a[1] ** 2 / k_a + b[1] ** 2 / k_b)
-    return {"difference": a[0] - b[0], "ratio": a[0] / b[0], "t": (a[0] - b[0]) / se if se > 0 else math.inf}
+    sizes = sorted({n for r in rows for n in r.tpf}, key=int)
+    names = [r.variant for r in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 0.45 * len(rows) + 2), sharey=True)
+    height = 0.8 / len(sizes)
+    for i, n in enumerate(sizes):
+        ys = [j + i * height for j in range(len(rows))]
+        left.barh(ys, [r.tpf[n][0] for r in rows], height, xerr=[r.tpf[n][1] for r in rows], label=f"n={n}")
+    left.set_yticks([j + 0.4 - height / 2 for j in range(len(rows))], names)
+    left.invert_yaxis()
+    left.set_xlabel("tokens per forward (TPF)")
+    left.legend()
+    right.barh(
+        [j + 0.4 - height / 2 for j in range(len(rows))],
+        [100 * r.accuracy[0] for r in rows],
+        0.6,
+        xerr=[100 * r.accuracy[1] for r in rows],
+        color="tab:gray",
+    )
+    low = min(100 * (r.accuracy[0] - r.accuracy[1]) for r in rows)
+    right.set_xlim(max(0.0, low - 5), 100)
+    right.set_xlabel("accuracy % (greedy)")
+    seeds = sorted({len(r.seeds) for r in rows})
+    fig.suptitle(f"Ablation at equal compute: mean ± sd over {'/'.join(map(str, seeds))} seeds")
+    fig.tight_layout()
+    return fig

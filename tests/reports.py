@@ -7,7 +7,8 @@ from jf_core.evaluation.gate import Figures
 from jf_core.evaluation.results import Calibration, Evaluation
 from jf_core.evaluation.speed import MethodResult
 from jf_core.round.report import RoundReport, Threads
-from jf_core.round.results import BlocksPerAnswer, NoiseProfile, PackResult, TrainResult, TrajectoriesResult
+from jf_core.round.results import PackResult, TrainResult, TrajectoriesResult
+from jf_core.training.noise import BlocksPerAnswer, NoiseProfile
 
 TRAJECTORIES = TrajectoriesResult(
     out="/runs/tiny/trajectories/n16-abc",

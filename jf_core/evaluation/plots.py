@@ -1,7 +1,7 @@
 """Figures (matplotlib, headless) of training and decoding: loss curves, TPF during training, accepted tokens per
-forward (a round's figures put these together: jf_core/round/figures.py); of an ablation (`jf ablate`): TPF and
-accuracy per variant with their spread over seeds; of `jf bench decode`: TPF and TPS per method, TPF against block
-size, the speedup against batch size; of the mechanism check: TPF against training tokens."""
+forward (a round's figures put these together: jf_core/round/figures.py; an ablation's are in jf_core/ablation.py);
+of `jf bench decode`: TPF and TPS per method, TPF against block size, the speedup against batch size; of the
+mechanism check: TPF against training tokens."""
 
 from __future__ import annotations
 
@@ -69,36 +69,6 @@ def tpf_during_training(history: Sequence[dict]) -> Figure | None:
     ax.set_ylabel("tokens per forward (calibration prompts)")
     ax.set_title("TPF during training")
     ax.legend()
-    fig.tight_layout()
-    return fig
-
-
-def ablation_bars(rows: Sequence[dict]) -> Figure:
-    """Rows of `jf_core.ablation.summarize`: TPF per block size (left) and accuracy (right), mean with one standard
-    deviation over seeds as error bars."""
-    sizes = sorted({n for r in rows for n in r["tpf"]}, key=int)
-    names = [r["variant"] for r in rows]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 0.45 * len(rows) + 2), sharey=True)
-    height = 0.8 / len(sizes)
-    for i, n in enumerate(sizes):
-        ys = [j + i * height for j in range(len(rows))]
-        left.barh(ys, [r["tpf"][n][0] for r in rows], height, xerr=[r["tpf"][n][1] for r in rows], label=f"n={n}")
-    left.set_yticks([j + 0.4 - height / 2 for j in range(len(rows))], names)
-    left.invert_yaxis()
-    left.set_xlabel("tokens per forward (TPF)")
-    left.legend()
-    right.barh(
-        [j + 0.4 - height / 2 for j in range(len(rows))],
-        [100 * r["accuracy"][0] for r in rows],
-        0.6,
-        xerr=[100 * r["accuracy"][1] for r in rows],
-        color="tab:gray",
-    )
-    low = min(100 * (r["accuracy"][0] - r["accuracy"][1]) for r in rows)
-    right.set_xlim(max(0.0, low - 5), 100)
-    right.set_xlabel("accuracy % (greedy)")
-    seeds = sorted({len(r["seeds"]) for r in rows})
-    fig.suptitle(f"Ablation at equal compute: mean ± sd over {'/'.join(map(str, seeds))} seeds")
     fig.tight_layout()
     return fig
 

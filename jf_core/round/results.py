@@ -25,6 +25,7 @@ from jf_core.evaluation.gate import Check
 from jf_core.evaluation.tune import TuneTrial
 from jf_core.model_dir import DONE, write_json_atomic
 from jf_core.threads import ThreadRecord
+from jf_core.training.noise import NoiseProfile
 
 log = logging.getLogger("jf.stages")
 
@@ -60,27 +61,6 @@ class TrajectoriesResult(StageResult):
     def tokens_per_second(self) -> float:
         """Generation throughput of the actor pool (start-up excluded)."""
         return self.new_tokens_generated / self.pool_seconds if self.pool_seconds else 0.0
-
-
-class BlocksPerAnswer(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    mean: float
-    p10: int
-    p50: int
-    p90: int
-
-
-class NoiseProfile(BaseModel):
-    """What a noise schedule makes of a round's trajectories (jf_core/training/noise.py `ratio_profile`)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    blocks_per_answer: BlocksPerAnswer
-    target_mean: float | None  # None for uniform_state: it has no target ratio
-    picked_mean: float
-    picked_above_half: float  # the share of blocks whose noisy copy is wrong past its middle
-    picked_histogram: list[int]
 
 
 class PackResult(StageResult):

@@ -25,7 +25,6 @@ from jf_core.config import Profile
 from jf_core.model_dir import DECODE_TUNING, DONE
 from jf_core.round.paths import RoundPaths, eval_path
 from jf_core.round.results import (
-    NoiseProfile,
     PackResult,
     TrainResult,
     TrainSummary,
@@ -102,7 +101,7 @@ def _pack(profile: Profile, paths: RoundPaths) -> PackResult:
         examples=stats.examples,
         blocks=stats.blocks,
         dropped_blocks=dict(stats.dropped_blocks),
-        noise=NoiseProfile.model_validate(ratio_profile(records, schedule)),  # what the schedule made of them
+        noise=ratio_profile(records, schedule),  # what the schedule made of them
     )
 
 

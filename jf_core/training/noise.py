@@ -25,6 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, get_args
 
+from pydantic import BaseModel, ConfigDict
+
 if TYPE_CHECKING:
     from jf_core.training.config import JFTrainConfig
 
@@ -98,7 +100,28 @@ def pick_noisy_state(states: Sequence[Sequence[int]], fixed_point: Sequence[int]
     return min(range(len(states)), key=lambda i: (abs(ratios[i] - target), i))
 
 
-def ratio_profile(records: Sequence[dict], schedule: NoiseSchedule, bins: int = 10) -> dict:
+class BlocksPerAnswer(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mean: float
+    p10: int
+    p50: int
+    p90: int
+
+
+class NoiseProfile(BaseModel):
+    """What a noise schedule makes of a set of trajectories (`ratio_profile`): the packing stage's record of it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    blocks_per_answer: BlocksPerAnswer
+    target_mean: float | None  # None for uniform_state: it has no target ratio
+    picked_mean: float
+    picked_above_half: float  # the share of blocks whose noisy copy is wrong past its middle
+    picked_histogram: list[int]
+
+
+def ratio_profile(records: Sequence[dict], schedule: NoiseSchedule, bins: int = 10) -> NoiseProfile:
     """What `schedule` does to these trajectory records (one per block): blocks per answer (mean and quantiles), the
     mean target ratio (None for uniform_state) and picked ratio, the fraction of blocks whose noisy copy is wrong
     past its middle (ratio > 0.5), and a histogram of picked ratios over `bins` equal bins of [0, 1]."""
@@ -118,15 +141,12 @@ def ratio_profile(records: Sequence[dict], schedule: NoiseSchedule, bins: int = 
     def quantile(q: float) -> int:
         return counts[min(len(counts) - 1, int(q * len(counts)))] if counts else 0
 
-    return {
-        "blocks_per_answer": {
-            "mean": sum(counts) / max(1, len(counts)),
-            "p10": quantile(0.1),
-            "p50": quantile(0.5),
-            "p90": quantile(0.9),
-        },
-        "target_mean": sum(targets) / len(targets) if targets else None,
-        "picked_mean": sum(picked) / max(1, len(picked)),
-        "picked_above_half": sum(r > 0.5 for r in picked) / max(1, len(picked)),
-        "picked_histogram": histogram,
-    }
+    return NoiseProfile(
+        blocks_per_answer=BlocksPerAnswer(
+            mean=sum(counts) / max(1, len(counts)), p10=quantile(0.1), p50=quantile(0.5), p90=quantile(0.9)
+        ),
+        target_mean=sum(targets) / len(targets) if targets else None,
+        picked_mean=sum(picked) / max(1, len(picked)),
+        picked_above_half=sum(r > 0.5 for r in picked) / max(1, len(picked)),
+        picked_histogram=histogram,
+    )

@@ -5,7 +5,6 @@ work."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -33,21 +32,21 @@ def test_ablation_runs_variants_and_seeds_under_one_parent(prefect_server, jf_en
     )  # fmt: skip
     result = jf_ablate(jf_env["profile"], ablation_config=config, overrides=SMALL)
 
-    assert [r["variant"] for r in result["summary"]] == ["cllm", "jf random w2", "jf random w2 uniform-vocab drafts"]
-    assert all(r["seeds"] == [0, 1] and set(r["tpf"]) == {"4", "8"} for r in result["summary"])
-    assert all(r["multiblock_tpf"] >= 1.0 for r in result["runs"])  # every model also decoded with K=2 blocks
-    runs = result["runs"]
-    assert len({r["round_dir"] for r in runs}) == 6  # every (variant, seed) trained on its own
-    stores = {r["variant"]: _store(r["round_dir"]) for r in runs}
+    assert [r.variant for r in result.summary] == ["cllm", "jf random w2", "jf random w2 uniform-vocab drafts"]
+    assert all(r.seeds == [0, 1] and set(r.tpf) == {"4", "8"} for r in result.summary)
+    assert all(r.multiblock_tpf >= 1.0 for r in result.runs)  # every model also decoded with K=2 blocks
+    runs = result.runs
+    assert len({r.round_dir for r in runs}) == 6  # every (variant, seed) trained on its own
+    stores = {r.variant: _store(r.round_dir) for r in runs}
     assert stores["jf random w2"] == stores["cllm"] != stores["jf random w2 uniform-vocab drafts"]
-    assert {_store(r["round_dir"]) for r in runs} == set(stores.values())  # seeds share their variant's store
-    cllm = [r for r in runs if r["variant"] == "cllm"]
-    assert all(r["noise"]["target_mean"] is None for r in cllm)
-    assert all(r["noise"]["target_mean"] is not None for r in runs if r["variant"] != "cllm")
-    assert "| jf random w2 | 2 |" in result["table"] and "| input model |" in result["table"]
+    assert {_store(r.round_dir) for r in runs} == set(stores.values())  # seeds share their variant's store
+    cllm = [r for r in runs if r.variant == "cllm"]
+    assert all(r.noise.target_mean is None for r in cllm)
+    assert all(r.noise.target_mean is not None for r in runs if r.variant != "cllm")
+    assert "| jf random w2 | 2 |" in result.table and "| input model |" in result.table
 
     client = MlflowClient(jf_env["tracking_uri"], jf_env["tracking_uri"])
-    parent = client.get_run(result["mlflow_run_id"])
+    parent = client.get_run(result.mlflow_run_id)
     assert parent.info.status == "FINISHED" and parent.data.tags["jf.kind"] == "ablation"
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id, "ablation")}
     assert artifacts == {"ablation/config.json", "ablation/table.md", "ablation/results.json"}
@@ -56,15 +55,15 @@ def test_ablation_runs_variants_and_seeds_under_one_parent(prefect_server, jf_en
         [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'"
     )
     assert sorted((c.data.tags["jf.variant"], c.data.tags["jf.seed"]) for c in children) == sorted(
-        (r["variant"], str(r["seed"])) for r in runs
+        (r.variant, str(r.seed)) for r in runs
     )
     for child in children:
         assert {"accuracy", "tpf_n4", "tpf_n8", "tpf_multiblock", "picked_noise_mean"} <= set(child.data.metrics)
         assert child.data.params["training.seed"] == child.data.tags["jf.seed"]
 
     again = jf_ablate(jf_env["profile"], ablation_config=config, overrides=SMALL)  # every stage reused
-    assert [r["tpf"] for r in again["runs"]] == [r["tpf"] for r in runs]
-    assert json.loads(json.dumps(again["summary"])) == json.loads(json.dumps(result["summary"]))
+    assert [r.tpf for r in again.runs] == [r.tpf for r in runs]
+    assert again.summary == result.summary
 
 
 def _store(round_dir: str) -> str:

@@ -8,7 +8,7 @@ import pytest
 
 from jf_core import ablation
 from jf_core.config import JFTrainConfig, load_profile
-from jf_core.training.noise import NoiseSchedule
+from jf_core.training.noise import BlocksPerAnswer, NoiseProfile, NoiseSchedule
 
 
 def test_every_catalog_variant_is_a_valid_profile_override():
@@ -47,36 +47,45 @@ def test_run_overrides_layer_common_then_variant_then_seed():
 
 
 def _run(variant, seed, accuracy, tpf16, tpf32, picked=0.3):
-    noise = {"picked_mean": picked, "picked_above_half": picked / 2}
+    blocks = BlocksPerAnswer(mean=4.0, p10=3, p50=4, p90=5)
+    noise = NoiseProfile(
+        blocks_per_answer=blocks,
+        target_mean=None,
+        picked_mean=picked,
+        picked_above_half=picked / 2,
+        picked_histogram=[],
+    )
     tpf = {"16": tpf16, "32": tpf32}
-    return {
-        "variant": variant,
-        "seed": seed,
-        "accuracy": accuracy,
-        "tpf": tpf,
-        "multiblock_tpf": tpf16 + 1,
-        "noise": noise,
-    }
+    return ablation.AblationRun(
+        variant=variant, seed=seed, accuracy=accuracy, tpf=tpf, multiblock_tpf=tpf16 + 1, noise=noise
+    )
 
 
 def test_summary_means_spreads_table_and_margin():
     runs = [_run("jf random w16", s, 0.99, 3.0 + s / 10, 4.0) for s in range(3)]
     runs += [_run("cllm", s, 0.98, 2.0 + s / 5, 2.5) for s in range(3)]
     rows = ablation.summarize(runs)
-    assert [r["variant"] for r in rows] == ["jf random w16", "cllm"]
+    assert [r.variant for r in rows] == ["jf random w16", "cllm"]
     jf = rows[0]
-    assert jf["seeds"] == [0, 1, 2] and jf["tpf"]["16"] == pytest.approx((3.1, statistics.stdev([3.0, 3.1, 3.2])))
-    assert jf["paper"] == ablation.PAPER["jf random w16"] and "paper" not in rows[1]
-    table = ablation.markdown(rows, base={"accuracy": 0.99, "tpf": {"16": 1.5, "32": 1.6}}, multiblock="n=16 K=2")
+    assert jf.seeds == [0, 1, 2] and jf.tpf["16"] == pytest.approx((3.1, statistics.stdev([3.0, 3.1, 3.2])))
+    assert jf.paper == ablation.PAPER["jf random w16"] and rows[1].paper is None
+    base = ablation.InputFigures(accuracy=0.99, tpf={"16": 1.5, "32": 1.6})
+    table = ablation.markdown(rows, base=base, multiblock="n=16 K=2")
     lines = table.splitlines()
     assert lines[0].startswith("| variant | seeds | accuracy % | TPF n=16 | TPF n=32 | TPF n=16 K=2 | iter/token n=16")
     assert lines[2].startswith("| input model | - | 99.00 | 1.50 | 1.60 | - | 0.667")
     assert "| jf random w16 | 3 | 99.00 ± 0.00 | 3.10 ± 0.10 | 4.00 ± 0.00 | 4.10 ± 0.10 | 0.323 ± 0.010" in table
     assert "83.5% / 0.51" in lines[3] and "paper: CLLM TPF 2.1-2.7" in lines[4]
     m = ablation.margin(rows, "jf random w16", "cllm", "16")
-    assert m["difference"] == pytest.approx(0.9) and m["ratio"] == pytest.approx(3.1 / 2.2)
-    assert m["t"] == pytest.approx(0.9 / ((0.1**2 / 3 + 0.2**2 / 3) ** 0.5))
-    assert ablation.margin(rows, "jf random w16", "cllm", "multiblock")["difference"] == pytest.approx(0.9)
+    assert m.difference == pytest.approx(0.9) and m.ratio == pytest.approx(3.1 / 2.2)
+    assert m.t == pytest.approx(0.9 / ((0.1**2 / 3 + 0.2**2 / 3) ** 0.5))
+    assert ablation.margin(rows, "jf random w16", "cllm", "multiblock").difference == pytest.approx(0.9)
+    assert ablation.figure(rows).axes[0].get_xlabel() == "tokens per forward (TPF)"
+    result = ablation.AblationResult(
+        summary=rows, runs=runs, table=table, note="", input_model=base, seconds=1.0, mlflow_run_id="r",
+        config=ablation.AblationConfig(variants=["cllm"]),
+    )  # fmt: skip
+    assert ablation.AblationResult.model_validate_json(result.model_dump_json()) == result  # `jf ablate --out`
 
 
 def test_the_multiblock_decode_is_checked_and_named():

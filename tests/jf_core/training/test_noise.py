@@ -74,17 +74,17 @@ def test_ratio_profile_shows_a_long_progressive_window_never_reaching_its_noisy_
 
     records = _records({f"p{i}": 4 for i in range(50)})
     long = ratio_profile(records, NoiseSchedule("progressive", window=16))
-    assert long["blocks_per_answer"] == {"mean": 4.0, "p10": 4, "p50": 4, "p90": 4}
-    assert long["target_mean"] == pytest.approx((0 + 1 + 2 + 3) / 15 / 4)
-    assert long["picked_above_half"] == 0.0 and long["picked_histogram"][0] == 100  # ratios 0 and .25
+    assert long.blocks_per_answer.model_dump() == {"mean": 4.0, "p10": 4, "p50": 4, "p90": 4}
+    assert long.target_mean == pytest.approx((0 + 1 + 2 + 3) / 15 / 4)
+    assert long.picked_above_half == 0.0 and long.picked_histogram[0] == 100  # ratios 0 and .25
     matched = ratio_profile(records, NoiseSchedule("progressive", window=4))
-    assert matched["picked_mean"] == pytest.approx((0 + 0.25 + 0.75 + 1) / 4)  # levels 0, 1/3, 2/3, 1
+    assert matched.picked_mean == pytest.approx((0 + 0.25 + 0.75 + 1) / 4)  # levels 0, 1/3, 2/3, 1
     phased = ratio_profile(records, NoiseSchedule("progressive_phase", window=16))
-    assert 0.35 < phased["picked_mean"] < 0.65 and phased["picked_above_half"] > 0.3  # every level, like random
+    assert 0.35 < phased.picked_mean < 0.65 and phased.picked_above_half > 0.3  # every level, like random
     rand = ratio_profile(records, NoiseSchedule("random", window=16))
-    assert 0.35 < rand["picked_mean"] < 0.65 and rand["picked_above_half"] > 0.3
+    assert 0.35 < rand.picked_mean < 0.65 and rand.picked_above_half > 0.3
     cllm = ratio_profile(records, NoiseSchedule("uniform_state"))
-    assert cllm["target_mean"] is None and cllm["picked_mean"] == pytest.approx(0.625, abs=0.08)  # 1 .75 .5 .25
+    assert cllm.target_mean is None and cllm.picked_mean == pytest.approx(0.625, abs=0.08)  # 1 .75 .5 .25
 
 
 def test_the_uniform_state_schedule_has_no_target():
