@@ -97,10 +97,12 @@ def save_model_dir(
     state_dict: dict | None = None,
     dtype: Any | None = None,
     extra_files: dict[str, str] | None = None,
+    extra_tensors: dict[str, tuple[dict, dict[str, str]]] | None = None,
     block: dict | None = None,
 ) -> Path:
     """A trained model's directory, atomically: its weights (or `state_dict`, e.g. one gathered from shards) in
     `dtype` (the model's own, typically bf16, though training kept fp32 masters), its tokenizer and extra files;
+    `extra_tensors`: {file name: (tensors, metadata)} written as safetensors beside the weights (a draft adapter);
     `block` entries are merged into the config's `jacobi_forcing` block in the same write."""
     import torch
 
@@ -111,6 +113,11 @@ def save_model_dir(
     class _Weights:
         def save_pretrained(self, path, **kwargs):
             model.save_pretrained(path, state_dict=state, safe_serialization=True)
+            if extra_tensors:
+                from safetensors.torch import save_file
+
+                for name, (tensors, metadata) in extra_tensors.items():
+                    save_file(tensors, str(Path(path) / name), metadata=metadata)
             if dtype is not None or block:
                 config = Path(path) / "config.json"
                 data = json.loads(config.read_text())

@@ -12,6 +12,7 @@ import torch
 
 from jf_core.checksums import CorruptFileError, verify
 from jf_core.decoding.common import StopTokens
+from jf_core.decoding.draft_adapter import load_draft_adapter
 from jf_core.decoding.kv import UnsupportedModelError, attention_layout
 
 DTypeName = Literal["auto", "float32", "bfloat16", "float16"]
@@ -122,7 +123,13 @@ def load_model(path: str | ModelSpec, **overrides):
     if tokenizer.pad_token_id is None:
         # Padding is only ever masked out; EOS is a safe stand-in and is what HF generate does too.
         tokenizer.pad_token = tokenizer.eos_token
-    return model.to(device).eval(), tokenizer
+    model = model.to(device).eval()
+    if _looks_local(location):
+        try:  # a draft-only LoRA kept beside the weights drafts; the weights verify (decoding/draft_adapter.py)
+            load_draft_adapter(model, Path(location))
+        except ValueError as err:
+            raise ModelLoadError(str(err)) from err
+    return model, tokenizer
 
 
 class Fp32LMHead(torch.nn.Module):

@@ -13,6 +13,12 @@ masks. Extensions (rejection recycling, multi-block) change what goes into a win
 through `JacobiDecoder.layout` (extra branches verified in the same forward) and `JacobiDecoder.settle`; the
 forward and verification below are the only copy of the Jacobi step.
 
+A model with a draft adapter (draft_adapter.py) drafts apart from the weights that verify: every layout (an
+extension's too) gets a chain of its window's draft tokens again (`Layout.drafts`, never verified), on which the
+adapter acts; the window and any branches are verified by the base alone, and the window's guesses past the
+accepted prefix come from the draft chain instead of the base's picks. Acceptance is unchanged, so the output is the
+base's greedy output (or, sampling, the base's sample).
+
 Sampling changes one thing: the token after each slot is the `Sampler`'s pick (the Gumbel-max sample with the
 request's noise at that output position) instead of the argmax. Given the noise it is a function of the prefix, so
 "greedy" below reads as "the pick" and every argument above holds for the AR sampler with the same seeds.
@@ -39,6 +45,7 @@ from jf_core.decoding.common import (
     model_device,
 )
 from jf_core.decoding.draft import DraftInitName, make_draft_init, sequence_rng
+from jf_core.decoding.draft_adapter import draft_adapter, gated
 from jf_core.decoding.kv import KVState
 from jf_core.decoding.sampling import Sampler, Sampling
 from jf_core.decoding.stats import DecodeStats, SequenceStats, Timer
@@ -116,6 +123,8 @@ class Layout:
 
     tokens: list[int]
     branches: list[list[int]]
+    # Chains computed in the same forward but never verified: the draft adapter's, whose picks are the next guesses.
+    drafts: list[list[int]] = field(default_factory=list)
 
 
 def tree_positions_and_mask(layouts: list[Layout], width: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -124,7 +133,7 @@ def tree_positions_and_mask(layouts: list[Layout], width: int, device) -> tuple[
     rel = torch.zeros((len(layouts), width), dtype=torch.long)
     mask = torch.zeros((len(layouts), width, width), dtype=torch.bool)
     for row, lay in enumerate(layouts):
-        for branch in lay.branches:
+        for branch in lay.branches + lay.drafts:
             idx = torch.tensor(branch, dtype=torch.long)
             rel[row, idx] = torch.arange(len(branch))
             sub = torch.tril(torch.ones(len(branch), len(branch), dtype=torch.bool))
@@ -151,6 +160,7 @@ class JacobiDecoder:
         self.recorder = recorder
         self.on_tokens = on_tokens
         self.draft_init = make_draft_init(config.draft_init, model.config.vocab_size)
+        self.adapter = draft_adapter(model)
 
     @torch.inference_mode()
     def decode(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int] | None = None) -> DecodeOutput:
@@ -199,17 +209,18 @@ class JacobiDecoder:
         """One forward for every active sequence: run its layout, verify every branch, commit the best one's
         accepted prefix, rebuild the window."""
         self.plan(kv, active)
-        layouts = [self.layout(s) for s in active]
+        layouts = [self._with_draft_chain(self.layout(s)) for s in active]
         width = max(len(lay.tokens) for lay in layouts)
         device = kv.valid.device
         rows = [lay.tokens + [self.pad_token_id] * (width - len(lay.tokens)) for lay in layouts]
         tokens = torch.tensor(rows, dtype=torch.long, device=device)
-        if all(len(lay.branches) == 1 for lay in layouts):
+        if all(len(lay.branches) == 1 and not lay.drafts for lay in layouts):
             depth = None
             logits = kv.forward(tokens)
         else:
             depth, mask = tree_positions_and_mask(layouts, width, device)
-            logits = kv.forward(tokens, depth, mask)
+            with gated(self.model, self._draft_gate(layouts, width, device)):
+                logits = kv.forward(tokens, depth, mask)
         greedy = self._pick(logits, active, depth).tolist()
         live = [[False] * width for _ in active]
         kept = 0  # 1 + the last slot any row keeps
@@ -225,7 +236,7 @@ class JacobiDecoder:
             for i in lay.branches[best][:accepted]:
                 live[row][i] = True
             kept = max(kept, lay.branches[best][accepted - 1] + 1)
-            self.settle(seq, lay, greedy[row], best, accepted)
+            self.settle(seq, lay, self._drafted(lay, greedy[row], accepted), best, accepted)
         kv.keep(torch.tensor(live, device=device), kept)
 
     def _pick(self, logits: torch.Tensor, active: list[_Sequence], depth: torch.Tensor | None) -> torch.Tensor:
@@ -244,6 +255,37 @@ class JacobiDecoder:
     def layout(self, seq: _Sequence) -> Layout:
         """What a sequence puts into the next forward: its window as one chain (extensions add branches)."""
         return Layout(list(seq.window), [list(range(len(seq.window)))])
+
+    def _with_draft_chain(self, lay: Layout) -> Layout:
+        """With a draft adapter: the window's draft tokens again, as a chain from the window's root, after
+        whatever the layout holds."""
+        main = lay.branches[0]
+        if self.adapter is None or len(main) == 1:
+            return lay
+        start = len(lay.tokens)
+        tokens = lay.tokens + [lay.tokens[i] for i in main[1:]]
+        return Layout(tokens, lay.branches, [[main[0], *range(start, start + len(main) - 1)]])
+
+    @staticmethod
+    def _drafted(lay: Layout, greedy: list[int], accepted: int) -> list[int]:
+        """The picks settle() reads: on the window past the accepted prefix, the draft chain's guesses instead of
+        the base's (they are only ever guesses there; the verified picks before them are the base's)."""
+        if not lay.drafts:
+            return greedy
+        out = list(greedy)
+        for main_slot, draft_slot in zip(lay.branches[0][accepted:], lay.drafts[0][accepted:], strict=True):
+            out[main_slot] = greedy[draft_slot]
+        return out
+
+    def _draft_gate(self, layouts: list[Layout], width: int, device) -> torch.Tensor | None:
+        """[B, W]: 1 on the draft chains' own slots (their root is the window's, computed by the base)."""
+        if self.adapter is None:
+            return None
+        gate = torch.zeros((len(layouts), width))
+        for row, lay in enumerate(layouts):
+            for chain in lay.drafts:
+                gate[row, chain[1:]] = 1.0
+        return gate.to(device)
 
     def settle(self, seq: _Sequence, layout: Layout, greedy: list[int], branch: int, accepted: int) -> None:
         width = len(layout.branches[0])  # the window is the row's first `width` slots

@@ -10,8 +10,10 @@ driver (`train_round`), and its trained model is measured like the base:
 - identity with its own greedy AR (the decoder's promise: must be 1.0 in fp32);
 - identity with the *base* model's greedy AR (did the text change?) and the repeated-4-gram rate (did it degenerate?).
 
-A TPF that comes with changed or degenerate text is not a result: the table puts them side by side. `bench/
-mechanism.py` is the command; a CI test runs it on a tiny model.
+A TPF that comes with changed or degenerate text is not a result: the table puts them side by side. A variant with
+`draft_lora_rank` trains a draft-only adapter instead of the model (jf_core/decoding/draft_adapter.py): its Jacobi
+decoding drafts with the adapter and verifies with the base, so "= base text" is 1.0 by construction and measured.
+`bench/mechanism.py` is the command; a CI test runs it on a tiny model.
 """
 
 from __future__ import annotations

@@ -14,6 +14,14 @@ from pathlib import Path
 import torch
 
 from jf_core.config import Profile
+from jf_core.decoding.draft_adapter import FILE as ADAPTER_FILE
+from jf_core.decoding.draft_adapter import (
+    DraftAdapter,
+    adapter_file,
+    attach_draft_adapter,
+    base_state_dict,
+    draft_adapter,
+)
 from jf_core.model_dir import lineage, save_model_dir
 from jf_core.models import ModelSpec, load_model
 from jf_core.round.results import TrainSummary
@@ -53,6 +61,7 @@ def train_round(
     model, tok = load_model(
         model_in, dtype="float32", device="cpu" if distributed else str(device), attn_implementation=attention
     )
+    adapter = _draft_adapter(model, t)
     examples = read_packed_share(packed, rank, world)
     if t.lean_loss:  # a property of the architecture: checked on the plain model, before wrapping or sharding
         first = next(jf_batches(examples, 1, tok.pad_token_id, seed=t.seed, variant=t.mask))
@@ -120,11 +129,26 @@ def train_round(
             _plain_model(model.config) if parallel is not None else model,
             out,
             tokenizer=tok,
-            state_dict=state,
+            state_dict=base_state_dict(model) if adapter is not None else state,
             dtype=compute,
+            extra_tensors={ADAPTER_FILE: adapter_file(adapter)} if adapter is not None else None,
             block={"lineage": lineage(model_in)},
         )
     return summary
+
+
+def _draft_adapter(model: torch.nn.Module, t) -> DraftAdapter | None:
+    """The draft adapter that trains instead of the model (`training.draft_lora_rank`): the input model's own when
+    it has one (a later round goes on training it), else a new one; None when the whole model trains."""
+    adapter = draft_adapter(model)
+    if not t.draft_lora_rank:
+        if adapter is not None:
+            raise ValueError(
+                "the input model carries a draft adapter (draft_adapter.safetensors): set training.draft_lora_rank to "
+                "go on training it, or train a model without one"
+            )
+        return None
+    return adapter or attach_draft_adapter(model, t.draft_lora_rank, t.draft_lora_alpha)
 
 
 def _ddp(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:

@@ -61,6 +61,11 @@ class JFTrainConfig(BaseModel):
     # prompts (in turn) and the draft states it visits join those blocks' pools (jf_core/training/onpolicy.py).
     onpolicy_every: int | None = Field(None, ge=1)
     onpolicy_prompts: int = Field(8, ge=1)
+    # Draft-only LoRA (jf_core/decoding/draft_adapter.py): > 0 freezes the model and trains an adapter of this rank
+    # that acts only where the decoder drafts; the base verifies, so the output stays the base's greedy text. 0: the
+    # whole model trains (it drafts and verifies). alpha / rank scales the adapter (None: alpha = rank).
+    draft_lora_rank: int = Field(0, ge=0)
+    draft_lora_alpha: float | None = Field(None, gt=0)
     max_length: int = Field(2048, ge=8)
     mix_ar_every: int = Field(0, ge=0)  # every k-th batch is plain AR on ground-truth data (embedded task only)
     seed: int = 0
@@ -114,6 +119,24 @@ class JFTrainConfig(BaseModel):
                 "training.method cllm conditions each draft on the fixed point before it: set training.mask "
                 "clean_context (the shipped mask's noisy context is what Jacobi Forcing adds)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _draft_lora(self) -> JFTrainConfig:
+        if not self.draft_lora_rank:
+            return self
+        refused = {
+            "mask": (self.mask != "clean_context", "the adapter drafts on the base's clean cache: use clean_context"),
+            "strategy": (self.strategy != "single", "the adapter trains in one process (strategy single)"),
+            "activation_checkpointing": (
+                self.activation_checkpointing,
+                "recomputing a layer in backward would run it without the adapter's gate",
+            ),
+            "base_kl_weight": (self.base_kl_weight > 0, "the base is frozen and verifies: there is no text to keep"),
+        }
+        for name, (bad, why) in refused.items():
+            if bad:
+                raise ValueError(f"training.draft_lora_rank > 0 with training.{name} = {getattr(self, name)!r}: {why}")
         return self
 
     @property

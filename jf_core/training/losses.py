@@ -36,6 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from jf_core.decoding.draft_adapter import gated
+
 if TYPE_CHECKING:
     from jf_core.training.config import JFTrainConfig
 
@@ -306,11 +308,14 @@ class JacobiForcingObjective:
                     base = (seen["hidden"], head_fn(self.base))
                 else:
                     base = (self.base(**kwargs).logits.float(), lambda rows: rows)
-        if self.lean:
-            with hidden_states_at_head(model) as captured:
-                model(**kwargs)
-            return jf_losses(captured["hidden"], head_fn(model), batch, self.cfg, norm, base)
-        logits = model(**kwargs).logits.float()
+        # A draft adapter acts on the drafted positions only: the base computes the context, the clean copies
+        # (the teacher) and the AR loss's positions, so only the consistency term reaches the adapter.
+        with gated(model, batch.get("draft_gate")):
+            if self.lean:
+                with hidden_states_at_head(model) as captured:
+                    model(**kwargs)
+                return jf_losses(captured["hidden"], head_fn(model), batch, self.cfg, norm, base)
+            logits = model(**kwargs).logits.float()
         return jf_losses(logits, lambda rows: rows, batch, self.cfg, norm, base)
 
 

@@ -152,6 +152,17 @@ def loss_positions(ex: PackedExample) -> tuple[list[tuple[int, int]], list[tuple
     return ar, cons
 
 
+def draft_positions(ex: PackedExample) -> list[int]:
+    """The positions a draft adapter acts on: each noisy block's tokens from its first departure from the fixed
+    point on. The correct prefix before it stands for what the decoder has committed (the base's KV cache) and for
+    the window's first token (computed by the base: draft_adapter.py), so the base computes it here too."""
+    out = []
+    for j in range(ex.num_blocks):
+        first = next((t for t in range(ex.n) if ex.noisy[j][t] != ex.clean[j][t]), ex.n)
+        out += range(ex.noisy_start(j) + max(first, 1), ex.noisy_start(j) + ex.n)
+    return out
+
+
 def collate(
     examples: Sequence[PackedExample], pad_token_id: int, variant: str = "shipped", *, dense_mask: bool = True
 ) -> dict[str, torch.Tensor]:
@@ -161,11 +172,13 @@ def collate(
     batch = len(examples)
     ids = torch.full((batch, width), pad_token_id, dtype=torch.long)
     pos = torch.zeros((batch, width), dtype=torch.long)
+    gate = torch.zeros((batch, width))
     kinds, blocks = [], []
     ar_lists, cons_lists = [], []
     for b, e in enumerate(examples):
         ids[b, : e.total_length] = torch.tensor(e.input_ids())
         pos[b, : e.total_length] = torch.tensor(e.position_ids())
+        gate[b, draft_positions(e)] = 1.0
         kind, block = layout(len(e.prompt), e.n, e.num_blocks, width)
         kinds.append(kind)
         blocks.append(block)
@@ -202,6 +215,7 @@ def collate(
         "cons_hard": hard,
         "cons_valid": cons_valid,
         "noisy_tokens": (kind == NOISY).sum(),
+        "draft_gate": gate,  # read only by a model with a draft adapter (jf_core/decoding/draft_adapter.py)
     }
     if dense_mask:
         out["attention_mask"] = build_mask(kind, block, variant)

@@ -4,6 +4,9 @@ decodes them in fewer forwards, stays identical to its own greedy AR, and the ta
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
+
+import torch
 
 from jf_core.decoding.ar import ar_decode
 from jf_core.models import load_model, stop_tokens
@@ -74,3 +77,35 @@ def test_training_on_its_own_trajectories_raises_their_tpf_losslessly(profile, t
     assert kept == ["at_packing", "each_visit_onpolicy"]  # whole: no partial directory left beside them
     assert all((tmp_path / "kept" / k / "config.json").exists() for k in kept)
     assert "| each_visit_onpolicy |" in table(rows)
+
+
+def test_a_draft_adapter_raises_tpf_and_keeps_the_base_text_by_construction(profile, tmp_path):
+    """The draft-only LoRA variant: the base is frozen and verifies, so both question sets keep the base's greedy
+    text, every answer, while TPF on the trained questions rises; the kept directory holds the input's weights
+    unchanged beside the adapter, and a model that carries one is not trained whole by mistake."""
+    import pytest
+    from safetensors.torch import load_file
+
+    from jf_core.decoding.draft_adapter import FILE
+    from jf_core.round.mechanism import train_on_records, variant_profile
+
+    _, tok = load_model(profile.model.path)
+    prompts = [p.token_ids for p in load_prompts(profile.prompts.model_copy(update={"limit": 6}), tok).items]
+    lora = {"steps": 40, "lr": 1e-2, "warmup_steps": 2, "batch_size": 2, "checkpoint_every": 1000,
+            "mask": "clean_context", "state_pick": "each_visit", "draft_lora_rank": 8}  # fmt: skip
+    base, drafted = run_mechanism(
+        profile, profile.model.path, {"draft_lora": lora}, train=prompts[:3], held_out=prompts[3:5],
+        max_new_tokens=16, keep=tmp_path / "kept",
+    )  # fmt: skip
+    for part in (drafted.trained, drafted.held_out):
+        assert part.identical_to_base == 1.0 and part.identical_to_own_ar == 1.0
+    assert drafted.trained.tpf > base.trained.tpf, table([base, drafted])
+    kept = tmp_path / "kept" / "draft_lora"
+    assert (kept / FILE).is_file()
+    written = load_file(str(kept / "model.safetensors"))
+    given = load_file(str(next(Path(profile.model.path).glob("*.safetensors"))))
+    assert written.keys() == given.keys() and all(torch.equal(written[k], given[k]) for k in given)
+
+    whole = variant_profile(profile, {**lora, "draft_lora_rank": 0})
+    with pytest.raises(ValueError, match="carries a draft adapter"):
+        train_on_records(whole, str(kept), [], tmp_path / "again", device="cpu")

@@ -1,0 +1,143 @@
+"""A draft-only LoRA drafts, the base verifies: Jacobi decoding of a model with a draft adapter is the base model's
+greedy output token for token, whatever the adapter holds (jf_core/decoding/draft_adapter.py)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from jf_core.decoding.ar import ar_decode
+from jf_core.decoding.common import StopTokens
+from jf_core.decoding.draft_adapter import FILE, adapter_file, attach_draft_adapter, base_state_dict, gated
+from jf_core.decoding.jacobi import JacobiConfig, jacobi_decode
+from jf_core.decoding.multiblock import JFDecodeConfig, jf_decode
+from jf_core.decoding.sampling import Sampling
+from tests.conftest import PAD, VOCAB
+
+STOP = StopTokens(2, PAD)
+
+
+def _prompts(count: int = 3) -> list[list[int]]:
+    g = torch.Generator().manual_seed(0)
+    return [torch.randint(3, VOCAB, (k,), generator=g).tolist() for k in (5, 9, 3, 7)[:count]]
+
+
+def _with_random_adapter(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """A copy of `model` whose adapter is far from zero: its drafts are not the base's."""
+    model = copy.deepcopy(model)
+    adapter = attach_draft_adapter(model, rank=4)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for b in adapter.b.values():
+            b.copy_(torch.randn(b.shape, generator=g) * 0.5)
+    return model
+
+
+@pytest.mark.parametrize("block_size", [2, 4, 16])
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_the_output_is_the_base_models_greedy_output_whatever_the_adapter_holds(tiny_model, block_size, batch_size):
+    prompts = _prompts()
+    expected = ar_decode(tiny_model, prompts, max_new_tokens=40, stop=STOP).sequences
+    drafted = _with_random_adapter(tiny_model)
+    got = []
+    for first in range(0, len(prompts), batch_size):
+        cfg = JacobiConfig(block_size=block_size, max_new_tokens=40)
+        got += jacobi_decode(drafted, prompts[first : first + batch_size], cfg, stop=STOP).sequences
+    assert got == expected
+    # The adapter does act where the gate is on: had the verifier run with it, the text would differ.
+    with gated(drafted, torch.ones(1, 1)):
+        assert ar_decode(drafted, prompts, max_new_tokens=40, stop=STOP).sequences != expected
+
+
+def test_with_no_gate_the_model_is_the_base_exactly(tiny_model):
+    drafted = _with_random_adapter(tiny_model)
+    ids = torch.tensor(_prompts(1))
+    with torch.no_grad():
+        assert torch.equal(drafted(input_ids=ids).logits, tiny_model(input_ids=ids).logits)
+        gate = torch.zeros(ids.shape)
+        gate[0, -1] = 1.0
+        with gated(drafted, gate):
+            on = drafted(input_ids=ids).logits
+        base = tiny_model(input_ids=ids).logits
+    assert torch.equal(on[0, :-1], base[0, :-1])  # causal: only the gated last position changes
+    assert not torch.allclose(on[0, -1], base[0, -1])
+
+
+def test_a_zero_adapter_drafts_what_the_base_would(tiny_model):
+    """A fresh adapter (B = 0) adds nothing: the draft chain's guesses are the base's argmax, so the run takes the
+    same forwards as plain Jacobi on the base."""
+    prompts = _prompts()
+    cfg = JacobiConfig(block_size=8, max_new_tokens=40)
+    plain = jacobi_decode(tiny_model, prompts, cfg, stop=STOP)
+    drafted = copy.deepcopy(tiny_model)
+    attach_draft_adapter(drafted, rank=4)
+    out = jacobi_decode(drafted, prompts, cfg, stop=STOP)
+    assert out.sequences == plain.sequences
+    assert [s.forwards for s in out.stats.sequences] == [s.forwards for s in plain.stats.sequences]
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        JFDecodeConfig(block_size=4, num_blocks=2, pool_size=0, max_new_tokens=40),  # multi-block
+        JFDecodeConfig(block_size=4, num_blocks=1, pool_size=4, seed_drafts=True, max_new_tokens=40),  # recycling
+        JFDecodeConfig(block_size=8, seed_drafts=True, max_new_tokens=40),  # both
+    ],
+    ids=["multiblock", "recycling", "both"],
+)
+def test_multi_block_and_recycling_draft_with_the_adapter_losslessly(tiny_model, config):
+    prompts = _prompts()
+    expected = ar_decode(tiny_model, prompts, max_new_tokens=40, stop=STOP).sequences
+    assert jf_decode(_with_random_adapter(tiny_model), prompts, config, stop=STOP).sequences == expected
+
+
+def test_sampling_with_an_adapter_is_the_base_models_sample(tiny_model):
+    """The base verifies each slot's pick under the request's noise; the adapter's picks are only guesses."""
+    prompts, seeds, sampling = _prompts(), [11, 12, 13], Sampling(temperature=0.8, top_k=40)
+    expected = ar_decode(tiny_model, prompts, max_new_tokens=40, stop=STOP, sampling=sampling, seeds=seeds)
+    cfg = JacobiConfig(block_size=8, max_new_tokens=40)
+    got = jacobi_decode(_with_random_adapter(tiny_model), prompts, cfg, stop=STOP, sampling=sampling, seeds=seeds)
+    assert got.sequences == expected.sequences
+
+
+def test_an_adapter_attaches_once(tiny_model):
+    with pytest.raises(ValueError, match="already has a draft adapter"):
+        attach_draft_adapter(_with_random_adapter(tiny_model), rank=2)
+
+
+def test_a_model_directory_keeps_its_adapter_beside_the_base_weights(embedded, tmp_path):
+    """save_model_dir writes the adapter file inside the atomic write; load_model attaches it; the weight files hold
+    the base alone (they load as the base without the adapter)."""
+    from jf_core.model_dir import save_model_dir
+    from jf_core.models import ModelLoadError, load_model, stop_tokens
+
+    base, tok = embedded
+    drafted = _with_random_adapter(base)
+    adapter = drafted.jf_draft_adapter
+    save_model_dir(drafted, tmp_path / "m", tokenizer=tok, state_dict=base_state_dict(drafted),
+                   extra_tensors={FILE: adapter_file(adapter)})  # fmt: skip
+    loaded, _ = load_model(str(tmp_path / "m"))
+    assert loaded.jf_draft_adapter.rank == 4
+    for key, value in adapter.state_dict().items():
+        assert torch.equal(loaded.jf_draft_adapter.state_dict()[key], value)
+    stop = stop_tokens(base, tok)
+    prompts = [tok("12+34=")["input_ids"], tok("7*8=")["input_ids"]]
+    cfg = JacobiConfig(block_size=8, max_new_tokens=24)
+    assert (
+        jacobi_decode(loaded, prompts, cfg, stop=stop).sequences
+        == ar_decode(base, prompts, max_new_tokens=24, stop=stop).sequences
+    )
+
+    (tmp_path / "m" / FILE).unlink()  # the weights alone are the base
+    (tmp_path / "m" / "checksums.sha256").unlink()
+    plain, _ = load_model(str(tmp_path / "m"))
+    assert not hasattr(plain, "jf_draft_adapter")
+    assert all(torch.equal(v, base.state_dict()[k]) for k, v in plain.state_dict().items())
+
+    from safetensors.torch import save_file
+
+    save_file({"a.x": torch.zeros(1)}, str(tmp_path / "m" / FILE))  # no rank in its metadata
+    with pytest.raises(ModelLoadError, match=f"{FILE}: no rank/alpha"):
+        load_model(str(tmp_path / "m"))
