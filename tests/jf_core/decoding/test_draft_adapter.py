@@ -46,6 +46,8 @@ def test_the_output_is_the_base_models_greedy_output_whatever_the_adapter_holds(
         cfg = JacobiConfig(block_size=block_size, max_new_tokens=40)
         got += jacobi_decode(drafted, prompts[first : first + batch_size], cfg, stop=STOP).sequences
     assert got == expected
+    # Hooked only while a gate is set: outside a drafting forward (AR, prefill) the model runs as the base does.
+    assert not any(m._forward_hooks for m in drafted.modules())
     # The adapter does act where the gate is on: had the verifier run with it, the text would differ.
     with gated(drafted, torch.ones(1, 1)):
         assert ar_decode(drafted, prompts, max_new_tokens=40, stop=STOP).sequences != expected
