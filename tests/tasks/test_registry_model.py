@@ -203,3 +203,35 @@ def test_bench_decode_takes_its_jf_model_from_the_registry(registered, capsys):
     data = json.loads((out / "bench.json").read_text())  # one batch size: no per-size folders
     assert data["meta"]["jf_model"] == model_path("models:/jf-test@champion")
     assert all(m["identical_fraction"] == 1.0 for k, m in data["methods"].items() if k.startswith("jf_"))
+
+
+def test_a_draft_adapter_travels_with_its_model_through_the_registry(registered):
+    """A model directory that keeps a draft-only LoRA registers with it, loads back from `models:/` with it, and its
+    served decode (multi-block, recycling: the tuned config) drafts with it and answers the base's greedy text."""
+    import torch
+
+    from jf_core.decoding.draft_adapter import FILE, adapter_file, attach_draft_adapter, base_state_dict
+    from jf_core.model_dir import save_model_dir
+
+    base_dir = registered["model_dir"]
+    model, tok = load_model(str(base_dir))
+    adapter = attach_draft_adapter(model, rank=4)
+    with torch.no_grad():
+        for b in adapter.b.values():
+            b.normal_(0, 0.5, generator=torch.Generator().manual_seed(0))
+    drafted = registered["tmp"] / "drafted"
+    save_model_dir(model, drafted, tokenizer=tok, state_dict=base_state_dict(model),
+                   extra_tensors={FILE: adapter_file(adapter)})  # fmt: skip
+    for name in ("config.json", "generation_config.json"):  # the tuned decode block, as the round would keep it
+        shutil.copy(base_dir / name, drafted / name)
+    (drafted / "checksums.sha256").unlink()  # the copied config is not the bytes the manifest covered
+    with tempfile.TemporaryDirectory() as tmp, mlflow.start_run():
+        info = model_package.log_model(drafted, Path(tmp), fallback_decode=None)
+    version = mlflow.register_model(info.model_uri, "jf-draft").version
+    path = Path(model_package.resolve_model(f"models:/jf-draft/{version}", registered["profile"]))
+    assert (path / FILE).is_file()
+    loaded, _ = load_model(str(path))
+    assert loaded.jf_draft_adapter.rank == 4
+    served = mlflow.pyfunc.load_model(f"models:/jf-draft/{version}")
+    assert served.unwrap_python_model().engine.model.jf_draft_adapter.rank == 4  # the served model drafts with it
+    assert served.predict(PROMPTS) == greedy_texts(base_dir, PROMPTS, 24)
