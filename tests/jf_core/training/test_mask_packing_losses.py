@@ -456,3 +456,34 @@ def test_the_trainer_steps_the_adapter_alone_under_bf16_autocast():
     assert all(b.abs().sum() > 0 for b in adapter.b.values())
     losses = [row["consistency_loss"] for row in result.history]
     assert losses[-1] < losses[0]
+
+
+def test_an_adapter_run_resumes_from_its_checkpoint_to_the_same_adapter(tmp_path):
+    """A checkpoint holds the adapter (and its optimizer state): a run that died resumes, on a fresh model with a
+    fresh adapter, to the adapter an uninterrupted run reaches."""
+    from jf_core.decoding.draft_adapter import attach_draft_adapter
+    from jf_core.training.jf_data import jf_batches
+    from jf_core.training.trainer import TrainConfig, train
+
+    examples = _random_examples(4, ((3, 2), (5, 3)))
+    cfg = TrainConfig(steps=8, lr=1e-2, warmup_steps=1, log_every=1)
+
+    def run(seed: int, **kw):
+        model = TINY_MODELS["qwen2"]()
+        torch.manual_seed(seed)  # a different random A in every fresh adapter
+        attach_draft_adapter(model, rank=4)
+        batches = jf_batches(examples, 2, PAD, seed=0, variant="clean_context")
+        train(model, batches, JacobiForcingObjective(JFLossConfig(), "clean_context"), cfg, progress=False, **kw)
+        return model
+
+    straight = run(0)
+
+    def crash_after_5(step, row):
+        if step == 5:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run(0, checkpoint_dir=tmp_path, checkpoint_every=3, on_log=crash_after_5)
+    resumed = run(1, checkpoint_dir=tmp_path, checkpoint_every=3)
+    for (name, a), (_, b) in zip(straight.state_dict().items(), resumed.state_dict().items(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6, msg=name)
