@@ -9,6 +9,7 @@ Ray Serve's HTTP proxy binds 127.0.0.1 unless told otherwise (`--host`), and the
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 from dataclasses import asdict, dataclass
@@ -133,6 +134,11 @@ def run(options: ServeOptions, *, host: str = "127.0.0.1", port: int = 8000, rep
 def _serve_until(stop: threading.Event, options: ServeOptions, *, host: str, port: int, replicas: int, ready) -> None:
     from jacobi_forcing.infra.ray_cluster import ray_session
 
+    # Serve's controller kills an HTTP proxy that has not answered its 5 s readiness check three times and starts
+    # another, until serve.start gives up: on a busy 2-core machine a proxy takes longer than that to start, and
+    # `jf serve` failed. The processes of a Ray this call starts inherit this environment (a joined cluster keeps
+    # its own settings).
+    os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
     with ray_session() as session:
         before = None if session.private else _running_serve()
         if before is not None:
