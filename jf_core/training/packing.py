@@ -124,6 +124,11 @@ def redrawn(ex: PackedExample, schedule: NoiseSchedule, visit: int) -> PackedExa
     return replace(ex, noisy=noisy)
 
 
+def first_departure(ex: PackedExample, j: int, upto: int) -> int | None:
+    """The first offset (below `upto`) where block j's noisy copy departs from its fixed point; None: none does."""
+    return next((t for t in range(upto) if ex.noisy[j][t] != ex.clean[j][t]), None)
+
+
 def loss_positions(ex: PackedExample) -> tuple[list[tuple[int, int]], list[tuple[int, int, int]]]:
     """(AR pairs (source position, target token), consistency triples (student pos, teacher pos, hard target)).
 
@@ -138,7 +143,7 @@ def loss_positions(ex: PackedExample) -> tuple[list[tuple[int, int]], list[tuple
         prev = p - 1 if j == 0 else ex.clean_start(j - 1) + ex.n - 1
         sources = [prev] + [c0 + t for t in range(ex.n - 1)]
         ar += [(sources[t], ex.clean[j][t]) for t in range(length)]
-        first = next((t for t in range(length) if ex.noisy[j][t] != ex.clean[j][t]), None)
+        first = first_departure(ex, j, length)
         if first is None:
             continue
         for t in range(first, ex.n):
@@ -158,7 +163,8 @@ def draft_positions(ex: PackedExample) -> list[int]:
     the window's first token (computed by the base: draft_adapter.py), so the base computes it here too."""
     out = []
     for j in range(ex.num_blocks):
-        first = next((t for t in range(ex.n) if ex.noisy[j][t] != ex.clean[j][t]), ex.n)
+        first = first_departure(ex, j, ex.n)
+        first = ex.n if first is None else first
         out += range(ex.noisy_start(j) + max(first, 1), ex.noisy_start(j) + ex.n)
     return out
 
