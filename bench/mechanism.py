@@ -10,7 +10,9 @@ base model and its repetition.
 
 Each `--variant NAME:JSON` is a set of `training` overrides on top of the profile (and `--set training.*`). Rows go
 to `--out` as they finish (JSON lines, with each variant's training history), so a long run can be read while it
-goes. Threads: `--threads` (default 2; run it alone, or with 1 beside other work).
+goes. With `--resume-dir DIR` a run that dies (a session's end) is taken up by the same command again: the
+trajectories and finished rows are read back and a variant in training resumes from its last checkpoint
+(`training.checkpoint_every`). Threads: `--threads` (default 2; run it alone, or with 1 beside other work).
 
 The same round at a GPU's budget (no network there: the model comes as a copied .gguf file, imported next to it
 on first use; the prompt file as a copied path), every GSM8K train-split question (1,055), TPF measured on 64 of
@@ -180,6 +182,12 @@ def main() -> int:
         "--from-json", type=Path, nargs="+", help="no run: read the rows of earlier --out files (for --mlflow, --plot)"
     )
     ap.add_argument("--keep", type=Path, help="keep each variant's trained model as KEEP/<variant> (default: deleted)")
+    ap.add_argument(
+        "--resume-dir",
+        type=Path,
+        help="keep the run's state here; the same command run again goes on where it died (trajectories, base row, "
+        "finished variants read back; a variant in training resumes from its last checkpoint)",
+    )
     args = ap.parse_args()
     if args.from_json is None and not (args.variant and args.out):
         ap.error("--variant and --out are required (or --from-json FILE to plot or log an earlier run's rows)")
@@ -218,6 +226,7 @@ def main() -> int:
         measure_trained=args.measure_trained,
         device=args.device,
         keep=args.keep,
+        resume_dir=args.resume_dir,
         references=references,
         score=score,
         on_row=on_row,

@@ -18,6 +18,7 @@ decoding drafts with the adapter and verifies with the base, so "= base text" is
 
 from __future__ import annotations
 
+import json
 import shutil
 import statistics
 import tempfile
@@ -137,6 +138,7 @@ def run_mechanism(
     measure_trained: int | None = None,
     device: str = "cpu",
     workdir: Path | None = None,
+    resume_dir: Path | None = None,
     keep: Path | None = None,
     references: tuple[Sequence[dict] | None, Sequence[dict] | None] | None = None,
     score: Callable[[list[int], dict], bool] | None = None,
@@ -150,18 +152,20 @@ def run_mechanism(
     decodes in fp32 on `device`; training computes in the profile's model dtype there. With `keep`, each variant's
     trained model stays as `keep/<variant>` (for timing it: bench/real_round_speed.py); otherwise it is deleted once
     measured (a SmolLM2 model directory is 540 MB). With `references` (the source rows of the trained questions and
-    of the held-out ones) and `score(answer tokens, row)`, each set's accuracy stands beside its TPF."""
-    from jf_core.trajectory.collect import CollectConfig, collect
-    from jf_core.trajectory.prompts import PromptItem
+    of the held-out ones) and `score(answer tokens, row)`, each set's accuracy stands beside its TPF.
+
+    With `resume_dir`, the run keeps its state there and a rerun with the same arguments goes on where the last one
+    died (a long curve outlives a session's processes): the base row and the trajectories are read back
+    (`base.json`, `trajectories.parquet`) instead of measured and collected again, a variant whose row is written
+    (`<variant>/row.json`) is read back, and one that died training resumes from its last checkpoint on the
+    examples it packed. Without it, a temporary directory under `workdir`, removed at the end."""
 
     n = profile.trajectory.block_size
-    model, tok = load_model(model_dir, dtype="float32", device=device)
-    stop = stop_tokens(model, tok)
-
     sample = list(train[:measure_trained] if measure_trained is not None else train)
     train_refs, held_refs = references if references is not None else (None, None)
     if train_refs is not None:
         train_refs = list(train_refs)[: len(sample)]
+    stop = None
 
     def measured(m, base_train, base_held):
         return (
@@ -171,54 +175,138 @@ def run_mechanism(
                     batch_size=batch_size, references=held_refs, score=score),
         )  # fmt: skip
 
-    base = MechanismRow("base", {}, *measured(model, None, None))
+    state = resume_dir
+    if state is not None:
+        inputs = {"train": [list(p) for p in train], "held_out": [list(p) for p in held_out], "block_size": n,
+                  "max_new_tokens": max_new_tokens, "measure_trained": measure_trained, "model_dir": model_dir,
+                  "trajectory": profile.trajectory.model_dump(mode="json")}  # fmt: skip
+        _same_or_new(state / "inputs.json", inputs, "the questions, tokens, model or trajectory settings")
+    base, records = _read_base(state)
+    if base is None:
+        model, tok = load_model(model_dir, dtype="float32", device=device)
+        stop = stop_tokens(model, tok)
+        base = MechanismRow("base", {}, *measured(model, None, None))
+        base, records = _collect(profile, model, tok, train, base, max_new_tokens, collect_batch_size or batch_size)
+        _write_base(state, base, records)
+        del model
     base_train, base_held = base.trained.outputs, base.held_out.outputs
+    rows = [base]
+    if on_row:
+        on_row(base)
+
+    scratch = state if state is not None else Path(tempfile.mkdtemp(prefix="jf-mechanism-", dir=workdir))
+    try:
+        for name, overrides in variants.items():
+            where = scratch / name
+            if state is not None:
+                _same_or_new(where / "overrides.json", overrides, f"variant {name!r}'s overrides")
+            if (where / ROW).exists():
+                row = _read_row(where / ROW)
+            else:
+                seconds, tokens, history = _train_variant(
+                    variant_profile(profile, overrides), model_dir, records, where, progress, device
+                )
+                trained, tok = load_model(str(where / "model"), dtype="float32", device=device)
+                stop = stop_tokens(trained, tok)
+                final = {k: v for k, v in (history or [{}])[-1].items() if isinstance(v, float)}
+                row = MechanismRow(name, overrides, *measured(trained, base_train, base_held), seconds, tokens, final)
+                row.history = history
+                if keep is not None:
+                    keep.mkdir(parents=True, exist_ok=True)
+                    # Across file systems a move is a copy: under a temporary name, renamed once whole.
+                    partial = shutil.move(where / "model", keep / f".{name}.partial")
+                    Path(partial).rename(keep / name)
+                if state is not None:  # the row, then the weights it no longer needs (540 MB a SmolLM2 copy)
+                    _write_json(where / ROW, asdict(row))
+                    shutil.rmtree(where / "model", ignore_errors=True)
+                    shutil.rmtree(where / "checkpoints", ignore_errors=True)
+                else:
+                    shutil.rmtree(where, ignore_errors=True)
+            rows.append(row)
+            if on_row:
+                on_row(row)
+    finally:
+        if state is None:
+            shutil.rmtree(scratch, ignore_errors=True)
+    return rows
+
+
+ROW = "row.json"
+
+
+def _collect(profile: Profile, model, tok, train, base: MechanismRow, max_new_tokens: int, batch_size: int):
+    """The base model's trajectories of the `train` questions, with the profile's trajectory settings (kind
+    included): (the base row with what they cost, the records)."""
+    from jf_core.trajectory.collect import CollectConfig, collect
+    from jf_core.trajectory.prompts import PromptItem
+
     items = [PromptItem(prompt_id=f"q{i}", token_ids=list(p)) for i, p in enumerate(train)]
     collect_cfg = CollectConfig(
-        block_size=n,
+        block_size=profile.trajectory.block_size,
         max_new_tokens=max_new_tokens,
         seed=profile.trajectory.seed,
-        batch_size=collect_batch_size or batch_size,
+        batch_size=batch_size,
         draft_init=profile.trajectory.draft_init,
         kind=profile.trajectory.kind,
         corruption=profile.trajectory.corruption,
     )
     collected = collect(model, tok, items, collect_cfg, model_hash="mechanism")
-    records = collected.records
     base.trajectories = {
         "kind": collect_cfg.kind,
-        "blocks": len(records),
+        "blocks": len(collected.records),
         "tokens": collected.new_tokens,
         "seconds": collected.seconds,
         "tokens_per_s": collected.new_tokens / max(collected.seconds, 1e-9),
     }
-    rows = [base]
-    if on_row:
-        on_row(base)
-    del model
+    return base, collected.records
 
-    scratch = Path(tempfile.mkdtemp(prefix="jf-mechanism-", dir=workdir))
-    try:
-        for name, overrides in variants.items():
-            seconds, tokens, history = _train_variant(
-                variant_profile(profile, overrides), model_dir, records, scratch / name, progress, device
+
+def _same_or_new(path: Path, value, what: str) -> None:
+    """Record `value` at `path`, or refuse to resume a run that was started with another one: a rerun must go on
+    with the questions and settings its saved rows and checkpoints were made with."""
+    if path.exists():
+        if json.loads(path.read_text()) != json.loads(json.dumps(value)):
+            raise ValueError(
+                f"{path.parent}: resuming a run started with other {what} ({path.name} differs); "
+                "rerun with the same arguments or another resume directory"
             )
-            trained, _ = load_model(str(scratch / name / "model"), dtype="float32", device=device)
-            final = {k: v for k, v in (history or [{}])[-1].items() if isinstance(v, float)}
-            row = MechanismRow(name, overrides, *measured(trained, base_train, base_held), seconds, tokens, final)
-            row.history = history
-            rows.append(row)
-            if keep is not None:
-                keep.mkdir(parents=True, exist_ok=True)
-                # Across file systems a move is a copy: under a temporary name, renamed once whole.
-                partial = shutil.move(scratch / name / "model", keep / f".{name}.partial")
-                Path(partial).rename(keep / name)
-            shutil.rmtree(scratch / name, ignore_errors=True)
-            if on_row:
-                on_row(row)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    return rows
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _write_json(path, value)
+
+
+def _write_json(path: Path, value) -> None:
+    """Whole or not at all: a run killed while writing leaves no row to read back."""
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(json.dumps(value))
+    partial.rename(path)
+
+
+def _read_row(path: Path) -> MechanismRow:
+    saved = json.loads(path.read_text())
+    return MechanismRow(
+        **{**saved, "trained": SetFigures(**saved["trained"]), "held_out": SetFigures(**saved["held_out"])}
+    )
+
+
+def _write_base(state: Path | None, base: MechanismRow, records: list[dict]) -> None:
+    if state is None:
+        return
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    partial = state / ".trajectories.parquet.partial"
+    pq.write_table(pa.Table.from_pylist(records), partial)
+    partial.rename(state / "trajectories.parquet")
+    _write_json(state / "base.json", asdict(base))  # last: its presence says both are whole
+
+
+def _read_base(state: Path | None) -> tuple[MechanismRow | None, list[dict]]:
+    if state is None or not (state / "base.json").exists():
+        return None, []
+    import pyarrow.parquet as pq
+
+    return _read_row(state / "base.json"), pq.read_table(state / "trajectories.parquet").to_pylist()
 
 
 def train_on_records(
@@ -226,17 +314,25 @@ def train_on_records(
 ) -> tuple[TrainSummary, list]:
     """Pack trajectory `records` with the profile's noise schedule and train `model_dir` on them through the round's
     driver (`train_round`), in `where` (its packed Parquet, checkpoints and `model/`): (training's summary, the
-    packed examples). The one path the benches train by (`**kw`: train_round's, e.g. `log_every`)."""
+    packed examples). The one path the benches train by (`**kw`: train_round's, e.g. `log_every`). Where `where`
+    already holds packed examples (a run that died), they are trained on again and the checkpoints resume."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from jf_core.round.training import train_round
+    from jf_core.training.jf_data import read_packed_share
     from jf_core.training.packing import pack_records
 
     t = profile.training
-    packed, _ = pack_records(records, NoiseSchedule.of(t), t.max_length)
-    where.mkdir(parents=True)
-    pq.write_table(pa.Table.from_pylist([asdict(e) for e in packed]), where / "examples.parquet")
+    examples = where / "examples.parquet"
+    if examples.exists():  # a resumed run: its checkpoints were trained on these examples, in this order
+        packed = read_packed_share(examples, 0, 1)
+    else:
+        packed, _ = pack_records(records, NoiseSchedule.of(t), t.max_length)
+        where.mkdir(parents=True, exist_ok=True)
+        partial = where / ".examples.parquet.partial"
+        pq.write_table(pa.Table.from_pylist([asdict(e) for e in packed]), partial)
+        partial.rename(examples)
     summary = train_round(
         profile, model_dir, where / "examples.parquet", where / "checkpoints", where / "model",
         device=torch.device(device), progress=progress, **kw,
@@ -251,10 +347,23 @@ def _train_variant(
     t = profile.training
     start = time.perf_counter()
     summary, packed = train_on_records(profile, model_dir, records, where, device=device, progress=progress)
-    seconds = time.perf_counter() - start
+    seconds = time.perf_counter() - start + _seconds_before(summary.history, summary.resumed_from_step)
     per_example = sum(e.total_length for e in packed) / len(packed)
     tokens = int(per_example * t.steps * t.batch_size * t.grad_accum)
     return seconds, tokens, summary.history
+
+
+def _seconds_before(history: list[dict], resumed_from: int) -> float:
+    """About how long the processes before a resumed one trained: each one's last logged `elapsed_s` (which
+    counts from its own start) before the checkpoint it was resumed from; 0 for a run that was not resumed."""
+    total, last = 0.0, 0.0
+    for row in history:
+        if row["step"] >= resumed_from or "elapsed_s" not in row:
+            continue
+        if row["elapsed_s"] < last:  # a new process began here
+            total += last
+        last = row["elapsed_s"]
+    return total + last
 
 
 def _share(value: float | None) -> str:

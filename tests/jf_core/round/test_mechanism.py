@@ -3,6 +3,8 @@ decodes them in fewer forwards, stays identical to its own greedy AR, and the ta
 
 from __future__ import annotations
 
+import json
+import shutil
 import statistics
 from pathlib import Path
 
@@ -109,3 +111,51 @@ def test_a_draft_adapter_raises_tpf_and_keeps_the_base_text_by_construction(prof
     whole = variant_profile(profile, {**lora, "draft_lora_rank": 0})
     with pytest.raises(ValueError, match="carries a draft adapter"):
         train_on_records(whole, str(kept), [], tmp_path / "again", device="cpu")
+
+
+def test_a_run_that_died_is_taken_up_where_it_stopped(profile, tmp_path):
+    """With a resume directory the same call goes on where a dead one stopped: the base row and trajectories read
+    back (not measured or collected again), a variant that died between checkpoints resumes from the last one, and
+    a rerun with other questions is refused by name."""
+    import pytest
+
+    _, tok = load_model(profile.model.path)
+    prompts = [p.token_ids for p in load_prompts(profile.prompts.model_copy(update={"limit": 4}), tok).items]
+    variant = {"v": {"steps": 10, "checkpoint_every": 5, "lr": 3e-3, "warmup_steps": 1, "batch_size": 2}}
+    state = tmp_path / "state"
+    scored = []
+
+    def dies_after_the_base(tokens: list[int], row: dict) -> bool:
+        scored.append(row)
+        if len(scored) > 4:  # the base's 2 + 2 answers are scored; the trained model's first one kills the run
+            raise RuntimeError("the process dies here")
+        return True
+
+    kw = {"train": prompts[:2], "held_out": prompts[2:4], "max_new_tokens": 16, "resume_dir": state,
+          "references": ([{}] * 2, [{}] * 2)}  # fmt: skip
+    with pytest.raises(RuntimeError, match="dies here"):
+        run_mechanism(profile, profile.model.path, variant, score=dies_after_the_base, **kw)
+    first_base = json.loads((state / "base.json").read_text())
+    checkpoints = state / "v" / "checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["step-00000005", "step-00000010"]
+    # As if it had died between its two checkpoints: the last one and the model never written.
+    shutil.rmtree(checkpoints / "step-00000010")
+    saved = json.loads((checkpoints / "step-00000005" / "trainer_state.json").read_text())["history"]
+    shutil.rmtree(state / "v" / "model")
+
+    base, row = run_mechanism(profile, profile.model.path, variant, score=lambda tokens, ref: True, **kw)
+    assert base.trajectories == first_base["trajectories"]  # read back: a second collection would time itself anew
+    assert base.trained.outputs == first_base["trained"]["outputs"]
+    assert row.history[: len(saved)] == saved  # the dead process's logged rows, from its step-5 checkpoint
+    assert row.history[-1]["step"] == 9.0 and len(row.history) > len(saved)  # then trained on to the end
+    earlier = max(h["elapsed_s"] for h in saved if "elapsed_s" in h)
+    assert row.train_seconds > earlier and row.train_tokens > 0  # the dead process's training counts too
+    assert row.trained.identical_to_own_ar == 1.0 and (state / "v" / "row.json").is_file()
+    assert not (state / "v" / "model").exists() and not checkpoints.exists()  # 540 MB a SmolLM2 copy: not kept
+
+    again = run_mechanism(profile, profile.model.path, variant, score=lambda tokens, ref: True, **kw)
+    assert [r.summary() for r in again] == [base.summary(), row.summary()]  # all read back
+    with pytest.raises(ValueError, match=r"inputs\.json"):
+        run_mechanism(profile, profile.model.path, variant, **{**kw, "held_out": prompts[1:3]})
+    with pytest.raises(ValueError, match="variant 'v'"):
+        run_mechanism(profile, profile.model.path, {"v": {**variant["v"], "lr": 1e-3}}, **kw)
