@@ -17,8 +17,10 @@ from jf_cli.common import positive
 
 
 def serve_vllm(args: argparse.Namespace, path: str, name: str) -> int:
-    from jf_vllm.launch import serve_argv, vllm_env
+    from jf_vllm.launch import draft_adapter_notice, serve_argv, vllm_env
 
+    if notice := draft_adapter_notice(path):
+        print(notice, file=sys.stderr, flush=True)
     argv = serve_argv(
         path,
         name=name,
@@ -65,9 +67,11 @@ def format_rows(rows: list[dict]) -> str:
 
 
 def cmd_bench_vllm(args: argparse.Namespace) -> int:
-    from jf_vllm.launch import vllm_bin, vllm_env
+    from jf_vllm.launch import draft_adapter_notice, vllm_bin, vllm_env
 
     path, prompts = bench_prompts(args)
+    if notice := draft_adapter_notice(path):
+        print(notice, file=sys.stderr, flush=True)
     out = Path(args.json) if args.json else None
     with tempfile.TemporaryDirectory(prefix="jf-bench-vllm-") as tmp:
         prompts_file = Path(tmp) / "prompts.json"

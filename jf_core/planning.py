@@ -12,7 +12,8 @@ is not cached here falls back to a snapshot shipped in jf_core/profiles/configs/
   (autocast's per-forward casts; FSDP2's unsharded root plus two layers in flight); DDP's gradient buckets;
   activations of a micro-batch of `batch_size x max_length` tokens with and without activation checkpointing
   (FlexAttention on GPUs: no L x L term); the loss's logits (memory-lean: one chunk; else the whole batch); the
-  workspace (CUDA context, kernel workspaces, allocator slack).
+  workspace (CUDA context, kernel workspaces, allocator slack). With a draft adapter (`training.draft_lora_rank`)
+  the base is frozen fp32 weights alone (no gradients, no AdamW state) and only the adapter trains, in one process.
 
 Estimates, not measurements: parameters, gradients, optimizer state and the KV cache are exact byte counts (tests
 check them against real allocations of small models); activations follow a per-token count of what a Llama-style
@@ -52,6 +53,10 @@ class ModelShape:
     kv_heads: int
     head_dim: int
     vocab: int
+    # The projections a draft adapter adds to (jf_core/decoding/draft_adapter.py): how many, and their summed
+    # in + out features, so that a rank-r adapter holds r x `adapter_features` weights.
+    adapter_projections: int = 0
+    adapter_features: int = 0
 
     @classmethod
     def of(cls, config, name: str) -> ModelShape:
@@ -61,10 +66,16 @@ class ModelShape:
 
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config)
+        from jf_core.decoding.draft_adapter import TARGETS
         from jf_core.training.parallel import decoder_layers
 
         layers = decoder_layers(model)
         total = sum(p.numel() for p in model.parameters())
+        targets = [
+            m
+            for name, m in model.named_modules()
+            if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] in TARGETS
+        ]
         per_layer = sum(p.numel() for p in layers[0].parameters())
         text = config.get_text_config(decoder=True)
         heads = text.num_attention_heads
@@ -80,12 +91,16 @@ class ModelShape:
             kv_heads=getattr(text, "num_key_value_heads", heads) or heads,
             head_dim=getattr(text, "head_dim", None) or text.hidden_size // heads,
             vocab=text.vocab_size,
+            adapter_projections=len(targets),
+            adapter_features=sum(m.in_features + m.out_features for m in targets),
         )
 
 
 def model_config(profile: Profile):
     """(config, where it came from): a local directory, the embedded model's shape, the hub (cached), or a snapshot."""
     from transformers import AutoConfig
+
+    from jf_core.model_import import PACKAGE_SCHEME, ModelImportError, find_package_gguf
 
     path = profile.model.path
     if path == "embedded":
@@ -94,6 +109,18 @@ def model_config(profile: Profile):
 
         tok = build_tokenizer()
         return ToyModelConfig().to_hf(len(tok), tok.pad_token_id, tok.eos_token_id), "embedded model's shape"
+    if path.startswith(PACKAGE_SCHEME):  # the GGUF an installed package holds: its config, no weights read
+        from jf_core.paths import jf_home
+
+        package = path.removeprefix(PACKAGE_SCHEME)
+        try:
+            gguf, version = find_package_gguf(package)
+        except ModelImportError as err:
+            raise PlanError(f"model.path {path!r}: {err}") from None
+        # Imported once already (jf_core/model_import.py, any dtype): its config.json, without parsing the GGUF.
+        for imported in sorted((jf_home() / "models").glob(f"{package}-{version}-*/config.json")):
+            return AutoConfig.from_pretrained(imported.parent), f"{imported.parent} ({path} {version})"
+        return AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name), f"{gguf.name} ({path} {version})"
     local = Path(path).expanduser()
     if local.is_dir():
         return AutoConfig.from_pretrained(local), str(local)
@@ -180,11 +207,18 @@ def training_plan(shape: ModelShape, profile: Profile, strategy: str, workers: i
     shards = workers if strategy == "fsdp2" else 1
     tokens = t.batch_size * t.max_length
     part = f" (1/{shards})" if shards > 1 else ""
-    states = [
-        (f"fp32 master weights{part}", 4 * p // shards),
-        (f"fp32 gradients{part}", 4 * p // shards),
-        (f"AdamW moments, fp32{part}", 8 * p // shards),
-    ]
+    rank = t.draft_lora_rank
+    if rank:  # the base is frozen: no gradients or AdamW state for it; the adapter trains (one process: config.py)
+        states = [
+            ("fp32 base weights (frozen: no gradients, no AdamW state)", 4 * p),
+            (f"draft adapter (rank {rank}): fp32 weights, grads, AdamW", 16 * rank * shape.adapter_features),
+        ]
+    else:
+        states = [
+            (f"fp32 master weights{part}", 4 * p // shards),
+            (f"fp32 gradients{part}", 4 * p // shards),
+            (f"AdamW moments, fp32{part}", 8 * p // shards),
+        ]
     offloaded = strategy == "fsdp2" and t.cpu_offload
     lines = [] if offloaded else states
     if strategy == "fsdp2":
@@ -201,6 +235,8 @@ def training_plan(shape: ModelShape, profile: Profile, strategy: str, workers: i
             activation_bytes(shape, tokens, c, with_ac),
         )
     )
+    if rank:  # each projection's rank-r product x @ A^T, kept for backward
+        lines.append((f"draft adapter's rank-{rank} activations", tokens * shape.adapter_projections * rank * c))
     if t.lean_loss:
         lines.append(
             ("loss: hidden states + one LM-head chunk", tokens * shape.hidden * c + 3 * t.loss_chunk * shape.vocab * 4)
@@ -213,7 +249,9 @@ def training_plan(shape: ModelShape, profile: Profile, strategy: str, workers: i
         + (f" x {workers}" if strategy != "single" else "")
         + (", CPU offload)" if offloaded else ")")
     )
-    notes = [] if with_ac else [f"with activation checkpointing: {_gib(activation_bytes(shape, tokens, c, True))}"]
+    checkpointed = _gib(activation_bytes(shape, tokens, c, True))
+    # A draft adapter refuses checkpointing (a recomputed layer would run ungated): not an option to show.
+    notes = [] if with_ac or rank else [f"with activation checkpointing: {checkpointed}"]
     if offloaded:
         notes.append(f"in host memory per worker: {_gib(sum(b for _, b in states))} (masters, gradients, AdamW)")
     return StagePlan(label, lines, _capacity(profile), notes=notes)
@@ -235,6 +273,8 @@ def _training_knobs(profile: Profile) -> list[tuple[str, Callable[[Profile], Pro
         return lambda p: p.model_copy(update={section: getattr(p, section).model_copy(update=values)})
 
     knobs: list[tuple[str, Callable[[Profile], Profile]]] = []
+    if t.draft_lora_rank:  # one process, no checkpointing (config.py refuses both): only the batch's size is left
+        return _batch_knobs(t, update)
     if not t.activation_checkpointing:
         knobs.append(("training.activation_checkpointing=true", update("training", activation_checkpointing=True)))
     if not t.lean_loss:
@@ -252,6 +292,12 @@ def _training_knobs(profile: Profile) -> list[tuple[str, Callable[[Profile], Pro
         knobs.append((f"compute.train_workers={more}", update("compute", train_workers=more)))
         if not t.cpu_offload:
             knobs.append(("training.cpu_offload=true", update("training", cpu_offload=True)))
+    return knobs + _batch_knobs(t, update)
+
+
+def _batch_knobs(t, update) -> list[tuple[str, Callable[[Profile], Profile]]]:
+    """The last resorts: a smaller micro-batch (the same global batch), then shorter packed sequences."""
+    knobs = []
     if t.batch_size > 1:
         half = t.batch_size // 2
         knobs.append(
@@ -297,6 +343,8 @@ def plan(profile: Profile) -> tuple[ModelShape, str, list[StagePlan]]:
     workers = max(profile.compute.train_workers, 1)
     stages = [trajectory_plan(shape, profile)]
     strategies = [profile.training.strategy] + [s for s in ("single", "ddp", "fsdp2") if s != profile.training.strategy]
+    if profile.training.draft_lora_rank:  # a draft adapter trains in one process (config.py refuses the others)
+        strategies = ["single"]
     for i, strategy in enumerate(strategies):
         n = workers if strategy != "single" else 1
         if i > 0 and strategy == "fsdp2" and n == 1:  # the alternative worth showing is a full node

@@ -40,6 +40,20 @@ def vllm_env() -> dict[str, str]:
     return env
 
 
+def draft_adapter_notice(model_dir: str) -> str | None:
+    """A line for the user when `model_dir` keeps a draft-only adapter (jf_core/decoding/draft_adapter.py): vLLM
+    loads the base weights alone and the Jacobi proposer drafts with them, so the text is unchanged (the base
+    verifies either way) but the TPF is the base model's, not the adapter's. None when it keeps none."""
+    # The file's name, not an import of jf_core's module: this file is read by both environments' tools.
+    if not (Path(model_dir) / "draft_adapter.safetensors").is_file():
+        return None
+    return (
+        f"note: {model_dir} keeps a draft adapter (draft_adapter.safetensors) that vLLM does not run: vLLM's "
+        "Jacobi proposer drafts with the base weights, so the text is the same and the TPF is the base model's. "
+        "`jf serve --engine ray` and `jf bench serve` draft with the adapter."
+    )
+
+
 def serve_argv(
     model_dir: str,
     *,

