@@ -86,10 +86,60 @@ def log_to_mlflow(profile, rows: list[dict], plot: Path | None = None, source: s
             # Probed sizes share their steps: one `probe_tokens` series places them all.
             for step, tokens, _ in next(iter(probe_curves(row).values()), []):
                 client.log_metric(run_id, "probe_tokens", tokens, step=step)
+            for fit in growth([row]):  # the fits behind the budgets, e.g. fit.log10.n16.tokens_tpf_2.0
+                name = f"fit.{fit['form']}.{fit['probe'].removeprefix('probe_tpf_')}"
+                client.log_metric(run_id, f"{name}.r2", fit["r2"])
+                client.log_metric(run_id, f"{name}.slope", fit["slope"])
+                for key, value in fit.items():
+                    if key.startswith("tpf_") and value is not None:
+                        client.log_metric(run_id, f"{name}.tokens_{key}", value[0])
             if plot is not None and plot.is_file():
                 client.log_artifact(run_id, str(plot))
             ids.append(run_id)
     return ids
+
+
+def growth(rows: list[dict], targets=(1.5, 2.0)) -> list[dict]:
+    """Each probed curve of each row fitted in both forms (jf_core/evaluation/growth.py): R^2, the slope and its
+    standard error, and for each target TPF the tokens the fit reaches it at with a 90% interval, beside the
+    tokens of the first probe that measured it (None: no probe did)."""
+    from jf_core.evaluation.growth import FORMS, fit_growth
+    from jf_core.evaluation.plots import probe_curves
+
+    out = []
+    for row in rows:
+        for key, points in probe_curves(row).items():
+            if len(points) < 3:
+                continue
+            tokens, tpf = [t for _, t, _ in points], [v for _, _, v in points]
+            for form in FORMS:
+                fit = fit_growth(tokens, tpf, form)
+                entry = {"variant": row["variant"], "probe": key, "form": form, "r2": fit.r2, "slope": fit.b,
+                         "slope_se": fit.b_se, "points": fit.points}  # fmt: skip
+                for target in targets:
+                    entry[f"tpf_{target}"] = fit.tokens_for(target)
+                    reached = [t for t, v in zip(tokens, tpf, strict=True) if v >= target]
+                    entry[f"measured_{target}"] = reached[0] if reached else None
+                out.append(entry)
+    return out
+
+
+def format_growth(fits: list[dict], targets=(1.5, 2.0)) -> str:
+    def crossing(value) -> str:
+        return "never (slope <= 0)" if value is None else f"{value[0]:.2g} ({value[1]:.2g}-{value[2]:.2g})"
+
+    head = ["variant", "probe", "form", "R^2", "slope (+- SE)"]
+    head += [f"tokens to TPF {t} (90%)" for t in targets] + [f"measured TPF {t} at" for t in targets]
+    cells = [
+        [f["variant"], f["probe"].removeprefix("probe_tpf_"), f["form"], f"{f['r2']:.3f}",
+         f"{f['slope']:.3f} +- {f['slope_se']:.3f} a {'decade' if f['form'] == 'log10' else '1e6 tokens'}"]
+        + [crossing(f[f"tpf_{t}"]) for t in targets]
+        + ["-" if f[f"measured_{t}"] is None else f"{f[f'measured_{t}']:.2g}" for t in targets]
+        for f in fits
+    ]  # fmt: skip
+    from jf_core.evaluation.tables import markdown
+
+    return markdown(head, cells)
 
 
 def _scoring(profile, tokenizer, train, held):
@@ -238,7 +288,11 @@ def main() -> int:
 
 
 def _publish(profile, rows: list[dict], plot: Path | None, mlflow: bool, source: str) -> None:
-    """The curve as a PNG (`--plot`) and the rows in MLflow (`--mlflow`)."""
+    """The curve's fits (printed where any run was probed 3 times or more), the curve as a PNG (`--plot`) and the
+    rows in MLflow (`--mlflow`)."""
+    fits = growth(rows)
+    if fits:
+        print("\nTPF against training tokens, fitted (jf_core/evaluation/growth.py):\n" + format_growth(fits))
     if plot is not None:
         from jf_core.evaluation.plots import tpf_against_tokens
 

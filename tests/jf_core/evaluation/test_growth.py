@@ -1,0 +1,41 @@
+"""The growth fits behind the curve's budgets (jf_core/evaluation/growth.py): exact on exact data, and intervals
+that hold the true crossing about as often as they say."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from jf_core.evaluation.growth import fit_growth
+
+TOKENS = [5.7e4, 1.1e5, 1.7e5, 2.3e5, 2.8e5, 3.4e5, 4.0e5, 4.5e5]
+
+
+def test_exact_data_gives_its_own_coefficients_and_crossings():
+    log = fit_growth(TOKENS, [1.0 + 0.3 * np.log10(t / 1e4) for t in TOKENS], "log10")
+    assert log.a == pytest.approx(1.0 - 1.2) and log.b == pytest.approx(0.3) and log.r2 == pytest.approx(1.0)
+    estimate, low, high = log.tokens_for(2.0)
+    assert estimate == pytest.approx(1e4 * 10 ** (1 / 0.3), rel=1e-9) and low == pytest.approx(high, rel=1e-6)
+    line = fit_growth(TOKENS, [1.1 + 0.7 * t / 1e6 for t in TOKENS], "linear")
+    assert line.b == pytest.approx(0.7) and line.at(1e6) == pytest.approx(1.8)
+    assert line.tokens_for(2.0)[0] == pytest.approx(0.9e6 / 0.7)
+    falling = fit_growth(TOKENS, [2.0 - 0.1 * t / 1e6 for t in TOKENS], "linear")
+    assert falling.tokens_for(2.5) is None  # a fit that never rises never crosses
+
+
+def test_the_interval_holds_the_true_crossing_about_as_often_as_it_says():
+    rng = np.random.default_rng(1)
+    truth = 1e4 * 10 ** (1 / 0.3)
+    held = 0
+    for trial in range(200):
+        noisy = [1.0 + 0.3 * np.log10(t / 1e4) + rng.normal(0, 0.02) for t in TOKENS]
+        _, low, high = fit_growth(TOKENS, noisy, "log10").tokens_for(2.0, samples=4000, seed=trial)
+        held += low <= truth <= high
+    assert 0.84 <= held / 200 <= 0.96, held  # 90% asked; 200 trials: about +-4% by chance
+
+
+def test_too_few_points_or_an_unknown_form_are_refused_by_name():
+    with pytest.raises(ValueError, match="3 or more"):
+        fit_growth([1e5, 2e5], [1.1, 1.2], "log10")
+    with pytest.raises(ValueError, match="form must be"):
+        fit_growth(TOKENS, [1.0] * 8, "power")
