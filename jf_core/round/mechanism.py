@@ -6,7 +6,8 @@ each variant (training overrides of the profile, e.g. `state_pick: each_visit`, 
 `onpolicy_every: 20`) trains the base model on those trajectories through the round's own packing and training
 driver (`train_round`), and its trained model is measured like the base:
 
-- TPF of plain Jacobi at the trajectories' block size, on the trained questions and on the held-out ones;
+- TPF of plain Jacobi at the trajectories' block size, on the trained questions and on the held-out ones (each
+  block's first draft made as the trajectories' were: `trajectory.draft_init`);
 - identity with its own greedy AR (the decoder's promise: must be 1.0 in fp32);
 - identity with the *base* model's greedy AR (did the text change?) and the repeated-4-gram rate (did it degenerate?).
 
@@ -32,6 +33,7 @@ import torch
 from jf_core.config import JFTrainConfig, Profile
 from jf_core.decoding.ar import ar_decode
 from jf_core.decoding.common import StopTokens
+from jf_core.decoding.draft import DraftInitName
 from jf_core.decoding.jacobi import JacobiConfig, jacobi_decode
 from jf_core.evaluation.degeneracy import output_stats
 from jf_core.evaluation.speed import first_divergence
@@ -87,11 +89,12 @@ def measure(
     batch_size: int,
     references: Sequence[dict] | None = None,
     score: Callable[[list[int], dict], bool] | None = None,
+    draft_init: DraftInitName = "prompt_sample",
 ) -> SetFigures:
     """Greedy AR and plain Jacobi at `block_size` on `prompts`, in batches (TPF is per sequence: batching does not
-    change it)."""
+    change it), each block's first draft made by `draft_init`."""
     ar, jacobi, forwards, tokens = [], [], 0, 0
-    cfg = JacobiConfig(block_size=block_size, max_new_tokens=max_new_tokens)
+    cfg = JacobiConfig(block_size=block_size, max_new_tokens=max_new_tokens, draft_init=draft_init)
     with torch.no_grad():
         for first in range(0, len(prompts), batch_size):
             batch = list(prompts[first : first + batch_size])
@@ -167,12 +170,15 @@ def run_mechanism(
         train_refs = list(train_refs)[: len(sample)]
     stop = None
 
+    # Decoding drafts the way the trajectories were collected (`trajectory.draft_init`): one factor, both places.
+    init = profile.trajectory.draft_init
+
     def measured(m, base_train, base_held):
         return (
             measure(m, stop, sample, block_size=n, max_new_tokens=max_new_tokens, base_outputs=base_train,
-                    batch_size=batch_size, references=train_refs, score=score),
+                    batch_size=batch_size, references=train_refs, score=score, draft_init=init),
             measure(m, stop, held_out, block_size=n, max_new_tokens=max_new_tokens, base_outputs=base_held,
-                    batch_size=batch_size, references=held_refs, score=score),
+                    batch_size=batch_size, references=held_refs, score=score, draft_init=init),
         )  # fmt: skip
 
     state = resume_dir
