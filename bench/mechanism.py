@@ -77,7 +77,9 @@ def log_to_mlflow(profile, rows: list[dict], plot: Path | None = None, source: s
                 for key, value in row[part].items():
                     if isinstance(value, int | float):
                         client.log_metric(run_id, f"{part}.{key}", float(value))
-            client.log_metric(run_id, "train_seconds", row["train_seconds"])
+            # A run stopped before its final measurement keeps its probes only (no seconds, no figures).
+            if "train_seconds" in row:
+                client.log_metric(run_id, "train_seconds", row["train_seconds"])
             client.log_metric(run_id, "train_tokens", row["train_tokens"])
             for h in row.get("history") or []:
                 for key, value in h.items():

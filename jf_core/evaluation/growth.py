@@ -51,7 +51,8 @@ class GrowthFit:
         draws = np.array([self.a, self.b]) + spread
         draws = draws[draws[:, 1] > 0]
         with np.errstate(over="ignore"):
-            crossings = _tokens(self.form, (tpf - draws[:, 0]) / draws[:, 1])
+            # A linear draw can cross before 0 tokens (its intercept above the target): no run is shorter than 0.
+            crossings = np.maximum(_tokens(self.form, (tpf - draws[:, 0]) / draws[:, 1]), 0.0)
         low, high = np.quantile(crossings, [(1 - level) / 2, (1 + level) / 2])
         return float(estimate), float(low), float(high)
 
