@@ -243,14 +243,19 @@ def import_gguf(
     return ImportResult(directory, provenance)
 
 
+def package_model_dir(package: str, version: str, dtype: str, home: Path | None = None) -> Path:
+    """Where `ensure_package_model` imports a package's model (`dtype` may be a glob pattern: "*")."""
+    from jf_core.paths import jf_home
+
+    return (home or jf_home()) / "models" / f"{package}-{version}-{dtype}"
+
+
 def ensure_package_model(spec: str, dtype: str = "float32", home: Path | None = None) -> Path:
     """`package:<name>`: the model the installed package holds, imported once under $JF_HOME/models (keyed by the
     package's version and the dtype) and reused after."""
-    from jf_core.paths import jf_home
-
     package = spec.removeprefix(PACKAGE_SCHEME)
     _, version = find_package_gguf(package)
-    out = (home or jf_home()) / "models" / f"{package}-{version}-{dtype}"
+    out = package_model_dir(package, version, dtype, home)
     if (out / "config.json").is_file() and (out / PROVENANCE).is_file():
         return out
     return import_gguf(spec, out, dtype=dtype).directory

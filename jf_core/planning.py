@@ -66,16 +66,12 @@ class ModelShape:
 
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config)
-        from jf_core.decoding.draft_adapter import TARGETS
+        from jf_core.decoding.draft_adapter import target_projections
         from jf_core.training.parallel import decoder_layers
 
         layers = decoder_layers(model)
         total = sum(p.numel() for p in model.parameters())
-        targets = [
-            m
-            for name, m in model.named_modules()
-            if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] in TARGETS
-        ]
+        targets = [m for _, m in target_projections(model)]
         per_layer = sum(p.numel() for p in layers[0].parameters())
         text = config.get_text_config(decoder=True)
         heads = text.num_attention_heads
@@ -100,7 +96,7 @@ def model_config(profile: Profile):
     """(config, where it came from): a local directory, the embedded model's shape, the hub (cached), or a snapshot."""
     from transformers import AutoConfig
 
-    from jf_core.model_import import PACKAGE_SCHEME, ModelImportError, find_package_gguf
+    from jf_core.model_import import PACKAGE_SCHEME, ModelImportError, find_package_gguf, package_model_dir
 
     path = profile.model.path
     if path == "embedded":
@@ -110,15 +106,14 @@ def model_config(profile: Profile):
         tok = build_tokenizer()
         return ToyModelConfig().to_hf(len(tok), tok.pad_token_id, tok.eos_token_id), "embedded model's shape"
     if path.startswith(PACKAGE_SCHEME):  # the GGUF an installed package holds: its config, no weights read
-        from jf_core.paths import jf_home
-
         package = path.removeprefix(PACKAGE_SCHEME)
         try:
             gguf, version = find_package_gguf(package)
         except ModelImportError as err:
             raise PlanError(f"model.path {path!r}: {err}") from None
-        # Imported once already (jf_core/model_import.py, any dtype): its config.json, without parsing the GGUF.
-        for imported in sorted((jf_home() / "models").glob(f"{package}-{version}-*/config.json")):
+        # Imported once already (any dtype): its config.json, without parsing the GGUF.
+        pattern = package_model_dir(package, version, "*")
+        for imported in sorted(pattern.parent.glob(f"{pattern.name}/config.json")):
             return AutoConfig.from_pretrained(imported.parent), f"{imported.parent} ({path} {version})"
         return AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name), f"{gguf.name} ({path} {version})"
     local = Path(path).expanduser()

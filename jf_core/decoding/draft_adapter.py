@@ -38,6 +38,15 @@ FILE = "draft_adapter.safetensors"
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
+def target_projections(model: nn.Module, targets=TARGETS) -> list[tuple[str, nn.Linear]]:
+    """The linear layers an adapter adds to: those named one of `targets` (also what `jf plan` counts)."""
+    return [
+        (name, mod)
+        for name, mod in model.named_modules()
+        if isinstance(mod, nn.Linear) and name.rsplit(".", 1)[-1] in targets
+    ]
+
+
 class DraftAdapter(nn.Module):
     def __init__(self, model: nn.Module, rank: int, alpha: float | None = None, targets=TARGETS) -> None:
         super().__init__()
@@ -55,11 +64,7 @@ class DraftAdapter(nn.Module):
         # cost AR several percent of a SmolLM2 step on this CPU with 210 hooked projections.
         self._targets: list[tuple[str, nn.Linear]] = []
         self._handles: list = []
-        found = [
-            (name, mod)
-            for name, mod in model.named_modules()
-            if isinstance(mod, nn.Linear) and name.rsplit(".", 1)[-1] in self.targets
-        ]
+        found = target_projections(model, self.targets)
         if not found:
             raise ValueError(
                 f"{type(model).__name__} has no projection named {', '.join(self.targets)}: the draft adapter "
