@@ -38,6 +38,7 @@ from jf_core.decoding.jacobi import JacobiConfig, jacobi_decode
 from jf_core.evaluation.degeneracy import output_stats
 from jf_core.evaluation.speed import first_divergence
 from jf_core.evaluation.tables import markdown
+from jf_core.model_dir import write_json_atomic
 from jf_core.models import load_model, stop_tokens
 from jf_core.round.results import TrainSummary
 from jf_core.training.noise import NoiseSchedule
@@ -223,7 +224,7 @@ def run_mechanism(
                     partial = shutil.move(where / "model", keep / f".{name}.partial")
                     Path(partial).rename(keep / name)
                 if state is not None:  # the row, then the weights it no longer needs (540 MB a SmolLM2 copy)
-                    _write_json(where / ROW, asdict(row))
+                    write_json_atomic(where / ROW, asdict(row))
                     shutil.rmtree(where / "model", ignore_errors=True)
                     shutil.rmtree(where / "checkpoints", ignore_errors=True)
                 else:
@@ -277,15 +278,7 @@ def _same_or_new(path: Path, value, what: str) -> None:
                 "rerun with the same arguments or another resume directory"
             )
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _write_json(path, value)
-
-
-def _write_json(path: Path, value) -> None:
-    """Whole or not at all: a run killed while writing leaves no row to read back."""
-    partial = path.with_name(f".{path.name}.partial")
-    partial.write_text(json.dumps(value))
-    partial.rename(path)
+    write_json_atomic(path, value)
 
 
 def _read_row(path: Path) -> MechanismRow:
@@ -304,7 +297,7 @@ def _write_base(state: Path | None, base: MechanismRow, records: list[dict]) -> 
     partial = state / ".trajectories.parquet.partial"
     pq.write_table(pa.Table.from_pylist(records), partial)
     partial.rename(state / "trajectories.parquet")
-    _write_json(state / "base.json", asdict(base))  # last: its presence says both are whole
+    write_json_atomic(state / "base.json", asdict(base))  # last: its presence says both are whole
 
 
 def _read_base(state: Path | None) -> tuple[MechanismRow | None, list[dict]]:
