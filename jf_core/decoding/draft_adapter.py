@@ -9,7 +9,8 @@ attention and MLP projections act only on the positions that draft, chosen per t
   a draft token is accepted only where it equals the base's own greedy pick: the output is the base model's greedy
   output by construction, whatever the adapter learned (`JacobiDecoder` with an adapter, jf_core/decoding/jacobi.py);
 - the adapter drafts from a second chain in the same forward: the window's draft tokens again, gated on, seeing the
-  base's cache and their own chain. A forward carries 2n - 1 tokens instead of n.
+  base's cache and their own chain. A forward carries 2n - 2 tokens instead of n (the chain skips the window's
+  last slot, whose guess is never read), or n + `draft_span` with a shorter chain (JacobiConfig.draft_span).
 
 The design is SGLang's UNO's (a draft-only LoRA, lossless against the base by construction). Training
 (`training.draft_lora_rank`) gates the noisy blocks' drafted positions on and everything the decoder's cache would

@@ -59,8 +59,15 @@ class JacobiConfig:
     draft_init: DraftInitName = "prompt_sample"
     seed: int = 0
     compact_waste: float = 0.5  # squeeze cache holes out once this fraction of slots is dead
+    # With a draft adapter: how many window slots after the root the draft chain covers (0: every slot whose guess
+    # is ever read). Slots past it take the base's own guesses, as plain Jacobi does; a forward carries
+    # n + span tokens instead of 2n - 2. Drafts far past what a forward accepts rarely matter, and on hardware where
+    # cost grows with width (any CPU) every slot is paid for.
+    draft_span: int = 0
 
     def __post_init__(self) -> None:
+        if self.draft_span < 0:
+            raise ValueError(f"draft_span must be >= 0 (0: the whole window), got {self.draft_span}")
         if self.block_size < 1:
             raise ValueError(f"block_size (n) must be >= 1, got {self.block_size}")
         if self.max_new_tokens < 1:
@@ -209,7 +216,7 @@ class JacobiDecoder:
         """One forward for every active sequence: run its layout, verify every branch, commit the best one's
         accepted prefix, rebuild the window."""
         self.plan(kv, active)
-        layouts = [self._with_draft_chain(self.layout(s)) for s in active]
+        layouts = [self._with_draft_chain(self.layout(s), s) for s in active]
         width = max(len(lay.tokens) for lay in layouts)
         device = kv.valid.device
         rows = [lay.tokens + [self.pad_token_id] * (width - len(lay.tokens)) for lay in layouts]
@@ -256,24 +263,31 @@ class JacobiDecoder:
         """What a sequence puts into the next forward: its window as one chain (extensions add branches)."""
         return Layout(list(seq.window), [list(range(len(seq.window)))])
 
-    def _with_draft_chain(self, lay: Layout) -> Layout:
+    def _with_draft_chain(self, lay: Layout, seq: _Sequence) -> Layout:
         """With a draft adapter: the window's draft tokens again, as a chain from the window's root, after
-        whatever the layout holds."""
+        whatever the layout holds. It covers the slots whose guess is read: when the run is the whole window, the
+        last slot's pick is read only if every slot is accepted, and then it is the base's bonus token, so the
+        chain stops one short (2n - 2 tokens a forward, not 2n - 1); `draft_span` cuts it shorter."""
         main = lay.branches[0]
-        if self.adapter is None or len(main) == 1:
+        span = len(main) - 1 - (len(main) == len(seq.window))
+        if self.config.draft_span:
+            span = min(span, self.config.draft_span)
+        if self.adapter is None or span < 1:
             return lay
         start = len(lay.tokens)
-        tokens = lay.tokens + [lay.tokens[i] for i in main[1:]]
-        return Layout(tokens, lay.branches, [[main[0], *range(start, start + len(main) - 1)]])
+        tokens = lay.tokens + [lay.tokens[i] for i in main[1 : 1 + span]]
+        return Layout(tokens, lay.branches, [[main[0], *range(start, start + span)]])
 
     @staticmethod
     def _drafted(lay: Layout, greedy: list[int], accepted: int) -> list[int]:
-        """The picks settle() reads: on the window past the accepted prefix, the draft chain's guesses instead of
-        the base's (they are only ever guesses there; the verified picks before them are the base's)."""
+        """The picks settle() reads: on the window past the accepted prefix, the draft chain's guesses where the
+        chain reaches instead of the base's (they are only ever guesses there; the verified picks before them, and
+        the slots past the chain, keep the base's)."""
         if not lay.drafts:
             return greedy
         out = list(greedy)
-        for main_slot, draft_slot in zip(lay.branches[0][accepted:], lay.drafts[0][accepted:], strict=True):
+        # The chain's slot j copies window slot j; zip stops where the chain does.
+        for main_slot, draft_slot in zip(lay.branches[0][accepted:], lay.drafts[0][accepted:], strict=False):
             out[main_slot] = greedy[draft_slot]
         return out
 

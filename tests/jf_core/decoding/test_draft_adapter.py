@@ -11,7 +11,7 @@ import torch
 from jf_core.decoding.ar import ar_decode
 from jf_core.decoding.common import StopTokens
 from jf_core.decoding.draft_adapter import FILE, adapter_file, attach_draft_adapter, base_state_dict, gated
-from jf_core.decoding.jacobi import JacobiConfig, jacobi_decode
+from jf_core.decoding.jacobi import JacobiConfig, JacobiDecoder, Layout, jacobi_decode
 from jf_core.decoding.multiblock import JFDecodeConfig, jf_decode
 from jf_core.decoding.sampling import Sampling
 from tests.conftest import PAD, VOCAB
@@ -51,6 +51,62 @@ def test_the_output_is_the_base_models_greedy_output_whatever_the_adapter_holds(
     # The adapter does act where the gate is on: had the verifier run with it, the text would differ.
     with gated(drafted, torch.ones(1, 1)):
         assert ar_decode(drafted, prompts, max_new_tokens=40, stop=STOP).sequences != expected
+
+
+@pytest.mark.parametrize("block_size", [4, 16])
+@pytest.mark.parametrize("draft_span", [1, 3])
+def test_a_shorter_draft_chain_keeps_the_base_models_greedy_output(tiny_model, block_size, draft_span):
+    """The chain covers the first `draft_span` slots; the slots past it take the base's guesses. Either way a
+    drafted token enters the text only where the base's own pick equals it."""
+    prompts = _prompts()
+    expected = ar_decode(tiny_model, prompts, max_new_tokens=40, stop=STOP).sequences
+    cfg = JacobiConfig(block_size=block_size, max_new_tokens=40, draft_span=draft_span)
+    assert jacobi_decode(_with_random_adapter(tiny_model), prompts, cfg, stop=STOP).sequences == expected
+
+
+def _widths(model: torch.nn.Module) -> tuple[list[int], object]:
+    widths: list[int] = []
+    handle = model.register_forward_pre_hook(
+        lambda _m, _a, kw: widths.append(kw["input_ids"].shape[1]), with_kwargs=True
+    )
+    return widths, handle
+
+
+def test_a_forward_carries_the_window_and_only_the_draft_slots_that_are_read(tiny_model):
+    """A full window of n runs n + (n - 2) tokens: the draft of the window's last slot would be read only if the
+    whole window were accepted, and then the next token is the base's bonus. With `draft_span` d: n + d."""
+    drafted = _with_random_adapter(tiny_model)
+    prompt = _prompts(1)
+    for span, extra in ((0, 6), (3, 3)):
+        widths, handle = _widths(drafted)
+        try:
+            jacobi_decode(drafted, prompt, JacobiConfig(block_size=8, max_new_tokens=8, draft_span=span), stop=STOP)
+        finally:
+            handle.remove()
+        assert widths[1] == 8 + extra  # [0] is the prefill
+
+
+class _FullChain(JacobiDecoder):
+    """The chain as it was: a copy of every window slot after the root (2n - 1 tokens)."""
+
+    def _with_draft_chain(self, lay: Layout, seq) -> Layout:
+        main = lay.branches[0]
+        if self.adapter is None or len(main) == 1:
+            return lay
+        start = len(lay.tokens)
+        tokens = lay.tokens + [lay.tokens[i] for i in main[1:]]
+        return Layout(tokens, lay.branches, [[main[0], *range(start, start + len(main) - 1)]])
+
+
+@pytest.mark.parametrize("block_size", [3, 8])
+def test_the_dropped_draft_slot_was_never_read(tiny_model, block_size):
+    """Against the full 2n - 1 chain: the same text in the same forwards, sequence by sequence."""
+    drafted = _with_random_adapter(tiny_model, seed=1)
+    prompts, cfg = _prompts(), JacobiConfig(block_size=block_size, max_new_tokens=40)
+    ours = jacobi_decode(drafted, prompts, cfg, stop=STOP)
+    full = _FullChain(drafted, cfg, stop=STOP).decode(prompts)
+    assert ours.sequences == full.sequences
+    assert [s.accepted for s in ours.stats.sequences] == [s.accepted for s in full.stats.sequences]
 
 
 def test_with_no_gate_the_model_is_the_base_exactly(tiny_model):
