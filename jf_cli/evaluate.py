@@ -97,6 +97,7 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
     from jf_core.evaluation.evaluate import evaluate_model
     from jf_core.evaluation.methods import build_methods
     from jf_core.models import load_model, stop_tokens
+    from jf_core.serving.spec import serving_spec
     from jf_core.trajectory.prompts import PromptFormat, calibration_prompts
 
     set_threads(args)
@@ -121,8 +122,6 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
     extra = build_methods(model, stop, cfg.max_new_tokens, ar=False, hf=True)
     same: dict[str, str] = {}
     if args.jf_model:
-        from jf_core.serving.spec import serving_spec
-
         # One door for every model option: `models:/name@champion`, `package:`, a hub id or a directory.
         args.jf_model = model_path(args.jf_model, profile)
         jf_model, jf_tok = load_model(args.jf_model, **profile.model.decode_kwargs())
@@ -144,6 +143,9 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
         extra.update(rows)
         same = dict.fromkeys(rows, "jf_ar")  # the trained model's rows reproduce its own AR
     saved = load_decode_config(path) if Path(path).is_dir() else None
+    tuned = saved if isinstance(saved, JFDecodeConfig) else None
+    # A tuned model's row is its dispatched decoding (AR above its stored crossover), as in the round's evaluation.
+    above = serving_spec(path, tuned).ar_above_batch if tuned is not None else None
     sizes = args.batch_sizes or [args.batch_size]
     tables: dict[int, list] = {}
     for batch_size in sizes:
@@ -157,7 +159,8 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
             fmt=PromptFormat.of(profile.prompts),
             stop=stop,
             calibration=calibration_prompts(profile.prompts, tok, cfg.tune.prompts, cfg.calibration_split),
-            tuned=saved if isinstance(saved, JFDecodeConfig) else None,
+            tuned=tuned,
+            ar_above_batch=above,
             extra_methods=extra,
             same_output_as=same,
             progress=_say,
@@ -225,7 +228,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         print(
             f"  [{i}/{total}] n={c.block_size} K={c.num_blocks} pool={c.pool_size} "
             f"r={c.spawn_ratio} ngram={c.ngram} seeded={c.seed_drafts} "
-            f"width={width}: "
+            f"width={width}{f' span={c.draft_span}' if c.draft_span else ''}: "
             f"TPS {t.tps:.1f}, TPF {t.tpf:.2f}",
             file=sys.stderr,
         )
@@ -236,7 +239,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     path = Path(args.model) / "config.json"
     print(
         f"best: n={best.block_size} K={best.num_blocks} pool={best.pool_size} r={best.spawn_ratio} "
-        f"seeded={best.seed_drafts}: TPS {win.tps:.1f}, TPF {win.tpf:.2f}; saved {path}"
+        f"seeded={best.seed_drafts}{f' span={best.draft_span}' if best.draft_span else ''}: TPS {win.tps:.1f}, "
+        f"TPF {win.tpf:.2f}; saved {path}"
     )
     if (serving := report.serving) is not None:
         pairs = zip(serving.crossover.batch_sizes, serving.crossover.speedup_vs_ar, strict=True)
@@ -318,7 +322,7 @@ def register(sub, bench_sub) -> None:
     p.add_argument(
         "--max-new-tokens",
         type=positive("--max-new-tokens"),
-        help="tokens per prompt (default: the profile's evaluation.max_new_tokens)",
+        help=f"tokens per prompt (default: {prof}.max_new_tokens, else the profile's evaluation.max_new_tokens)",
     )
     p.add_argument("--block-sizes", type=int, nargs="+", help=f"candidate Jacobi n (default: {prof}.block_sizes)")
     p.add_argument(
@@ -354,6 +358,13 @@ def register(sub, bench_sub) -> None:
         type=int,
         nargs="+",
         help=f"adaptive width: slots beyond that (default: {prof}.width_margins)",
+    )
+    p.add_argument(
+        "--draft-spans",
+        type=int,
+        nargs="+",
+        help=f"a draft adapter's chain: slots it covers, 0: every slot read (default: {prof}.draft_spans; tried "
+        "only for a model with an adapter)",
     )
     p.add_argument(
         "--repeats", type=positive("--repeats"), help=f"runs per candidate, fastest kept (default: {prof}.repeats)"

@@ -85,8 +85,11 @@ class TuneConfig(_Strict):
     # slots beyond that. Narrow windows lose some TPF and gain more in cost per forward wherever width costs compute.
     width_scales: list[float] = [0.0, 2.0]
     width_margins: list[int] = [2]
+    # A draft adapter's chain (JacobiConfig.draft_span): slots after the root it covers, 0 = every slot read. Only
+    # a model with an adapter is tried at more than the first.
+    draft_spans: list[int] = [0]
 
-    @field_validator("width_scales", "width_margins")
+    @field_validator("width_scales", "width_margins", "draft_spans")
     @classmethod
     def _non_negative(cls, values: list, info):
         if not values or any(v < 0 for v in values):
@@ -94,6 +97,9 @@ class TuneConfig(_Strict):
         return values
 
     repeats: int = Field(2, ge=1)  # runs per candidate, fastest kept: single runs let machine noise pick the winner
+    # Tokens each calibration prompt decodes while tuning (None: evaluation.max_new_tokens): where a forward costs
+    # tens of milliseconds (a real model on a CPU), a shorter decode keeps the grid to minutes.
+    max_new_tokens: int | None = Field(None, ge=1)
     # AR against the winner at these batch sizes: the crossover above which a server should run AR (stored in the
     # model's jacobi_forcing block); empty to skip.
     crossover_batch_sizes: list[int] = [1, 2, 4, 8, 16, 32]
@@ -132,11 +138,17 @@ class GateConfig(_Strict):
     """When a round's model becomes `champion` (it is always registered and aliased `challenger`); every check is
     in jf_core/evaluation/gate.py. Accuracy first, against the round's input and the lineage's original base (small
     drops would otherwise compound over rounds); TPF against the champion's at the same block size and decode
-    config, on the same evaluation; and the outputs may not turn degenerate against the input model's."""
+    config, on the same evaluation; decoding not slower than the model's own AR; and the outputs may not turn
+    degenerate against the input model's."""
 
     max_accuracy_drop: float = 0.03  # against the round's input model, on the same evaluation set
     max_base_accuracy_drop: float = 0.05  # against the lineage's original base model, on the same evaluation set
     tpf_not_below_champion: bool = True  # TPF vs the champion's, compared only where block size and config match
+    # The headline's tokens/s over our AR's, in the same evaluation, taking turns: what a consumer's decoding (the
+    # tuned config through its dispatch) delivers. A model slower than AR beyond the timing's spread is refused;
+    # 0.9 leaves room for the spread of a few speed prompts on a busy CPU (an AR-dispatched model measures ~1.0).
+    # None: not checked.
+    min_speedup_vs_ar: float | None = Field(0.9, gt=0)
     max_repetition_increase: float = Field(0.05, ge=0)  # repeated-n-gram fraction of the outputs, over the input's
     max_length_change: float = Field(0.25, ge=0)  # |mean output length / the input model's - 1|
     max_truncated_increase: float = Field(0.05, ge=0)  # fraction of outputs hitting max_new_tokens, over the input's

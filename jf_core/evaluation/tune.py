@@ -19,6 +19,7 @@ from jf_core.config import TuneConfig
 from jf_core.decoding import decode
 from jf_core.decoding.ar import ar_decode
 from jf_core.decoding.common import StopTokens
+from jf_core.decoding.draft_adapter import draft_adapter
 from jf_core.decoding.jacobi import JacobiConfig
 from jf_core.decoding.multiblock import JFDecodeConfig
 from jf_core.evaluation.speed import run_interleaved
@@ -38,6 +39,7 @@ class TuneSpace:
     seed_drafts: tuple[bool, ...]
     width_scales: tuple[float, ...]  # adaptive width's scale (width.py); 0 = full-width windows
     width_margins: tuple[int, ...]
+    draft_spans: tuple[int, ...]  # tried beyond the first only for a model with a draft adapter
 
     @classmethod
     def of(cls, cfg: TuneConfig | None = None, **knobs) -> TuneSpace:
@@ -45,8 +47,11 @@ class TuneSpace:
         cfg = (cfg or TuneConfig()).model_copy(update=knobs)
         return cls(**{f.name: tuple(getattr(cfg, f.name)) for f in fields(cls)})
 
-    def configs(self, max_new_tokens: int) -> list[JFDecodeConfig]:
+    def configs(self, max_new_tokens: int, adapter: bool = False) -> list[JFDecodeConfig]:
+        """Every distinct config of the grid; `adapter`: the model drafts with a draft adapter, so its chain's
+        span is a knob (without one, a span changes nothing)."""
         out = []
+        spans = self.draft_spans if adapter else self.draft_spans[:1]
         grid = itertools.product(
             self.block_sizes,
             self.num_blocks,
@@ -56,12 +61,15 @@ class TuneSpace:
             self.seed_drafts,
             self.width_scales,
             self.width_margins,
+            spans,
         )
-        for n, k, pool, r, ngram, seed, scale, margin in grid:
+        for n, k, pool, r, ngram, seed, scale, margin, span in grid:
             if (k == 1 and r != self.spawn_ratios[0]) or (pool == 0 and ngram != self.ngrams[0]):
                 continue  # r only matters with more than one block, the n-gram length only with recycling
             if not scale and margin != self.width_margins[0]:
                 continue  # the margin only matters with adaptive width
+            if span and span >= n - 2:
+                continue  # the chain already stops at n - 2 slots: the same config as span 0
             width = {"adaptive_width": True, "width_scale": scale, "width_margin": margin} if scale else {}
             cfg = JFDecodeConfig(
                 block_size=n,
@@ -71,6 +79,7 @@ class TuneSpace:
                 ngram=ngram,
                 seed_drafts=seed,
                 max_new_tokens=max_new_tokens,
+                draft_span=span,
                 **width,
             )
             out.append(cfg)
@@ -98,7 +107,7 @@ def tune(
 ) -> tuple[JFDecodeConfig, list[TuneTrial]]:
     """`progress(i, total, trial)` for each configuration once all are measured; `say(line)` while they run (the
     configurations take turns batch by batch, so no trial is done before the last batch is)."""
-    configs = (space or TuneSpace.of()).configs(max_new_tokens)
+    configs = (space or TuneSpace.of()).configs(max_new_tokens, adapter=draft_adapter(model) is not None)
     if not configs:
         raise ValueError("the tuning space is empty")
     decoders = {str(i): lambda ps, cfg=cfg: decode(model, ps, cfg, stop=stop) for i, cfg in enumerate(configs)}

@@ -17,7 +17,7 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -207,6 +207,7 @@ def stage_tune(
 
 
 def _tune(profile: Profile, model_dir: Path, say: Say, on_trial) -> TuneResult:
+    from jf_core.decoding.draft_adapter import draft_adapter
     from jf_core.evaluation.tune import TuneSpace, store_crossover, tune
     from jf_core.model_dir import save_decode_config
     from jf_core.models import load_model, stop_tokens
@@ -215,8 +216,9 @@ def _tune(profile: Profile, model_dir: Path, say: Say, on_trial) -> TuneResult:
     cfg = profile.evaluation.tune
     model, tok = load_model(str(model_dir), **profile.model.decode_kwargs())
     prompts = calibration_prompts(profile.prompts, tok, cfg.prompts, profile.evaluation.calibration_split)
-    space, new_tokens = TuneSpace.of(cfg), profile.evaluation.max_new_tokens
-    grid = f"tuning {len(space.configs(new_tokens))} decode configs on {len(prompts)} prompts"
+    space, new_tokens = TuneSpace.of(cfg), cfg.max_new_tokens or profile.evaluation.max_new_tokens
+    adapter = draft_adapter(model) is not None
+    grid = f"tuning {len(space.configs(new_tokens, adapter))} decode configs on {len(prompts)} prompts"
     best, trials = tune(
         model,
         prompts,
@@ -228,7 +230,8 @@ def _tune(profile: Profile, model_dir: Path, say: Say, on_trial) -> TuneResult:
         say=lambda line: say(f"{grid}: {line}"),
     )
     (model_dir / DECODE_TUNING).unlink(missing_ok=True)  # the old report no longer describes the stored config
-    save_decode_config(model_dir, best)
+    # Stored at the evaluation's length (what a consumer decodes by default), whatever length it was tuned at.
+    save_decode_config(model_dir, replace(best, max_new_tokens=profile.evaluation.max_new_tokens))
     serving = store_crossover(
         model,
         tok,

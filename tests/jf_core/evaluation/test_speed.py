@@ -110,6 +110,18 @@ def test_the_tuner_searches_adaptive_width():
     ]
 
 
+def test_the_tuner_tries_a_draft_chains_span_only_for_a_model_with_an_adapter():
+    from jf_core.evaluation.tune import TuneSpace
+
+    space = TuneSpace.of(
+        block_sizes=[4, 8], num_blocks=[1], pool_sizes=[0], seed_drafts=[False], width_scales=[0.0],
+        draft_spans=[0, 2, 6],
+    )  # fmt: skip
+    assert [(c.block_size, c.draft_span) for c in space.configs(16)] == [(4, 0), (8, 0)]
+    # A span at or past n - 2 is the default chain again (n = 4: span 2; n = 8: span 6): not tried twice.
+    assert [(c.block_size, c.draft_span) for c in space.configs(16, adapter=True)] == [(4, 0), (8, 0), (8, 2)]
+
+
 def test_interleaved_runs_take_turns_and_keep_each_batchs_fastest_run():
     """Decoders alternate batch by batch (so a drifting machine slows all alike) and each batch's fastest run is
     the one counted; outputs stay in prompt order."""

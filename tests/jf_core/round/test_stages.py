@@ -53,6 +53,7 @@ def test_the_tune_stage_stores_the_decode_config_and_the_ar_crossover_in_the_mod
         seed_drafts=[False],
         repeats=1,
         crossover_batch_sizes=[1, 2],
+        max_new_tokens=6,  # tuned on shorter decodes than the evaluation's 12, stored at 12
     )
     p = profile.model_copy(
         update={"evaluation": profile.evaluation.model_copy(update={"tune": tune, "max_new_tokens": 12})}
@@ -60,11 +61,12 @@ def test_the_tune_stage_stores_the_decode_config_and_the_ar_crossover_in_the_mod
     lines: list[str] = []
     report = stage_tune(p, model, progress=lines.append)
     # How far it is while the grid runs (its configurations take turns batch by batch), then the crossover.
-    grid = f"tuning {len(TuneSpace.of(tune).configs(12))} decode configs on 2 prompts: "
+    grid = f"tuning {len(TuneSpace.of(tune).configs(6))} decode configs on 2 prompts: "
     assert any(line.startswith(f"{grid}batch 2/2 ") for line in lines), lines  # the last batch is always said
     assert [line for line in lines if line.startswith("crossover: batch ")][-1].startswith("crossover: batch 2:")
     block = json.loads((model / "config.json").read_text())["jacobi_forcing"]
-    assert block["decode"] == asdict(report.best) and block["decode"]["max_new_tokens"] == 12
+    assert report.best.max_new_tokens == 6 and all(t.config.max_new_tokens == 6 for t in report.trials)
+    assert block["decode"] == {**asdict(report.best), "max_new_tokens": 12}
     serving = report.serving.model_dump(mode="json")
     assert block["crossover"]["batch_sizes"] == [1, 2] and block == {**block, **serving}
     assert block["hardware"].startswith("CPU") and block["dtype"] == "float32"
@@ -73,6 +75,32 @@ def test_the_tune_stage_stores_the_decode_config_and_the_ar_crossover_in_the_mod
     again: list[str] = []
     assert stage_tune(p, model, on_reuse=again.append) == report  # done once
     assert again == [f"reusing the tuned decode config at {model / 'decode_tuning.json'}"]
+
+
+def test_the_evaluations_headline_is_the_tuned_models_dispatched_decoding(profile, tmp_path):
+    """Where the stored crossover says AR was faster (here: at every batch size), the headline row runs AR, as the
+    server, `jf decode` and the registry's model do: its speed is what a consumer gets, never below AR by design."""
+    import shutil
+
+    from jf_core.decoding.multiblock import JFDecodeConfig
+    from jf_core.model_dir import save_decode_config, update_block
+    from jf_core.round.stages import stage_evaluate
+
+    model = tmp_path / "model"
+    shutil.copytree(profile.model.path, model)
+    save_decode_config(model, JFDecodeConfig(block_size=4, num_blocks=1, pool_size=0, max_new_tokens=24))
+    evaluation = profile.evaluation.model_copy(
+        update={"num_prompts": 2, "speed_prompts": 2, "repeats": 1, "block_sizes": [4], "max_new_tokens": 24}
+    )
+    p = profile.model_copy(
+        update={"evaluation": evaluation, "storage": profile.storage.model_copy(update={"runs_dir": str(tmp_path)})}
+    )
+    tuned = stage_evaluate(p, str(model)).headline
+    assert tuned.method == "tuned" and tuned.tpf > 1.0  # no crossover stored: Jacobi at every batch size
+    update_block(model, ar_above_batch=0)
+    dispatched = stage_evaluate(p, str(model), reuse=False)
+    assert dispatched.headline_method == "tuned" and dispatched.headline.tpf == 1.0  # AR, forward for forward
+    assert dispatched.methods["jacobi_n4"].tpf == tuned.tpf
 
 
 def test_an_evaluation_runs_at_its_own_thread_count_and_gives_the_callers_back(profile, tmp_path):
