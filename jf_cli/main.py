@@ -44,7 +44,9 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
 
 def cmd_decode(args: argparse.Namespace) -> int:
     from jf_core.decoding import decode, load_decode_config
+    from jf_core.decoding.dispatch import prior
     from jf_core.models import stop_tokens
+    from jf_core.serving.spec import serving_spec
 
     if not args.prompt.strip():
         raise UsageError("--prompt is empty")
@@ -71,13 +73,16 @@ def cmd_decode(args: argparse.Namespace) -> int:
         sampling = Sampling.of(args.temperature, args.top_k, args.top_p)
     except ValueError as err:
         raise UsageError(f"--{err}") from None
-    out = decode(model, [ids], cfg, sampling=sampling, seeds=[args.seed], stop=stop_tokens(model, tokenizer))
+    # The model's own dispatch: where its stored crossover measured AR faster at batch 1, AR (the same text). An
+    # explicit --block-size asks for Jacobi at that n.
+    above = None if args.block_size else serving_spec(model.name_or_path, cfg).ar_above_batch
+    method = prior(1, above)
+    stop = stop_tokens(model, tokenizer)
+    out = decode(model, [ids], cfg, sampling=sampling, seeds=[args.seed], stop=stop, decoder=method)
     print(tokenizer.decode(out.sequences[0], skip_special_tokens=True))
     s = out.stats
-    print(
-        f"[n={cfg.block_size}] {s.new_tokens} tokens in {s.forwards} forwards: TPF {s.tpf:.2f}, TPS {s.tps:.1f}",
-        file=sys.stderr,
-    )
+    how = f"n={cfg.block_size}" if method == "jacobi" else "AR: the model's crossover at batch 1"
+    print(f"[{how}] {s.new_tokens} tokens in {s.forwards} forwards: TPF {s.tpf:.2f}, TPS {s.tps:.1f}", file=sys.stderr)
     return 0
 
 

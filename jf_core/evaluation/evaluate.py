@@ -78,6 +78,7 @@ def evaluate_model(
     stop: StopTokens,
     calibration: list[list[int]] | None = None,
     tuned: JacobiConfig | None = None,
+    ar_above_batch: int | None = None,
     extra_methods: dict[str, Decoder] | None = None,
     same_output_as: dict[str, str] | None = None,
     exact_methods: Callable[[str], bool] = lambda name: not name.startswith("hf_"),
@@ -87,12 +88,16 @@ def evaluate_model(
 
     `extra_methods` (HF generate, prompt lookup, a second model's decoders) join every pass; `same_output_as` names
     the greedy reference of each (default: this model's AR). `exact_methods` says which methods the fp32 contract
-    covers (ours; HF's own methods are rows to compare, not ours to guarantee)."""
+    covers (ours; HF's own methods are rows to compare, not ours to guarantee). `ar_above_batch`: the tuned
+    model's stored crossover, so its row (the headline) is what the model's dispatch delivers: AR at a batch size
+    where AR was measured faster, the tuned config elsewhere."""
     started = time.perf_counter()
     dtype = next(model.parameters()).dtype
     data = eval_set(cfg, tokenizer, fmt)
     # The round's rows: our AR, plain Jacobi at each block size, the tuned config (methods.py builds every bench's).
-    own = build_methods(model, stop, cfg.max_new_tokens, block_sizes=cfg.block_sizes, tuned=tuned)
+    own = build_methods(
+        model, stop, cfg.max_new_tokens, block_sizes=cfg.block_sizes, tuned=tuned, ar_above_batch=ar_above_batch
+    )
     methods = {**own, **(extra_methods or {})}
     scores: dict[tuple[int, str], bool] = {}
 
@@ -195,10 +200,12 @@ def choose_block_size(
 
 def evaluate_profile(model_path: str, profile: Profile, *, progress: Callable[[str], None] | None = None) -> Evaluation:
     """`evaluate_model` for a model directory or hub id as a profile evaluates it: the profile's dtype, benchmark,
-    prompt format and calibration prompts, and the model's tuned decode config when it has one."""
+    prompt format and calibration prompts, and the model's tuned decode config when it has one, dispatched by its
+    stored crossover (AR where AR was measured faster) as every consumer decodes it."""
     from jf_core.decoding import load_decode_config
     from jf_core.decoding.multiblock import JFDecodeConfig
     from jf_core.models import load_model, stop_tokens
+    from jf_core.serving.spec import serving_spec
 
     cfg = profile.evaluation
     model, tok = load_model(model_path, **profile.model.decode_kwargs())
@@ -212,5 +219,6 @@ def evaluate_profile(model_path: str, profile: Profile, *, progress: Callable[[s
         stop=stop_tokens(model, tok),
         calibration=calibration,
         tuned=saved if isinstance(saved, JFDecodeConfig) else None,
+        ar_above_batch=serving_spec(model_path, saved).ar_above_batch if isinstance(saved, JFDecodeConfig) else None,
         progress=progress,
     )

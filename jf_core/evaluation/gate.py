@@ -11,7 +11,11 @@ model is promoted only when all pass:
    same evaluation (`eval_key`), plain Jacobi at each block size both were measured at, and the headline TPF when
    the decode configs are identical. TPF grows with the block size, so a figure at a larger n proves nothing; with
    nothing comparable the check fails;
-4. `repetition`, `length`, `truncated`: the outputs may not turn degenerate against the input model's (repeated
+4. `speed_vs_ar`: the headline's tokens/s over our AR's on the same model, measured taking turns in the same
+   evaluation, at least `min_speedup_vs_ar`: a tuned model's headline is its dispatched decoding (AR where AR was
+   measured faster), so a model that makes its consumers slower than plain AR is not promoted, however high its TPF
+   (on a CPU, TPF 1.3 in a window that costs 1.7 steps is 0.6x AR);
+5. `repetition`, `length`, `truncated`: the outputs may not turn degenerate against the input model's (repeated
    n-grams, mean length, outputs cut at `max_new_tokens`; see degeneracy.py), the ways a model inflates its TPF
    without being faster at being right.
 
@@ -47,6 +51,7 @@ class Figures:
     decode_key: str  # of the headline decode config
     eval_key: str  # the evaluation these were measured in (set, prompts, dtype, lengths)
     output: dict[str, float] = field(default_factory=dict)  # degeneracy.output_stats of the headline's outputs
+    speedup_vs_ar: float | None = None  # the headline's tokens/s over our AR's (None: figures recorded before it)
 
     @classmethod
     def of(cls, evaluation: Evaluation, eval_key: str) -> Figures:
@@ -57,6 +62,7 @@ class Figures:
             decode_key=decode_key(evaluation.decode_config),
             eval_key=eval_key,
             output=dict(evaluation.headline.output_stats),
+            speedup_vs_ar=evaluation.headline.speedup_vs_ar,
         )
 
     def to_json(self) -> str:
@@ -97,6 +103,7 @@ def decide(
                 "accuracy_vs_base", candidate, base_model, cfg.max_base_accuracy_drop, "the lineage base model's"
             ),
             *([_tpf(candidate, champion)] if cfg.tpf_not_below_champion else []),
+            *([_speed(candidate, cfg.min_speedup_vs_ar)] if cfg.min_speedup_vs_ar is not None else []),
             *_degeneracy(candidate, input_model, cfg),
         ]
     )
@@ -133,6 +140,16 @@ def _tpf(candidate: Figures, champion: Figures | None) -> Check:
     if margin < 0:
         return Check(name, False, margin, f"TPF below the champion's at the same block size/config ({shown})")
     return Check(name, True, margin, f"TPF not below the champion's at the same block size/config ({shown})")
+
+
+def _speed(candidate: Figures, floor: float) -> Check:
+    name, x = "speed_vs_ar", candidate.speedup_vs_ar
+    if x is None or x != x:  # NaN: AR did not run
+        return Check(name, False, None, "the headline's speed against our AR was not measured: re-evaluate")
+    if x < floor - 1e-12:
+        return Check(name, False, x, f"decoding at {x:.2f}x our AR is slower than AR (floor {floor}): tune the model "
+                     "so that its dispatch runs AR where no width pays")  # fmt: skip
+    return Check(name, True, x, f"decoding at {x:.2f}x our AR (floor {floor})")
 
 
 def _degeneracy(candidate: Figures, input_model: Figures, cfg: GateConfig) -> list[Check]:

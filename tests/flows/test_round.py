@@ -93,7 +93,15 @@ def test_round_registers_reuses_and_gates(prefect_server, jf_env):
     # Every gate check is on the version and in the run; the model knows its lineage.
     assert {k for k in champion.tags if k.startswith("gate.")} == {
         f"gate.{c}"
-        for c in ("accuracy_vs_input", "accuracy_vs_base", "tpf_vs_champion", "repetition", "length", "truncated")
+        for c in (
+            "accuracy_vs_input",
+            "accuracy_vs_base",
+            "tpf_vs_champion",
+            "speed_vs_ar",
+            "repetition",
+            "length",
+            "truncated",
+        )
     }
     assert "gate_accuracy_vs_base" in run.data.metrics and "output_repetition" in run.data.metrics
     assert read_block(summary.model)["lineage"] == {"base": summary.model_in, "rounds": 1}

@@ -45,6 +45,25 @@ def test_decode_prints_text_and_tpf(tiny_dir, capsys):
     assert "TPF" in out.err and "[n=4]" in out.err
 
 
+def test_decode_runs_ar_where_the_models_crossover_says_ar_is_faster_at_batch_1(tiny_dir, capsys):
+    """A tuned model whose stored crossover sends batch 1 to AR (a CPU where no width paid) decodes with AR, the
+    same text as Jacobi; an explicit --block-size still asks for Jacobi."""
+    from jf_core.decoding.jacobi import JacobiConfig
+    from jf_core.model_dir import save_decode_config, update_block
+
+    argv = ["decode", "--model", tiny_dir, "--prompt", "program: a=5; step +3; return f", "--max-new-tokens", "12"]
+    save_decode_config(tiny_dir, JacobiConfig(block_size=4, max_new_tokens=12))
+    assert main(argv) == 0
+    jacobi = capsys.readouterr()
+    assert "[n=4]" in jacobi.err
+    update_block(tiny_dir, ar_above_batch=0)
+    assert main(argv) == 0
+    ar = capsys.readouterr()
+    assert ar.out == jacobi.out and "[AR: the model's crossover at batch 1] 12 tokens in 12 forwards" in ar.err
+    assert main([*argv, "--block-size", "4"]) == 0
+    assert "[n=4]" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [

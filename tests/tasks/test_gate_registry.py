@@ -129,8 +129,16 @@ def test_refusals_show_their_reasons_on_the_version_and_leave_the_champion(regis
     metrics = client.get_run(run_id).data.metrics
     assert metrics["gate_truncated"] == pytest.approx(1.0) and metrics["gate_repetition_passed"] == 0.0
 
+    # (d) a model whose decoding is slower than AR, however good its TPF (the embedded model decodes at several
+    # times its AR: its measured figure is what the gate read above)
+    assert clean.speedup_vs_ar == clean_eval.headline.speedup_vs_ar > 1.0
+    slow, decision, _ = register("r5", replace(clean, speedup_vs_ar=0.63), clean, clean)
+    tags = _tags(client, slow)
+    assert not decision.gate_passed and [c.name for c in decision.gate_checks if not c.passed] == ["speed_vs_ar"]
+    assert tags["gate.speed_vs_ar"].startswith("failed: decoding at 0.63x our AR is slower than AR (floor 0.9)")
+
     assert str(client.get_model_version_by_alias("jf-gate", "champion").version) == first
-    assert str(client.get_model_version_by_alias("jf-gate", "challenger").version) == loops
+    assert str(client.get_model_version_by_alias("jf-gate", "challenger").version) == slow
 
 
 KILLED_WHILE_PROMOTING = """

@@ -12,8 +12,8 @@ CLEAN = {"repetition": 0.05, "mean_length": 74.0, "truncated": 0.0}
 CFG = GateConfig()
 
 
-def fig(accuracy=1.0, tpf=None, headline=3.0, decode="d16", key="e1", output=None) -> Figures:
-    return Figures(accuracy, tpf or {"16": 3.0}, headline, decode, key, dict(output or CLEAN))
+def fig(accuracy=1.0, tpf=None, headline=3.0, decode="d16", key="e1", output=None, speedup=2.0) -> Figures:
+    return Figures(accuracy, tpf or {"16": 3.0}, headline, decode, key, dict(output or CLEAN), speedup)
 
 
 def gate(candidate, *, input_model=None, base=None, champion=None, cfg=CFG):
@@ -31,6 +31,7 @@ def test_first_champion_needs_accuracy_and_clean_outputs_only():
         "accuracy_vs_input",
         "accuracy_vs_base",
         "tpf_vs_champion",
+        "speed_vs_ar",
         "repetition",
         "length",
         "truncated",
@@ -102,6 +103,22 @@ def test_tpf_check_can_be_disabled_and_negative_tolerance_demands_improvement():
     assert d.passed and "tpf_vs_champion" not in {c.name for c in d.checks}
     strict = GateConfig(max_accuracy_drop=-1.0)
     assert not gate(fig(), cfg=strict).passed
+
+
+def test_a_model_whose_decoding_is_slower_than_ar_is_refused_whatever_its_tpf():
+    """A real model's window costs more than a step on a CPU: TPF 1.3 at 0.63x AR (issue 51's first try) must not
+    become the champion. An AR-dispatched model measures about 1.0 and passes; an unmeasured speed fails."""
+    slow = gate(fig(tpf={"16": 1.3}, headline=1.3, speedup=0.63))
+    speed = check(slow, "speed_vs_ar")
+    assert not slow.passed and not speed.passed and speed.value == 0.63
+    assert speed.reason.startswith("decoding at 0.63x our AR is slower than AR (floor 0.9)")
+    assert [c.name for c in slow.checks if not c.passed] == ["speed_vs_ar"]
+    assert gate(fig(headline=1.0, speedup=0.97)).passed  # AR dispatched: within the spread
+    for unmeasured in (None, float("nan")):
+        d = gate(fig(speedup=unmeasured))
+        assert not d.passed and "was not measured" in check(d, "speed_vs_ar").reason
+    off = gate(fig(speedup=0.5), cfg=GateConfig(min_speedup_vs_ar=None))
+    assert off.passed and "speed_vs_ar" not in {c.name for c in off.checks}
 
 
 def test_figures_round_trip_through_a_version_tag():
