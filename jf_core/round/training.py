@@ -130,7 +130,9 @@ def train_round(
             out,
             tokenizer=tok,
             state_dict=base_state_dict(model) if adapter is not None else state,
-            dtype=compute,
+            # The frozen base an adapter drafts beside is saved as loaded (fp32): rounded to a bf16 compute dtype,
+            # it would verify with other weights than the base whose greedy text the adapter model promises.
+            dtype=torch.float32 if adapter is not None else compute,
             extra_tensors={ADAPTER_FILE: adapter_file(adapter)} if adapter is not None else None,
             block={"lineage": lineage(model_in)},
         )

@@ -84,7 +84,9 @@ def test_training_on_its_own_trajectories_raises_their_tpf_losslessly(profile, t
 def test_a_draft_adapter_raises_tpf_and_keeps_the_base_text_by_construction(profile, tmp_path):
     """The draft-only LoRA variant: the base is frozen and verifies, so both question sets keep the base's greedy
     text, every answer, while TPF on the trained questions rises; the kept directory holds the input's weights
-    unchanged beside the adapter, and a model that carries one is not trained whole by mistake."""
+    unchanged beside the adapter, and a model that carries one is not trained whole by mistake. Training computes
+    in bf16 (autocast, as on a GPU): the saved base is still the input's fp32 weights, bit for bit, not a bf16
+    rounding of them, which would verify with other weights than the base it promises."""
     import pytest
     from safetensors.torch import load_file
 
@@ -95,8 +97,9 @@ def test_a_draft_adapter_raises_tpf_and_keeps_the_base_text_by_construction(prof
     prompts = [p.token_ids for p in load_prompts(profile.prompts.model_copy(update={"limit": 6}), tok).items]
     lora = {"steps": 40, "lr": 1e-2, "warmup_steps": 2, "batch_size": 2, "checkpoint_every": 1000,
             "mask": "clean_context", "state_pick": "each_visit", "draft_lora_rank": 8}  # fmt: skip
+    bf16 = profile.model_copy(update={"model": profile.model.model_copy(update={"dtype": "bfloat16"})})
     base, drafted = run_mechanism(
-        profile, profile.model.path, {"draft_lora": lora}, train=prompts[:3], held_out=prompts[3:5],
+        bf16, profile.model.path, {"draft_lora": lora}, train=prompts[:3], held_out=prompts[3:5],
         max_new_tokens=16, keep=tmp_path / "kept",
     )  # fmt: skip
     for part in (drafted.trained, drafted.held_out):
