@@ -13,6 +13,13 @@
 5. the cost of one forward at window widths 1, 16, 64, 128, 256 over a 512-token cache, on a Qwen2.5-0.5B-shaped
    model and a Qwen2.5-7B-shaped layer stack (4 layers): where a wider window stops being free.
 
+6. adapter_speed (`--adapter-model DIR --prompts FILE`): a model with a trained draft adapter (the base verifies)
+   against our AR and HF generate at batch 1, 4 and 16, fp32 (exact): held-out TPF, tokens/s and x AR of Jacobi
+   at each n, every output checked against the base's greedy output (our AR: the adapter is unhooked outside a
+   drafting forward), and where a Jacobi step's time goes (the forward against the host's work around it). Without
+   a model (`--smoke`, CI) a random tiny model with a random adapter runs the same code.
+   `scripts/gpu/lease_adapter.sh` trains the adapter on GSM8K's train split and runs this on the test split.
+
 Random weights: numerics on a random model are a worst case (near-tied argmaxes everywhere); the figures for a
 trained checkpoint come from `jf eval` on it. Prints a markdown report and writes `gpu_check.json`.
 """
@@ -249,6 +256,107 @@ def forward_cost(device: torch.device, shape: dict, widths: list[int], context: 
     return window_cost(random_qwen2(shape, device, dtype), widths, context=context, repeats=20, warmup=5)
 
 
+ADAPTER_BATCHES = (1, 4, 16)
+
+
+def adapter_prompts(tok, path: str, count: int) -> list[list[int]]:
+    """The first `count` questions of a GSM8K-style JSONL file in the model's chat template (held-out: the test
+    split's own file)."""
+    from jf_core.trajectory.prompts import format_prompt
+
+    rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()][:count]
+    return [tok(format_prompt(r["question"], tok), add_special_tokens=False)["input_ids"] for r in rows]
+
+
+def step_breakdown(
+    model, prompts: list[list[int]], cfg: JacobiConfig, device: torch.device, stop: StopTokens, method: str
+) -> dict:
+    """Where a Jacobi decode's time goes: the model's forwards (timed with a sync on each side) against the
+    whole decode; the rest is the host's work between forwards (layouts, masks, verification, syncs)."""
+    from jf_core.decoding import decode
+
+    spent: list[float] = []
+    started: list[float] = []
+
+    def before(*_):
+        sync(device)
+        started.append(time.perf_counter())
+
+    def after(*_):
+        sync(device)
+        spent.append(time.perf_counter() - started.pop())
+
+    handles = [model.register_forward_pre_hook(before), model.register_forward_hook(after)]
+    try:
+        sync(device)
+        t0 = time.perf_counter()
+        out = decode(model, prompts, cfg, stop=stop, decoder=method)
+        sync(device)
+        total = time.perf_counter() - t0
+    finally:
+        for h in handles:
+            h.remove()
+    forwards = len(spent)
+    return {
+        "forwards": forwards,
+        "ms_per_step": 1000 * total / max(forwards, 1),
+        "forward_share": sum(spent) / total if total else float("nan"),
+        "tpf": out.stats.tpf,
+    }
+
+
+def check_adapter_speed(
+    device: torch.device, smoke: bool, model_dir: str | None, prompts_file: str | None, num_prompts: int
+) -> dict:
+    from jf_core.decoding.draft_adapter import attach_draft_adapter, draft_adapter
+    from jf_core.evaluation.methods import build_methods
+    from jf_core.evaluation.speed import bench
+
+    stop = STOP
+    if model_dir is None:
+        model = random_qwen2(SMOKE, device, torch.float32)
+        adapter = attach_draft_adapter(model, rank=4)
+        g = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for b in adapter.b.values():
+                b.copy_((torch.randn(b.shape, generator=g) * 0.5).to(b.device))
+        prompts, new, sizes = random_prompts(SMOKE["vocab_size"], 4), 16, (4, 8)
+    else:
+        from jf_core.models import load_model, stop_tokens
+
+        model, tok = load_model(model_dir, dtype="float32", device=str(device))
+        if draft_adapter(model) is None:
+            raise ValueError(f"--adapter-model {model_dir} keeps no draft adapter (draft_adapter.safetensors)")
+        if prompts_file is None:
+            raise ValueError("--adapter-model needs --prompts (a GSM8K-style JSONL file)")
+        stop = stop_tokens(model, tok)
+        prompts, new, sizes = adapter_prompts(tok, prompts_file, num_prompts), 256, (8, 16, 32)
+    methods = {
+        "hf_generate": hf_generate_decoder(model, stop, new),
+        **build_methods(model, stop, new, block_sizes=sizes),
+    }
+    out: dict = {"block_sizes": list(sizes), "prompts": len(prompts), "max_new_tokens": new}
+    for batch in ADAPTER_BATCHES if not smoke else (1, 4):
+        pool = prompts[: max(batch, len(prompts) // batch * batch)] if len(prompts) >= batch else prompts * batch
+        rows = bench(methods, pool[: max(batch, len(pool) // batch * batch)], batch_size=batch, warmup_prompts=batch)
+        out[f"batch {batch}"] = {
+            r.method: {
+                "tpf": r.tpf,
+                "tps": r.tps,
+                "x_ar": r.speedup_vs_ar,
+                "x_hf": r.speedup_vs_hf_generate,
+                "identical_to_base": r.identical_fraction,
+            }
+            for r in rows
+        }
+    cfg = JacobiConfig(block_size=sizes[len(sizes) // 2], max_new_tokens=new)
+    out["step_breakdown"] = {
+        f"{method}, n={cfg.block_size}, batch 1": step_breakdown(model, prompts[:2], cfg, device, stop, method)
+        for method in ("ar", "jacobi")
+    }
+    return out
+
+
 def report(results: dict) -> str:
     lines = [f"# GPU check on {results['device_name']}", ""]
     failed = {k: v["error"] for k, v in results.items() if isinstance(v, dict) and "error" in v}
@@ -279,6 +387,24 @@ def report(results: dict) -> str:
             ratios = ", ".join(f"w={w}: {r:.2f}x" for w, r in cost["ratio_to_width_1"].items())
             knee = cost["widest_within_1.5x"]
             lines.append(f"**Forward cost, {name}** (vs width 1): {ratios}; widest within 1.5x: {knee}")
+    if "adapter_speed" in ran:
+        found = results["adapter_speed"]
+        lines += [
+            "",
+            f"**Draft adapter against AR** ({found['prompts']} prompts, {found['max_new_tokens']} tokens, fp32):",
+        ]
+        lines += [
+            "",
+            "| batch | method | TPF | tokens/s | x our AR | x HF generate | = base's greedy |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for key, rows in found.items():
+            if key.startswith("batch "):
+                for method, r in rows.items():
+                    lines.append(f"| {key[6:]} | {method} | {r['tpf']:.2f} | {r['tps']:.1f} | {r['x_ar']:.2f} | "
+                                 f"{r['x_hf']:.2f} | {r['identical_to_base']:.3f} |")  # fmt: skip
+        for label, b in found["step_breakdown"].items():
+            lines.append(f"- {label}: {b['ms_per_step']:.2f} ms a step, the forward {b['forward_share']:.0%} of it")
     lines.append(f"\nTotal {results['seconds']:.0f} s.")
     return "\n".join(lines)
 
@@ -291,6 +417,9 @@ def main() -> None:
     parser.add_argument(
         "--only", default="", help="comma-separated sections to run (default all): a lease too short for all of them"
     )
+    parser.add_argument("--adapter-model", help="adapter_speed: a model directory with a trained draft adapter")
+    parser.add_argument("--prompts", help="adapter_speed: a GSM8K-style JSONL file (held-out questions)")
+    parser.add_argument("--num-prompts", type=int, default=32, help="adapter_speed: questions timed at each batch")
     args = parser.parse_args()
     device = torch.device(args.device)
     if device.type == "cuda":
@@ -311,8 +440,13 @@ def main() -> None:
             "qwen2.5-0.5b shape": forward_cost(device, small, widths),
             "qwen2.5-7b layer stack (4 layers)": forward_cost(device, SMOKE if args.smoke else QWEN_7B_STACK, widths),
         },
+        "adapter_speed": lambda: check_adapter_speed(
+            device, args.smoke, args.adapter_model, args.prompts, args.num_prompts
+        ),
         "numerics": lambda: check_numerics(device, small, args.smoke),  # the longest: last
     }
+    if args.adapter_model is None and not args.smoke:
+        del sections["adapter_speed"]  # it times a trained adapter: only when one is given
     if args.only:
         wanted = args.only.split(",")
         if unknown := sorted(set(wanted) - set(sections)):

