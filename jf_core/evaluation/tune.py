@@ -39,7 +39,7 @@ class TuneSpace:
     seed_drafts: tuple[bool, ...]
     width_scales: tuple[float, ...]  # adaptive width's scale (width.py); 0 = full-width windows
     width_margins: tuple[int, ...]
-    draft_spans: tuple[int, ...]  # tried beyond the first only for a model with a draft adapter
+    draft_spans: tuple[int, ...]  # tried only for a model with a draft adapter (without one: 0)
 
     @classmethod
     def of(cls, cfg: TuneConfig | None = None, **knobs) -> TuneSpace:
@@ -51,7 +51,7 @@ class TuneSpace:
         """Every distinct config of the grid; `adapter`: the model drafts with a draft adapter, so its chain's
         span is a knob (without one, a span changes nothing)."""
         out = []
-        spans = self.draft_spans if adapter else self.draft_spans[:1]
+        spans = self.draft_spans if adapter else (0,)  # a plain model has no chain to cut
         grid = itertools.product(
             self.block_sizes,
             self.num_blocks,
