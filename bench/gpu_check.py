@@ -46,7 +46,7 @@ from jf_core.decoding.jacobi import JacobiConfig  # noqa: E402
 from jf_core.decoding.kv import KVState  # noqa: E402
 from jf_core.decoding.multiblock import JFDecodeConfig  # noqa: E402
 from jf_core.evaluation.methods import hf_generate_decoder  # noqa: E402
-from jf_core.evaluation.speed import first_divergence, run_interleaved  # noqa: E402
+from jf_core.evaluation.speed import first_divergence, run_interleaved, whole_batches  # noqa: E402
 
 QWEN_05B = dict(  # Qwen2.5-0.5B's shape
     vocab_size=151936,
@@ -337,8 +337,7 @@ def check_adapter_speed(
     }
     out: dict = {"block_sizes": list(sizes), "prompts": len(prompts), "max_new_tokens": new}
     for batch in ADAPTER_BATCHES if not smoke else (1, 4):
-        pool = prompts[: max(batch, len(prompts) // batch * batch)] if len(prompts) >= batch else prompts * batch
-        rows = bench(methods, pool[: max(batch, len(pool) // batch * batch)], batch_size=batch, warmup_prompts=batch)
+        rows = bench(methods, whole_batches(prompts, batch), batch_size=batch, warmup_prompts=batch)
         out[f"batch {batch}"] = {
             r.method: {
                 "tpf": r.tpf,

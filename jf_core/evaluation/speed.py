@@ -54,6 +54,13 @@ def first_divergence(reference: Sequence[int], candidate: Sequence[int]) -> int 
     return None if len(reference) == len(candidate) else min(len(reference), len(candidate))
 
 
+def whole_batches(prompts: Sequence[Sequence[int]], size: int) -> list[list[int]]:
+    """`prompts` cycled to fill at least one batch of `size`, cut to whole batches: a ragged last batch would be
+    timed at a smaller size."""
+    pool = [list(prompts[i % len(prompts)]) for i in range(max(size, len(prompts)))]
+    return pool[: size * max(1, len(pool) // size)]
+
+
 def run_interleaved(
     decoders: dict[str, Decoder],
     prompts: Sequence[Sequence[int]],

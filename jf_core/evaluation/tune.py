@@ -22,7 +22,7 @@ from jf_core.decoding.common import StopTokens
 from jf_core.decoding.draft_adapter import draft_adapter
 from jf_core.decoding.jacobi import JacobiConfig
 from jf_core.decoding.multiblock import JFDecodeConfig
-from jf_core.evaluation.speed import run_interleaved
+from jf_core.evaluation.speed import run_interleaved, whole_batches
 from jf_core.model_dir import Crossover
 
 
@@ -143,8 +143,7 @@ def measure_crossover(
     }
     sizes, speedups, tpfs = [], [], []
     for size in sorted(set(batch_sizes)):
-        pool = [list(prompts[i % len(prompts)]) for i in range(max(size, len(prompts)))]
-        pool = pool[: size * max(1, len(pool) // size)]  # whole batches only: a ragged last batch is a smaller size
+        pool = whole_batches(prompts, size)
         out = run_interleaved(decoders, pool, size, repeats=repeats, warmup_prompts=min(size, 2))
         ar, jf = out["ar"].stats, out["jacobi"].stats
         sizes.append(size)
