@@ -92,12 +92,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def cmd_bench_decode(args: argparse.Namespace) -> int:
     import torch
 
-    from jf_core.decoding import load_decode_config
-    from jf_core.decoding.multiblock import JFDecodeConfig
+    from jf_core.decoding import load_serving_spec
     from jf_core.evaluation.evaluate import evaluate_model
     from jf_core.evaluation.methods import build_methods
     from jf_core.models import load_model, stop_tokens
-    from jf_core.serving.spec import serving_spec
     from jf_core.trajectory.prompts import PromptFormat, calibration_prompts
 
     set_threads(args)
@@ -125,8 +123,8 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
         # One door for every model option: `models:/name@champion`, `package:`, a hub id or a directory.
         args.jf_model = model_path(args.jf_model, profile)
         jf_model, jf_tok = load_model(args.jf_model, **profile.model.decode_kwargs())
-        saved = load_decode_config(args.jf_model)
-        jf_n = args.jf_block_size or saved.block_size
+        saved = load_serving_spec(args.jf_model)
+        jf_n = args.jf_block_size or saved.decode.block_size
         rows = build_methods(
             jf_model,
             stop_tokens(jf_model, jf_tok),
@@ -134,18 +132,18 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
             prefix="jf_",
             block_sizes=sorted({jf_n, *cfg.block_sizes}),  # beside the base model's, for TPF against block size
             variants_at=jf_n,
-            tuned=saved if isinstance(saved, JFDecodeConfig) else None,
+            tuned=saved.tuned,
             tuned_name="autotuned",
             full_width=True,
-            ar_above_batch=serving_spec(args.jf_model, saved).ar_above_batch,
+            ar_above_batch=saved.ar_above_batch,
             sampling=sampling,
         )
         extra.update(rows)
         same = dict.fromkeys(rows, "jf_ar")  # the trained model's rows reproduce its own AR
-    saved = load_decode_config(path) if Path(path).is_dir() else None
-    tuned = saved if isinstance(saved, JFDecodeConfig) else None
     # A tuned model's row is its dispatched decoding (AR above its stored crossover), as in the round's evaluation.
-    above = serving_spec(path, tuned).ar_above_batch if tuned is not None else None
+    spec = load_serving_spec(path) if Path(path).is_dir() else None
+    tuned = spec.tuned if spec else None
+    above = spec.ar_above_batch if tuned else None
     sizes = args.batch_sizes or [args.batch_size]
     tables: dict[int, list] = {}
     for batch_size in sizes:

@@ -43,17 +43,16 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
 
 
 def cmd_decode(args: argparse.Namespace) -> int:
-    from jf_core.decoding import decode, load_decode_config
-    from jf_core.decoding.dispatch import prior
+    from jf_core.decoding import decode, load_serving_spec, prior
     from jf_core.models import stop_tokens
-    from jf_core.serving.spec import serving_spec
 
     if not args.prompt.strip():
         raise UsageError("--prompt is empty")
     model, tokenizer = model_and_tokenizer(args.model)
-    cfg = load_decode_config(
+    spec = load_serving_spec(
         model.name_or_path, block_size=args.block_size, max_new_tokens=args.max_new_tokens, draft_init=args.draft_init
     )
+    cfg = spec.decode
     text = args.prompt
     if args.chat:  # the prompt as the user's message in the model's chat template, as /v1/chat/completions renders it
         from jf_core.trajectory.prompts import PromptSourceError, format_prompt
@@ -75,8 +74,7 @@ def cmd_decode(args: argparse.Namespace) -> int:
         raise UsageError(f"--{err}") from None
     # The model's own dispatch: where its stored crossover measured AR faster at batch 1, AR (the same text). An
     # explicit --block-size asks for Jacobi at that n.
-    above = None if args.block_size else serving_spec(model.name_or_path, cfg).ar_above_batch
-    method = prior(1, above)
+    method = prior(1, None if args.block_size else spec.ar_above_batch)
     stop = stop_tokens(model, tokenizer)
     out = decode(model, [ids], cfg, sampling=sampling, seeds=[args.seed], stop=stop, decoder=method)
     print(tokenizer.decode(out.sequences[0], skip_special_tokens=True))

@@ -30,6 +30,9 @@ _EXPORTS = {
     "StopTokens": "common",
     "config_from_dict": "configs",
     "load_decode_config": "configs",
+    "ServingSpec": "configs",
+    "serving_spec": "configs",
+    "load_serving_spec": "configs",
 }
 
 __all__ = [  # noqa: RUF022 (grouped as _EXPORTS is)
@@ -47,12 +50,21 @@ __all__ = [  # noqa: RUF022 (grouped as _EXPORTS is)
     "StopTokens",
     "config_from_dict",
     "load_decode_config",
+    "ServingSpec",
+    "serving_spec",
+    "load_serving_spec",
 ]
 
 if TYPE_CHECKING:
     from jf_core.decoding.ar import ar_decode
     from jf_core.decoding.common import DecodeOutput, StopTokens
-    from jf_core.decoding.configs import config_from_dict, load_decode_config
+    from jf_core.decoding.configs import (
+        ServingSpec,
+        config_from_dict,
+        load_decode_config,
+        load_serving_spec,
+        serving_spec,
+    )
     from jf_core.decoding.dispatch import Decoder, Dispatch, decode, prior
     from jf_core.decoding.jacobi import JacobiConfig, jacobi_decode
     from jf_core.decoding.multiblock import JFDecodeConfig, jf_decode

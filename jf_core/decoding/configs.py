@@ -1,16 +1,19 @@
 """A model's decode config as the decoders' types: the `decode` entry of its `jacobi_forcing` block
 (jf_core/model_dir.py), written by the round's tune step or by `jf tune`, read by `jf decode`, `jf eval`, `jf serve`
 and the registry's model. A plain Jacobi config, or a Jacobi Forcing one (multi-block, recycling) when it sets any of
-their fields."""
+their fields.
+
+`ServingSpec` is that config with the dispatch's prior stored beside it (the crossover `jf tune` measured): how every
+consumer decodes the model, the evaluation's headline as much as the server."""
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from jf_core.decoding.jacobi import JacobiConfig
 from jf_core.decoding.multiblock import JFDecodeConfig
-from jf_core.model_dir import saved_decode_config
+from jf_core.model_dir import read_block, saved_decode_config
 
 
 def config_from_dict(data: dict) -> JacobiConfig:
@@ -27,3 +30,36 @@ def load_decode_config(model_dir: str | Path | None, **overrides) -> JacobiConfi
     data = saved_decode_config(model_dir) or {"block_size": 16}
     data.update({k: v for k, v in overrides.items() if v is not None})
     return config_from_dict(data)
+
+
+@dataclass
+class ServingSpec:
+    decode: JacobiConfig
+    ar_above_batch: int | None = None  # above this batch size AR was measured faster (None: never, or not measured)
+    break_even_tpf: float | None = None
+    crossover: dict = field(default_factory=dict)
+    hardware: str | None = None
+    dtype: str | None = None
+
+    @property
+    def tuned(self) -> JFDecodeConfig | None:
+        """The tuned Jacobi Forcing config, None for a model decoded with plain Jacobi (never tuned)."""
+        return self.decode if isinstance(self.decode, JFDecodeConfig) else None
+
+
+def serving_spec(model_dir: str | Path, decode: JacobiConfig) -> ServingSpec:
+    """`decode` with the dispatch's prior the model directory stores (none for a hub id or a plain model)."""
+    block = (read_block(model_dir) if Path(model_dir).is_dir() else None) or {}
+    return ServingSpec(
+        decode=decode,
+        ar_above_batch=block.get("ar_above_batch"),
+        break_even_tpf=block.get("break_even_tpf"),
+        crossover=block.get("crossover") or {},
+        hardware=block.get("hardware"),
+        dtype=block.get("dtype"),
+    )
+
+
+def load_serving_spec(model_dir: str | Path, **overrides) -> ServingSpec:
+    """The model's saved decode config (`load_decode_config`, with `overrides`) and its stored dispatch prior."""
+    return serving_spec(model_dir, load_decode_config(model_dir, **overrides))

@@ -202,14 +202,12 @@ def evaluate_profile(model_path: str, profile: Profile, *, progress: Callable[[s
     """`evaluate_model` for a model directory or hub id as a profile evaluates it: the profile's dtype, benchmark,
     prompt format and calibration prompts, and the model's tuned decode config when it has one, dispatched by its
     stored crossover (AR where AR was measured faster) as every consumer decodes it."""
-    from jf_core.decoding import load_decode_config
-    from jf_core.decoding.multiblock import JFDecodeConfig
+    from jf_core.decoding import load_serving_spec
     from jf_core.models import load_model, stop_tokens
-    from jf_core.serving.spec import serving_spec
 
     cfg = profile.evaluation
     model, tok = load_model(model_path, **profile.model.decode_kwargs())
-    saved = load_decode_config(model_path, max_new_tokens=cfg.max_new_tokens)
+    spec = load_serving_spec(model_path, max_new_tokens=cfg.max_new_tokens)
     calibration = calibration_prompts(profile.prompts, tok, cfg.tune.prompts, cfg.calibration_split)
     return evaluate_model(
         model,
@@ -218,7 +216,7 @@ def evaluate_profile(model_path: str, profile: Profile, *, progress: Callable[[s
         fmt=PromptFormat.of(profile.prompts),
         stop=stop_tokens(model, tok),
         calibration=calibration,
-        tuned=saved if isinstance(saved, JFDecodeConfig) else None,
-        ar_above_batch=serving_spec(model_path, saved).ar_above_batch if isinstance(saved, JFDecodeConfig) else None,
+        tuned=spec.tuned,
+        ar_above_batch=spec.ar_above_batch if spec.tuned else None,
         progress=progress,
     )

@@ -23,9 +23,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
+from jf_core.decoding.configs import ServingSpec, load_serving_spec
 from jf_core.decoding.dispatch import Decoder, Dispatch, prior_speedup
 from jf_core.decoding.sampling import Sampling
-from jf_core.serving.spec import ServingSpec, serving_spec
 from jf_core.serving.stream import TextStream
 
 Method = Literal["auto", "jacobi", "ar"]
@@ -78,11 +78,10 @@ class Engine:
 
     @classmethod
     def load(cls, path: str | Path, *, name: str | None = None, **load_kwargs) -> Engine:
-        from jf_core.decoding import load_decode_config
         from jf_core.models import load_model
 
         model, tokenizer = load_model(str(path), **load_kwargs)
-        spec = serving_spec(path, load_decode_config(path))
+        spec = load_serving_spec(path)
         return cls(model, tokenizer, spec, name=name or Path(str(path)).name)
 
     # -- requests -------------------------------------------------------------------------------------------------
