@@ -19,15 +19,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import torch
 
+from jf_core.atomic import write_json_atomic
 from jf_core.decoding import decode
 from jf_core.decoding.ar import ar_decode
 from jf_core.decoding.jacobi import JacobiConfig
@@ -72,10 +71,7 @@ def compare(reference: list[list[int]], candidate: list[list[int]]) -> dict:
 
 
 def save(path: Path, data: dict) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as fh:
-        json.dump(data, fh, indent=2)
-    os.replace(tmp, path)
+    write_json_atomic(path, data)
 
 
 class Run:

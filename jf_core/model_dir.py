@@ -44,6 +44,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from jf_core.atomic import write_json_atomic
 from jf_core.checksums import write_manifest
 
 BLOCK_KEY = "jacobi_forcing"
@@ -128,18 +129,6 @@ def save_model_dir(
                 config.write_text(json.dumps(data, indent=2))
 
     return save_checkpoint(_Weights(), out_dir, tokenizer=tokenizer, extra_files=extra_files)
-
-
-def write_json_atomic(path: str | Path, data: Any, **dump) -> None:
-    """`data` as JSON at `path` (indented, unknown types as text unless `dump` says otherwise), written under a
-    temporary name and renamed: a reader sees the old file or the new one, never half of one."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    with os.fdopen(fd, "w") as fh:
-        json.dump(data, fh, **{"indent": 2, "default": str, **dump})
-        fh.write("\n")
-    os.replace(tmp, path)
 
 
 # -- the jacobi_forcing block ---------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from jf_core.atomic import write_json_atomic
 from jf_vllm.launch import KV_CACHE_GIB
 from jf_vllm.worker_stats import STATS_DIR_ENV
 
@@ -281,10 +282,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     # The pid shows the tests that the drafter's counters come from another (vLLM's worker) process.
     result = {"settings": asdict(settings), "pid": os.getpid(), **report(cells)}
-    fd, tmp = tempfile.mkstemp(prefix=".compare.", dir=os.path.dirname(os.path.abspath(args.out)))
-    with os.fdopen(fd, "w") as fh:
-        json.dump(result, fh)
-    os.replace(tmp, args.out)
+    write_json_atomic(args.out, result)
 
 
 if __name__ == "__main__":

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
+
+from jf_core.atomic import write_json_atomic
 
 STATS_DIR_ENV = "JF_VLLM_STATS_DIR"
 
@@ -58,10 +59,7 @@ class WorkerStats:
         stats = getattr(getattr(self._drafter, "drafter", None), "stats", None)
         if stats is not None:
             data["jacobi"] = asdict(stats)
-        fd, tmp = tempfile.mkstemp(prefix=".stats.", dir=self.path.parent)
-        with os.fdopen(fd, "w") as fh:
-            json.dump(data, fh)
-        os.replace(tmp, self.path)  # a reader sees the previous counters or these
+        write_json_atomic(self.path, data)  # a reader sees the previous counters or these
 
 
 def worker_stats() -> WorkerStats | None:

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from jacobi_forcing.infra.ray_cluster import loopback_torch_config, ray_session
+from jf_core.atomic import write_json_atomic, write_text_atomic
 from jf_core.config import Profile
 from jf_core.round.results import TrainSummary
 
@@ -56,9 +57,7 @@ def _worker_loop(config: dict) -> None:
 
     def on_log(step: int, row: dict) -> None:
         if rank == 0:
-            tmp = progress.with_name(f".{PROGRESS}.tmp")
-            tmp.write_text(json.dumps({**row, "step": step, "steps": steps}))
-            os.replace(tmp, progress)
+            write_json_atomic(progress, {**row, "step": step, "steps": steps})
         if kill and int(kill[0]) == rank and int(kill[1]) == step and not os.path.exists(kill[2]):
             Path(kill[2]).write_text(f"rank {rank} died after step {step}")
             os._exit(1)  # as abruptly as a lost node: no cleanup, no goodbye to the process group
@@ -76,9 +75,7 @@ def _worker_loop(config: dict) -> None:
         on_log=on_log,
     )
     if rank == 0:  # the launcher's copy of the summary, beside the progress file (both in the shared checkpoints)
-        tmp = Path(config["checkpoints"]) / f".{SUMMARY}.tmp"
-        tmp.write_text(summary.model_dump_json())
-        os.replace(tmp, Path(config["checkpoints"]) / SUMMARY)
+        write_text_atomic(Path(config["checkpoints"]) / SUMMARY, summary.model_dump_json())
     ray.train.report({"step": summary.steps, "rank": rank})
 
 
@@ -103,7 +100,7 @@ def train_distributed(
     config = {
         "profile": profile.model_dump(mode="json"),
         "model_in": model_in,
-        "packed": str((paths.packed / "examples.parquet").resolve()),
+        "packed": str(paths.examples.resolve()),
         "checkpoints": str(paths.checkpoints.resolve()),
         "out": str(paths.model.resolve()),
         "threads": cpus,

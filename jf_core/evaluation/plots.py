@@ -16,6 +16,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
+from jf_core.atomic import atomic_path
+
 if TYPE_CHECKING:
     from jf_core.evaluation.speed import MethodResult
 
@@ -206,10 +208,10 @@ def save_figures(figures: Mapping[str, Figure | None], out_dir: Path) -> list[Pa
     for name, fig in figures.items():
         if fig is None:
             continue
-        path, tmp = out_dir / f"{name}.png", out_dir / f".{name}.png.tmp"
-        fig.savefig(tmp, dpi=120, format="png")
+        path = out_dir / f"{name}.png"
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=120, format="png")
         plt.close(fig)
-        tmp.replace(path)
         paths.append(path)
     return paths
 

@@ -19,7 +19,7 @@ class JsonModel(BaseModel):
     ValidationError naming the field)."""
 
     def save(self, path: Path) -> None:
-        from jf_core.model_dir import write_json_atomic
+        from jf_core.atomic import write_json_atomic
 
         write_json_atomic(path, self.model_dump(mode="json"))
 

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict
@@ -66,8 +65,6 @@ def format_markdown(results: list[MethodResult]) -> str:
 
 
 def write_json(results: list[MethodResult], path: Path, meta: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    payload = {"meta": meta, "methods": {r.method: asdict(r) for r in results}}
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(payload, indent=2))
-    tmp.replace(path)
+    from jf_core.atomic import write_json_atomic
+
+    write_json_atomic(path, {"meta": meta, "methods": {r.method: asdict(r) for r in results}})

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from jf_core.atomic import write_json_atomic, write_parquet_atomic
 from jf_core.config import JFTrainConfig, Profile
 from jf_core.decoding.ar import ar_decode
 from jf_core.decoding.common import StopTokens
@@ -38,7 +39,6 @@ from jf_core.decoding.jacobi import JacobiConfig, jacobi_decode
 from jf_core.evaluation.degeneracy import output_stats
 from jf_core.evaluation.speed import first_divergence
 from jf_core.evaluation.tables import markdown
-from jf_core.model_dir import write_json_atomic
 from jf_core.models import load_model, stop_tokens
 from jf_core.round.results import TrainSummary
 from jf_core.training.noise import NoiseSchedule
@@ -292,11 +292,8 @@ def _write_base(state: Path | None, base: MechanismRow, records: list[dict]) -> 
     if state is None:
         return
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
-    partial = state / ".trajectories.parquet.partial"
-    pq.write_table(pa.Table.from_pylist(records), partial)
-    partial.rename(state / "trajectories.parquet")
+    write_parquet_atomic(state / "trajectories.parquet", pa.Table.from_pylist(records))
     write_json_atomic(state / "base.json", asdict(base))  # last: its presence says both are whole
 
 
@@ -316,7 +313,6 @@ def train_on_records(
     packed examples). The one path the benches train by (`**kw`: train_round's, e.g. `log_every`). Where `where`
     already holds packed examples (a run that died), they are trained on again and the checkpoints resume."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     from jf_core.round.training import train_round
     from jf_core.training.jf_data import read_packed_share
@@ -328,10 +324,7 @@ def train_on_records(
         packed = read_packed_share(examples, 0, 1)
     else:
         packed, _ = pack_records(records, NoiseSchedule.of(t), t.max_length)
-        where.mkdir(parents=True, exist_ok=True)
-        partial = where / ".examples.parquet.partial"
-        pq.write_table(pa.Table.from_pylist([asdict(e) for e in packed]), partial)
-        partial.rename(examples)
+        write_parquet_atomic(examples, pa.Table.from_pylist([asdict(e) for e in packed]))
     summary = train_round(
         profile, model_dir, where / "examples.parquet", where / "checkpoints", where / "model",
         device=torch.device(device), progress=progress, **kw,

@@ -36,6 +36,11 @@ class RoundPaths:
         return self.root / "packed"
 
     @property
+    def examples(self) -> Path:
+        """The packed training examples, one parquet file."""
+        return self.packed / "examples.parquet"
+
+    @property
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"
 

@@ -12,9 +12,7 @@ directories lie is paths.py.
 from __future__ import annotations
 
 import logging
-import os
 import shutil
-import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, replace
@@ -80,8 +78,8 @@ def stage_pack(
 
 def _pack(profile: Profile, paths: RoundPaths) -> PackResult:
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
+    from jf_core.atomic import write_parquet_atomic
     from jf_core.training.noise import NoiseSchedule, ratio_profile
     from jf_core.training.packing import pack_records
     from jf_core.trajectory.store import TrajectoryStore
@@ -92,11 +90,7 @@ def _pack(profile: Profile, paths: RoundPaths) -> PackResult:
     packed, stats = pack_records(records, schedule, t.max_length)
     if not packed:
         raise ValueError(f"packing {paths.trajectories} produced no examples (dropped: {dict(stats.dropped_blocks)})")
-    paths.packed.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".examples.", suffix=".parquet.tmp", dir=paths.packed)
-    os.close(fd)
-    pq.write_table(pa.Table.from_pylist([asdict(e) for e in packed]), tmp)
-    os.replace(tmp, paths.packed / "examples.parquet")
+    write_parquet_atomic(paths.examples, pa.Table.from_pylist([asdict(e) for e in packed]))
     return PackResult(
         examples=stats.examples,
         blocks=stats.blocks,
@@ -163,7 +157,7 @@ def _train_here(profile: Profile, model_in: str, paths: RoundPaths, *, progress:
     summary = train_round(
         profile,
         model_in,
-        paths.packed / "examples.parquet",
+        paths.examples,
         paths.checkpoints,
         paths.model,
         device=device,

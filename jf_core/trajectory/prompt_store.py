@@ -6,13 +6,12 @@ adding the same file twice is one file. A round merges such a file into its prof
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from jf_core.atomic import atomic_path
 from jf_core.paths import jf_home
 from jf_core.trajectory.prompts import PromptSourceConfig, PromptSourceError, read_rows
 
@@ -60,13 +59,6 @@ def add_prompt_file(
     out = out_dir / f"{digest[:12]}-{path.name}"
     if out.is_file():
         return AddedPrompts(str(out), rows, digest, new=False)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out_dir)
-    os.close(fd)
-    try:
+    with atomic_path(out) as tmp:
         shutil.copyfile(path, tmp)
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return AddedPrompts(str(out), rows, digest, new=True)

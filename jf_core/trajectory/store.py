@@ -10,14 +10,13 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from jf_core.atomic import write_json_atomic, write_parquet_atomic
 from jf_core.checksums import sha256_file
 from jf_core.trajectory.schema import (
     SCHEMA_VERSION,
@@ -65,23 +64,13 @@ def write_shard(
         validate_record(row, f"shard {final.name} row {i} (before write)")
     meta = {"jf.schema_version": SCHEMA_VERSION, **metadata}
     table = pa.Table.from_pylist(records, schema=TRAJECTORY_SCHEMA.with_metadata(meta))
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=root)
-    os.close(fd)
-    tmp = Path(tmp_name)
     try:
-        pq.write_table(table, tmp, compression="zstd")
-        with tmp.open("rb+") as fh:
-            os.fsync(fh.fileno())
-        tmp.replace(final)
+        write_parquet_atomic(final, table, compression="zstd")
     except OSError as err:  # disk full, quota, file-size limit, I/O error: say where, keep nothing
-        tmp.unlink(missing_ok=True)
         raise ShardWriteError(
             f"shard {final.name} could not be written to {root}: {err}. Nothing of it was kept; free space (or "
             "raise the quota) and re-run: finished shards are kept and the stage resumes from this one"
         ) from err
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
     return ShardInfo(
         key=key,
         file=final.name,
@@ -129,10 +118,7 @@ class TrajectoryStore:
             raise TrajectoryValidationError(f"{self.manifest_path} is not valid JSON: {err}") from err
 
     def _write_manifest(self, manifest: dict) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        tmp = self.manifest_path.with_name(f".{MANIFEST}.tmp")
-        tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True))
-        tmp.replace(self.manifest_path)
+        write_json_atomic(self.manifest_path, manifest, sort_keys=True)
 
     def is_done(self, key: str) -> bool:
         """A shard is done when the manifest lists it and its file still has the recorded hash."""

@@ -13,6 +13,7 @@ LAYERS = [
     "pins",
     "checksums",
     "paths",
+    "atomic",  # the one way a file is written whole
     "threads",
     "quiet",
     "model_dir",
