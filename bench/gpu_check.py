@@ -91,8 +91,7 @@ def random_qwen2(shape: dict, device: torch.device, dtype: torch.dtype, attn: st
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    config = Qwen2Config(**shape, max_position_embeddings=4096)
-    config._attn_implementation = attn
+    config = Qwen2Config(**shape, max_position_embeddings=4096, attn_implementation=attn)
     with torch.device(device):
         model = Qwen2ForCausalLM(config)
     return model.to(dtype).eval()

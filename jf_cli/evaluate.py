@@ -93,6 +93,7 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
     import torch
 
     from jf_core.decoding import load_serving_spec
+    from jf_core.decoding.kv import attention_implementation
     from jf_core.evaluation.evaluate import evaluate_model
     from jf_core.evaluation.methods import build_methods
     from jf_core.models import load_model, stop_tokens
@@ -175,7 +176,7 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
             "device": str(model.device),
             "dtype": str(model.dtype),
             "torch_threads": torch.get_num_threads(),
-            "attn_implementation": model.config._attn_implementation,
+            "attn_implementation": attention_implementation(model),
             "jf_sampling": asdict(sampling) if sampling else None,  # the jf_* rows' (the others are greedy)
         }
         where = argparse.Namespace(**vars(args))  # one table per batch size, each in its own folder

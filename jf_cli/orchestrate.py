@@ -12,6 +12,7 @@ import subprocess
 from pathlib import Path
 
 from jf_cli.common import parse_overrides
+from jf_core import pins
 from jf_core.paths import jf_home
 
 
@@ -45,7 +46,7 @@ def temporary_server_apart() -> None:
     from prefect.server.api.server import SubprocessASGIServer
     from prefect.settings import PREFECT_API_URL
 
-    if PREFECT_API_URL.value():
+    if PREFECT_API_URL.value() or not pins.require("prefect-server"):  # another Prefect: its own start, as before
         return
 
     class Apart(SubprocessASGIServer):

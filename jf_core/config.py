@@ -192,6 +192,14 @@ class Profile(_Strict):
     def model_name(self) -> str:
         return self.registry.model_name or f"jf-{self.name}"
 
+    def worker_device(self) -> str:
+        """Where a Ray worker of this profile runs its model: CUDA when Ray gives it GPUs, else the model's device
+        (`auto` is the CPU there: a worker without GPUs has none to find). One process's own device is
+        jf_core.models.resolve_device."""
+        if self.compute.gpus_per_worker > 0:
+            return "cuda"
+        return "cpu" if self.model.device == "auto" else self.model.device
+
     @model_validator(mode="after")
     def _held_out_split(self) -> Profile:
         e, p = self.evaluation, self.prompts

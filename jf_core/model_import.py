@@ -148,7 +148,7 @@ def _gguf_bar_on_terminals_only() -> Iterator[None]:
     and the bar draws as before."""
     import functools
 
-    if not pins.require("transformers"):
+    if not pins.require("transformers-gguf-bar"):
         yield
         return
     from transformers import modeling_gguf_pytorch_utils as reader

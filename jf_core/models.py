@@ -34,15 +34,26 @@ class ModelSpec:
     lm_head_fp32: bool = False  # decoding only: logits from an fp32 copy of the LM head (see upcast_lm_head)
 
     def resolved_device(self) -> torch.device:
-        if self.device == "auto":
-            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        return torch.device(self.device)
+        return resolve_device(self.device)
 
     def resolved_dtype(self) -> torch.dtype:
         if self.dtype == "auto":
-            # bf16 where the hardware has it; CPU decoding and the exactness tests want fp32.
-            return torch.bfloat16 if self.resolved_device().type == "cuda" else torch.float32
+            # bf16 where the hardware has it; CPU decoding and the exactness tests want fp32. A named device is
+            # taken at its word: a driver without GPUs names its workers' dtype.
+            cuda = torch.cuda.is_available() if self.device == "auto" else torch.device(self.device).type == "cuda"
+            return torch.bfloat16 if cuda else torch.float32
         return getattr(torch, self.dtype)
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    """The one device rule: `auto` is CUDA where a device is visible, else the CPU; a named CUDA device that is not
+    there is refused by name (rather than failing later inside torch, or training on the CPU unasked)."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"model.device: {name!r}, but no CUDA device is visible here (use auto or cpu)")
+    return device
 
 
 def pick_attention(requested: str = "auto", device: torch.device | None = None, model_class: type | None = None) -> str:
@@ -51,7 +62,7 @@ def pick_attention(requested: str = "auto", device: torch.device | None = None, 
     and runs the layouts it cannot take (recycled branches) on SDPA, or eager (jf_core/decoding/kv.py)."""
     if requested != "auto":
         return requested
-    on_cuda = (device.type == "cuda") if device is not None else torch.cuda.is_available()
+    on_cuda = (device or resolve_device()).type == "cuda"
     supports = (lambda flag: bool(getattr(model_class, flag, True))) if model_class is not None else (lambda _f: True)
     if on_cuda and importlib.util.find_spec("flash_attn") is not None and supports("_supports_flash_attn"):
         return "flash_attention_2"

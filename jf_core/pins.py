@@ -2,10 +2,11 @@
 
 A private name changes between releases without notice, so each use is listed here with the versions it was
 written against (pyproject.toml pins the same ranges), checked where the dependency's private API is first used
-(`require`), and refused by name on any other version, naming both versions, as jf_vllm/versions.py does for vLLM.
-The one exception is cosmetic (`Pin.refuse=False`): outside its versions the hook is skipped and nothing breaks.
-tests/test_pins.py checks that every listed name exists in the installed versions. Only importlib.metadata is read
-here, never the dependencies themselves.
+(`require(name)`), and refused by name on any other version, naming both versions, as jf_vllm/versions.py does for
+vLLM. A cosmetic use (`Pin.refuse=False`) is skipped instead: outside its versions its hook is left out and nothing
+breaks. The standard library's few (STDLIB) are listed too. tests/test_pins.py checks that every listed name exists
+in the installed versions and that the code uses no private name of anyone else's that is not listed here. Only
+importlib.metadata is read here, never the dependencies themselves.
 """
 
 from __future__ import annotations
@@ -22,17 +23,19 @@ log = logging.getLogger("jf.pins")
 
 @dataclass(frozen=True)
 class Pin:
+    name: str  # what `require` is called with
     distribution: str
     versions: str  # PEP 440 specifiers: the versions the uses were written against
-    uses: tuple[str, ...]  # "module:attribute" (or "module" alone) of every private name used
+    uses: tuple[str, ...]  # "module:attribute" ("module:Class.attribute", or "module" alone) of each private name
     why: str
     refuse: bool = True  # False: a cosmetic use, skipped (not refused) on other versions
 
 
 PINS: dict[str, Pin] = {
-    pin.distribution: pin
+    pin.name: pin
     for pin in (
         Pin(
+            "ray",
             "ray",
             ">=2.60,<2.61",
             (
@@ -50,38 +53,73 @@ PINS: dict[str, Pin] = {
         ),
         Pin(
             "gguf",
+            "gguf",
             ">=0.19,<0.20",
             ("gguf.quants:_type_traits",),
             "which GGUF quantization types the gguf package can dequantize (jf_core/model_import.py)",
         ),
         Pin(
+            "transformers-model",
+            "transformers",
+            ">=5,<6",
+            (
+                # the attention backend a model runs on (decoding/kv.py: restored after a tree step; training/losses.py:
+                # the mask built for it); transformers sets it through set_attn_implementation, with no public getter
+                "transformers.configuration_utils:PreTrainedConfig._attn_implementation",
+                "transformers.modeling_utils:PreTrainedModel._is_stateful",  # a recurrent state: refused by decoding
+                "transformers.modeling_utils:PreTrainedModel._supports_sdpa",  # the fallback backend for trees
+                "transformers.modeling_utils:PreTrainedModel._no_split_modules",  # FSDP2 shards these decoder layers
+            ),
+            "what a model is and runs on, as transformers' own loaders read it; these are class attributes every "
+            "model class declares, with no public accessor",
+        ),
+        Pin(
+            "transformers-gguf-bar",
             "transformers",
             ">=5.17,<5.25",
             ("transformers.modeling_gguf_pytorch_utils:tqdm",),
             "the GGUF reader's bar drawn only on a terminal (jf_core/model_import.py)",
             refuse=False,
         ),
+        Pin(
+            "prefect-server",
+            "prefect",
+            ">=3.4,<4",
+            ("prefect.server.api.server:SubprocessASGIServer._run_uvicorn_command",),
+            "Prefect's temporary server started in a session of its own, so a terminal's Ctrl-C reaches jf alone "
+            "(jf_cli/orchestrate.py); elsewhere the server starts as Prefect starts it",
+            refuse=False,
+        ),
     )
 }
+# The standard library's private names in use, stable across the Python versions this project supports (checked to
+# exist by tests/test_pins.py, never refused).
+STDLIB = (
+    "os:_exit",  # a simulated lost worker dies without cleanup (tasks/: the fault tests' chaos hooks)
+    "argparse:_SubParsersAction",  # the CLI's reference walks every subcommand (jf_cli/main.py)
+    "argparse:ArgumentParser._actions",
+    "sys:_base_executable",  # the sandbox's interpreter outside a virtual environment (jf_core/evaluation/sandbox.py)
+)
 
 
 class UnsupportedVersion(RuntimeError):
     """A dependency whose private API this project uses is installed at a version it was not written against."""
 
 
-def supported(distribution: str) -> bool:
-    """Whether the installed `distribution` is one the pinned uses were written against."""
-    pin = PINS[distribution]
-    installed = Version(importlib.metadata.version(distribution))
+def supported(name: str) -> bool:
+    """Whether the installed distribution of pin `name` is one its uses were written against."""
+    pin = PINS[name]
+    installed = Version(importlib.metadata.version(pin.distribution))
     return SpecifierSet(pin.versions).contains(installed, prereleases=True)
 
 
-def require(distribution: str) -> bool:
-    """Check the installed `distribution` before its private API is used: raise UnsupportedVersion naming both
-    versions (a cosmetic pin: log and return False, and the caller skips its hook)."""
-    if supported(distribution):
+def require(name: str) -> bool:
+    """Check the installed distribution of pin `name` before its private API is used: raise UnsupportedVersion
+    naming both versions (a cosmetic pin: log and return False, and the caller skips its hook)."""
+    if supported(name):
         return True
-    pin = PINS[distribution]
+    pin = PINS[name]
+    distribution = pin.distribution
     installed = importlib.metadata.version(distribution)
     message = (
         f"{distribution} {installed} is installed, but this project uses its private API ({', '.join(pin.uses)}) "

@@ -19,11 +19,11 @@ import logging
 from jf_vllm.versions import UnsupportedVLLMVersion, check_vllm_version
 
 log = logging.getLogger(__name__)
-_PATCHED = False
+# Set on the runner's patched method: the patch's own mark, which a proposer reads without importing this module.
+PATCH_MARK = "jf_binds_rows"
 
 
 def register() -> None:
-    global _PATCHED
     import vllm
 
     try:
@@ -31,7 +31,7 @@ def register() -> None:
     except UnsupportedVLLMVersion as err:
         log.warning("jf_vllm: not patching vLLM: %s", err)
         return
-    if _PATCHED:
+    if is_registered():
         return
     from vllm.v1.sample import rejection_sampler
     from vllm.v1.worker import gpu_model_runner
@@ -39,12 +39,14 @@ def register() -> None:
     rejection_sampler.rejection_sample = _recording(rejection_sampler.rejection_sample)
     runner = gpu_model_runner.GPUModelRunner
     runner.propose_draft_token_ids = _binding_rows(runner.propose_draft_token_ids)
-    _PATCHED = True
     log.info("jf_vllm: Jacobi plugin registered for vLLM %s", vllm.__version__)
 
 
 def is_registered() -> bool:
-    return _PATCHED
+    """Whether this process's vLLM model runner carries the patch (the proposer checks the same mark)."""
+    from vllm.v1.worker import gpu_model_runner
+
+    return bool(getattr(gpu_model_runner.GPUModelRunner.propose_draft_token_ids, PATCH_MARK, False))
 
 
 def _recording(rejection_sample):
@@ -86,4 +88,5 @@ def _binding_rows(propose_draft_token_ids):
             stats.count(bound.arguments["sampled_token_ids"], drafter)
         return out
 
+    setattr(wrapper, PATCH_MARK, True)
     return wrapper

@@ -68,12 +68,13 @@ def jacobi_block(model_config: Any) -> dict:
 class JacobiProposer:
     def __init__(self, vllm_config: Any) -> None:
         import vllm
+        from vllm.v1.worker import gpu_model_runner
 
-        from jf_vllm.plugin import is_registered
         from jf_vllm.versions import check_vllm_version
 
         check_vllm_version(vllm.__version__)
-        if not is_registered():
+        # The plugin's mark on the runner it patched (jf_vllm/plugin.py, PATCH_MARK): its patches are in this process.
+        if not getattr(gpu_model_runner.GPUModelRunner.propose_draft_token_ids, "jf_binds_rows", False):
             raise RuntimeError(
                 "JacobiProposer needs the jf_vllm plugin's patches in this process; vLLM loads them through the "
                 "'vllm.general_plugins' entry point of the jacobi-forcing package. Is the package installed in "

@@ -127,8 +127,8 @@ def generate_trajectories(
     from jf_core.models import ModelSpec
 
     store = TrajectoryStore(out)
-    device = "cuda" if profile.compute.gpus_per_worker > 0 else "cpu"
-    dtype = str(ModelSpec(model_path, dtype=profile.model.dtype, device=device).resolved_dtype()).removeprefix("torch.")
+    spec = ModelSpec(model_path, dtype=profile.model.dtype, device=profile.worker_device())
+    dtype = str(spec.resolved_dtype()).removeprefix("torch.")
     store.set_meta(
         profile=profile.name,
         model=model_path,
@@ -189,12 +189,7 @@ def _run_pool(
             max_restarts=compute.max_restarts,
             max_task_retries=compute.max_task_retries,
         )
-        model_kwargs = {
-            **profile.model.decode_kwargs(),
-            "device": "cuda"
-            if compute.gpus_per_worker > 0
-            else ("cpu" if profile.model.device == "auto" else profile.model.device),
-        }
+        model_kwargs = {**profile.model.decode_kwargs(), "device": profile.worker_device()}
         workers = [
             actor_cls.remote(
                 model_path,

@@ -26,9 +26,14 @@ import functools
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers import DynamicCache
+
+from jf_core import pins
+
+pins.require("transformers-model")  # the model's backend, statefulness and SDPA support are private names
 
 FOUR_D_BACKENDS = ("sdpa", "eager")
 SUPPORTED_LAYER_TYPES = {"full_attention", "sliding_attention", "dummy"}  # dummy: MoE/MLP-only layers
@@ -108,10 +113,16 @@ def attention_layout(model: torch.nn.Module) -> AttentionLayout:
     return AttentionLayout(windows)
 
 
+def attention_implementation(model_or_config: Any) -> str | None:
+    """The attention backend a model (or its config) runs on: transformers' private `_attn_implementation`, the one
+    place it is read (pinned in jf_core/pins.py)."""
+    return getattr(getattr(model_or_config, "config", model_or_config), "_attn_implementation", None)
+
+
 @contextlib.contextmanager
 def attention_backend(model: torch.nn.Module, name: str) -> Iterator[None]:
     """Run the model on attention backend `name` for the duration (transformers' set_attn_implementation)."""
-    current = model.config._attn_implementation
+    current = attention_implementation(model)
     if current == name:
         yield
         return
@@ -127,7 +138,7 @@ def decoding_attention(model: torch.nn.Module) -> Iterator[None]:
     """Decode a model that trains on FlexAttention on SDPA instead. FlexAttention earns its place in training (a
     block-sparse noise-aware mask over long packed sequences); a decoder's masks are small and change shape every
     forward, which sends FlexAttention through recompiles: the round's TPF probe took 18 s on an H200 that way."""
-    if getattr(model.config, "_attn_implementation", None) != "flex_attention":
+    if attention_implementation(model) != "flex_attention":
         yield
         return
     with attention_backend(model, "sdpa"):
@@ -152,7 +163,7 @@ class KVState:
         self.cache = cache
         self.valid = valid  # [B, S] bool: slot s of row b holds a live token
         self._pending = 0  # slots appended by the last forward and not yet settled by keep()
-        self.backend = getattr(model.config, "_attn_implementation", None) or "sdpa"
+        self.backend = attention_implementation(model) or "sdpa"
         self.takes_4d = self.backend in FOUR_D_BACKENDS
         # Where a 2D-only backend cannot run a layout (trees): SDPA, or eager for models without SDPA support.
         self.fallback = "sdpa" if getattr(model, "_supports_sdpa", True) else "eager"

@@ -144,12 +144,11 @@ def stage_train(
 
 
 def _train_here(profile: Profile, model_in: str, paths: RoundPaths, *, progress: bool, on_log) -> TrainSummary:
-    import torch
-
+    from jf_core.models import resolve_device
     from jf_core.round.training import train_round
     from jf_core.threads import ThreadGovernor
 
-    device = torch.device("cuda" if torch.cuda.is_available() and profile.model.device in ("auto", "cuda") else "cpu")
+    device = resolve_device(profile.model.device)
     # On CPU one thread count for the whole run, so the model does not follow the machine's load (jf_core/threads.py);
     # on GPU the count hardly matters and is left alone.
     c = profile.compute

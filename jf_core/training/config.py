@@ -11,7 +11,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from jf_core.training.noise import WindowSchedule
+# The schedules a window of target ratios defines (training.schedule); noise.py implements them.
+WindowSchedule = Literal["progressive", "progressive_phase", "reverse", "random"]
 
 
 class JFTrainConfig(BaseModel):

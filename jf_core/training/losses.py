@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from jf_core.decoding.draft_adapter import gated
+from jf_core.decoding.kv import attention_implementation
 
 if TYPE_CHECKING:
     from jf_core.training.config import JFTrainConfig
@@ -231,8 +232,7 @@ def check_lean_head(model: torch.nn.Module, batch: Batch, variant: str = "shippe
 
 def _forward_kwargs(model: torch.nn.Module, batch: Batch, variant: str) -> dict:
     mask = batch.get("attention_mask")
-    config = _unwrap(model).config
-    if getattr(config, "_attn_implementation", None) == "flex_attention":
+    if attention_implementation(_unwrap(model)) == "flex_attention":
         mask = flex_block_mask(batch["layout_kind"], batch["layout_block"], variant)
     return {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"], "attention_mask": mask}
 

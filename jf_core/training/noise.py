@@ -23,15 +23,13 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict
 
-if TYPE_CHECKING:
-    from jf_core.training.config import JFTrainConfig
+from jf_core.training.config import JFTrainConfig, WindowSchedule
 
-# The schedules a window of target ratios defines (training.schedule), and CLLM's, which has none (training.method).
-WindowSchedule = Literal["progressive", "progressive_phase", "reverse", "random"]
+# The window's schedules (training.schedule), and CLLM's, which has none (training.method).
 ScheduleName = Literal[WindowSchedule, "uniform_state"]
 
 

@@ -71,3 +71,57 @@ def test_the_decoding_front_door_exports_what_it_names():
     assert sorted(decoding.__all__) == sorted(decoding._EXPORTS)
     for name in decoding.__all__:
         assert getattr(decoding, name) is not None
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Every module of the project's packages -> the project's modules it imports (any import: module-level,
+    function-local or for type checking), a package's own `__init__` left out of its modules' edges."""
+    repo = ROOT.parent
+    modules = {}
+    for pkg in ("jf_core", "jf_vllm", "jf_cli", "tasks", "flows", "infra"):
+        for path in (repo / pkg).rglob("*.py"):
+            name = ".".join(path.relative_to(repo).with_suffix("").parts).removesuffix(".__init__")
+            modules[name] = path
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            for target in (t.removeprefix("jacobi_forcing.") for t in targets):
+                if target in modules and target != name and not name.startswith(f"{target}."):
+                    graph[name].add(target)
+    return graph
+
+
+def test_no_modules_import_each_other_round_a_circle():
+    """No import circle, of two modules or more, anywhere in the project (Tarjan's strongly connected components)."""
+    graph = _module_graph()
+    assert sum(map(len, graph.values())) > 300, "the graph was read"
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while (w := stack.pop()) != v:
+                component.append(w)
+            if component:
+                circles.append(sorted([v, *component]))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    assert circles == []
