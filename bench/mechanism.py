@@ -50,8 +50,8 @@ from pathlib import Path
 
 import torch
 
-from jf_cli.common import named_overrides, parse_overrides
-from jf_core.config import load_profile
+from jf_cli.common import named_overrides
+from jf_core.config import load_profile, parse_overrides
 from jf_core.model_ref import resolve_model
 from jf_core.models import load_model
 from jf_core.round.mechanism import MechanismRow, run_mechanism, table

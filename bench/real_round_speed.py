@@ -19,8 +19,7 @@ from pathlib import Path
 
 import torch
 
-from jf_cli.common import parse_overrides
-from jf_core.config import load_profile
+from jf_core.config import load_profile, parse_overrides
 from jf_core.evaluation.evaluate import eval_set
 from jf_core.evaluation.methods import build_methods
 from jf_core.evaluation.speed import bench

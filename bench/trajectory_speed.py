@@ -18,8 +18,7 @@ import time
 
 import torch
 
-from jf_cli.common import parse_overrides
-from jf_core.config import load_profile
+from jf_core.config import load_profile, parse_overrides
 from jf_core.model_ref import resolve_model
 from jf_core.models import load_model
 from jf_core.trajectory.collect import collect

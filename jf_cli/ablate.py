@@ -18,16 +18,16 @@ def _seeds(text: str) -> list[int]:
 
 
 def cmd_ablate(args: argparse.Namespace) -> int:
-    from jf_cli.common import parse_overrides
-    from jf_cli.orchestrate import _prefect_env, sigterm_unwinds, temporary_server_apart
+    from jf_cli.orchestrate import flow_process, temporary_server_apart
     from jf_core.ablation import VARIANTS, AblationConfig
+    from jf_core.atomic import write_text_atomic
+    from jf_core.config import parse_overrides
 
     if args.list:
         for name, overrides in VARIANTS.items():
             print(f"{name}: {json.dumps(overrides)}")
         return 0
-    sigterm_unwinds()
-    _prefect_env()
+    flow_process()
     overrides = parse_overrides(args.set or [])
     config = AblationConfig(**{"variants": args.variant} if args.variant else {}, seeds=args.seeds)
     from jacobi_forcing.flows.ablate import jf_ablate
@@ -38,9 +38,8 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     print(result.table + result.note)
     if args.out:
         out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "table.md").write_text(result.table + result.note)
-        (out / "results.json").write_text(result.model_dump_json(indent=2))
+        write_text_atomic(out / "table.md", result.table + result.note)
+        write_text_atomic(out / "results.json", result.model_dump_json(indent=2))
         print(f"written: {out / 'table.md'}, {out / 'results.json'}")
     print(f"MLflow parent run {result.mlflow_run_id} (table, runs, plots/ablation.png)")
     return 0

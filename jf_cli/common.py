@@ -50,7 +50,6 @@ def named_overrides(flag: str):
     `--option` take them; a malformed one is refused naming `flag`."""
 
     def parse(text: str) -> tuple[str, dict]:
-        import json
 
         name, sep, body = text.partition(":")
         if not sep or not name:
@@ -81,32 +80,10 @@ def set_threads(args: argparse.Namespace) -> None:
         torch.set_num_threads(args.threads)
 
 
-def parse_overrides(items: list[str]) -> dict[str, dict]:
-    """`section.key=value` or deeper (`evaluation.tune.prompts=4`) -> {section: {key: ...}}; the value parsed as
-    JSON when it parses, else kept as text."""
-    out: dict[str, dict] = {}
-    for item in items:
-        path, sep, raw = item.partition("=")
-        keys = path.split(".")
-        if not sep or len(keys) < 2 or not all(keys):
-            raise ValueError(f"--set expects section.key=value, got {item!r}")
-        try:
-            value = json.loads(raw)
-        except json.JSONDecodeError:
-            value = raw
-        node = out
-        for depth, key in enumerate(keys[:-1]):
-            node = node.setdefault(key, {})
-            if not isinstance(node, dict):
-                raise ValueError(f"--set {item!r}: {'.'.join(keys[: depth + 1])} was set to a value, not fields")
-        node[keys[-1]] = value
-    return out
-
-
 def args_profile(args: argparse.Namespace, **sections: dict):
     """The profile a command runs on: `--profile` with its `--set` overrides, then the command's own options
     (`sections`: {section: {key: value}}, a None value left out)."""
-    from jf_core.config import load_profile
+    from jf_core.config import load_profile, parse_overrides
 
     overrides = parse_overrides(getattr(args, "set", None) or [])
     for section, values in sections.items():

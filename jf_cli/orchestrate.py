@@ -11,14 +11,17 @@ import signal
 import subprocess
 from pathlib import Path
 
-from jf_cli.common import parse_overrides
 from jf_core import pins
+from jf_core.config import parse_overrides
 from jf_core.paths import jf_home
 
 
-def _prefect_env() -> None:
-    # Must happen before prefect is imported: without a server URL, Prefect runs an ephemeral server on the sqlite
-    # database of PREFECT_HOME, the same one `jf stack up` serves, so these runs show up in its UI later.
+def flow_process() -> None:
+    """What a command that runs a flow in this process sets first (`jf run`, `jf ablate`): SIGTERM unwinds like
+    Ctrl-C, and Prefect's and MLflow's environment. Before prefect is imported: without a server URL, Prefect runs
+    an ephemeral server on the sqlite database of PREFECT_HOME, the same one `jf stack up` serves, so these runs
+    show up in its UI later."""
+    sigterm_unwinds()
     os.environ.setdefault("PREFECT_HOME", str(jf_home() / "prefect"))
     Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)  # Prefect creates one level only
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -64,8 +67,7 @@ def temporary_server_apart() -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    sigterm_unwinds()
-    _prefect_env()
+    flow_process()
     overrides = parse_overrides(args.set or [])
     from jf_core.config import load_profile
     from jf_core.planning import check
@@ -79,28 +81,29 @@ def cmd_run(args: argparse.Namespace) -> int:
     temporary_server_apart()
     from jacobi_forcing.flows.round import jf_round
     from jacobi_forcing.tasks.mlflow_runs import tracking_uri
-    from jacobi_forcing.tasks.reporting import markdown_table, metrics_rows, resumed_note
-    from jf_core.round.report import RoundReport
+    from jacobi_forcing.tasks.reporting import markdown_table
+    from jf_core.decoding import config_from_dict
+    from jf_core.round.report import resumed_note
 
     if args.progressive:
         from jacobi_forcing.flows.progressive import jf_progressive
 
         summaries = jf_progressive(profile, model=args.model)
         for i, s in enumerate(summaries[:-1]):
-            print(f"round {i} (n={s.block_size}): accuracy {s.accuracy:.3f}, TPF {s.tpf}")
+            print(f"round {i} (n={s.block_size}): accuracy {s.accuracy:.3f}, TPF {s.headline_tpf:.2f}")
         summary = summaries[-1]
     else:
         summary = jf_round(profile, model=args.model)  # built once, above: the flow takes it as it is
-    report = RoundReport.load(Path(summary.round_dir) / "report.json")
-    reg, head, dtype = summary.registry, report.headline, report.eval.dtype
+    # What the flow returned, as it returned it: the headline, its table and the registration.
+    reg, dtype = summary.registry, summary.dtype
     print()
-    print(markdown_table(metrics_rows(report)))
+    print(markdown_table(summary.metrics))
     print(
-        f"\naccuracy {report.accuracy:.3f} (input model {report.base_accuracy:.3f}); "
-        f"TPF {head.tpf:.2f} ({_decode_label(report.eval.decode)}); "
-        f"speedup vs our AR {head.speedup_vs_ar:.2f}x; trained {report.train.train_seconds:.0f} s"
-        f"{resumed_note(report)}\n"
-        f"identical to greedy AR: {report.identical_fraction:.3f} of the evaluation prompts ({dtype}"
+        f"\naccuracy {summary.accuracy:.3f} (input model {summary.base_accuracy:.3f}); "
+        f"TPF {summary.headline_tpf:.2f} ({_decode_label(config_from_dict(summary.decode_config))}); "
+        f"speedup vs our AR {summary.speedup_vs_ar:.2f}x; trained {summary.train_seconds:.0f} s"
+        f"{resumed_note(summary.resumed_from_step)}\n"
+        f"identical to greedy AR: {summary.identical_fraction:.3f} of the evaluation prompts ({dtype}"
         + ("; fp32 promises 1.000)" if dtype == "float32" else "; measured, see docs/decoding.md, 'numerics')")
     )
     verdict = "passed: now champion" if reg.gate_passed else "failed: champion unchanged"

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from jf_core.config import _Strict, merge_overrides
+from jf_core.config import StrictModel, merge_overrides
 from jf_core.evaluation import tables
 from jf_core.training.noise import NoiseProfile
 
@@ -64,7 +64,7 @@ PAPER_NOTES = {
 }
 
 
-class AblationConfig(_Strict):
+class AblationConfig(StrictModel):
     """What `jf ablate` / the `jf-ablate` flow runs: `variants` (names from `VARIANTS`, or name -> overrides for
     any other), `seeds` (each variant trains once per seed) and `overrides` applied to every variant first (equal
     compute: steps, data, evaluation)."""

@@ -7,6 +7,7 @@ A profile (YAML under jf_core/profiles/, or any path) names a model, a prompt so
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 from typing import Literal
 
@@ -21,11 +22,11 @@ from jf_core.trajectory.prompts import PromptSourceConfig
 PROFILES_DIR = Path(__file__).parent / "profiles"
 
 
-class _Strict(BaseModel):
+class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class ModelConfig(_Strict):
+class ModelConfig(StrictModel):
     path: str = "embedded"  # local directory, hub id, or "embedded" (bootstrapped on first use)
     # fp32: greedy Jacobi decoding is token-for-token greedy AR. bf16/fp16: every committed token is the argmax of
     # the forward that verified it, but a wide window and a one-token step run different kernels and near-tied
@@ -46,7 +47,7 @@ class ModelConfig(_Strict):
         }
 
 
-class ComputeConfig(_Strict):
+class ComputeConfig(StrictModel):
     workers: int = Field(2, ge=1)  # trajectory actors: one per GPU on GPU hosts, one per CPU slot here
     gpus_per_worker: float = Field(0, ge=0)  # per trajectory actor and per training worker
     cpus_per_worker: float = Field(1, gt=0)
@@ -70,7 +71,7 @@ class ComputeConfig(_Strict):
     gpu_lease_seconds: float = Field(300, ge=60, le=86_400)  # Prefect's bounds
 
 
-class TuneConfig(_Strict):
+class TuneConfig(StrictModel):
     """Autotuning of the round's decode config (n, K, pool_size, r) for TPS on this hardware."""
 
     enabled: bool = False
@@ -105,7 +106,7 @@ class TuneConfig(_Strict):
     crossover_batch_sizes: list[int] = [1, 2, 4, 8, 16, 32]
 
 
-class EvalConfig(_Strict):
+class EvalConfig(StrictModel):
     """The evaluation of a model (jf_core/evaluation/evaluate.py); prompts are rendered with the profile's prompt
     format (chat template, system prompt), like the trajectories' prompts."""
 
@@ -134,7 +135,7 @@ class EvalConfig(_Strict):
         return self._splits
 
 
-class GateConfig(_Strict):
+class GateConfig(StrictModel):
     """When a round's model becomes `champion` (it is always registered and aliased `challenger`); every check is
     in jf_core/evaluation/gate.py. Accuracy first, against the round's input and the lineage's original base (small
     drops would otherwise compound over rounds); TPF against the champion's at the same block size and decode
@@ -154,7 +155,7 @@ class GateConfig(_Strict):
     max_truncated_increase: float = Field(0.05, ge=0)  # fraction of outputs hitting max_new_tokens, over the input's
 
 
-class RegistryConfig(_Strict):
+class RegistryConfig(StrictModel):
     tracking_uri: str | None = None  # None: MLFLOW_TRACKING_URI if set, else sqlite under $JF_HOME/mlflow
     experiment: str = "jacobi-forcing"
     model_name: str | None = None  # None: "jf-<profile name>"
@@ -162,11 +163,11 @@ class RegistryConfig(_Strict):
     gate: GateConfig = GateConfig()
 
 
-class StorageConfig(_Strict):
+class StorageConfig(StrictModel):
     runs_dir: str | None = None  # None: $JF_HOME/runs; rounds live under <runs_dir>/<profile>/<round key>
 
 
-class RoundSpec(_Strict):
+class RoundSpec(StrictModel):
     block_size: int = Field(ge=1)
     window: int | None = Field(None, ge=1)
     steps: int | None = Field(None, ge=1)
@@ -176,7 +177,7 @@ class RoundSpec(_Strict):
         return {k: v for k, v in {"window": self.window, "steps": self.steps, "lr": self.lr}.items() if v is not None}
 
 
-class Profile(_Strict):
+class Profile(StrictModel):
     name: str
     model: ModelConfig = ModelConfig()
     prompts: PromptSourceConfig = PromptSourceConfig()
@@ -275,6 +276,28 @@ def overrides_dict(overrides: BaseModel | dict | None) -> dict[str, dict]:
     if isinstance(overrides, BaseModel):
         return {k: v for k, v in overrides.model_dump(mode="json", exclude_unset=True).items() if v is not None}
     return {section: dict(values) for section, values in overrides.items()}
+
+
+def parse_overrides(items: list[str]) -> dict[str, dict]:
+    """`--set` items, `section.key=value` or deeper (`evaluation.tune.prompts=4`) -> {section: {key: ...}} for
+    `load_profile` (which merges them with `merge_overrides`); the value parsed as JSON when it parses, else text."""
+    out: dict[str, dict] = {}
+    for item in items:
+        path, sep, raw = item.partition("=")
+        keys = path.split(".")
+        if not sep or len(keys) < 2 or not all(keys):
+            raise ValueError(f"--set expects section.key=value, got {item!r}")
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        node = out
+        for depth, key in enumerate(keys[:-1]):
+            node = node.setdefault(key, {})
+            if not isinstance(node, dict):
+                raise ValueError(f"--set {item!r}: {'.'.join(keys[: depth + 1])} was set to a value, not fields")
+        node[keys[-1]] = value
+    return out
 
 
 def merge_overrides(data: dict, overrides: dict) -> dict:

@@ -6,41 +6,11 @@ import re
 from typing import TYPE_CHECKING
 
 from jf_core.evaluation.tables import markdown
+from jf_core.round.report import resumed_note
 
 if TYPE_CHECKING:
     from jf_core.round.report import RoundReport
     from jf_core.round.results import Registration
-
-
-def metrics_rows(report: RoundReport) -> list[dict]:
-    """One row per evaluated block size: the input model against the trained one, named by the method that trained
-    it (JF for Jacobi Forcing, CLLM for the baseline objective the `tiny` profile ships)."""
-    trained, tps = report.method_name, report.eval.tps
-    rows = [
-        {
-            "block size n": int(n),
-            "base TPF": round(report.base_tpf[n], 3),
-            f"{trained} TPF": round(tpf, 3),
-            f"{trained} TPS": round(tps[f"jacobi_n{n}"], 1),
-            "AR TPS": round(tps["ar"], 1),
-            "speedup vs AR": round(tps[f"jacobi_n{n}"] / tps["ar"], 2),
-        }
-        for n, tpf in report.tpf.items()
-    ]
-    if (tuned := report.tuned) is not None:
-        c = report.eval.decode  # tuned: a JFDecodeConfig
-        rows.append(
-            {
-                "block size n": f"tuned n={c.block_size} K={c.num_blocks} pool={c.pool_size}"
-                + (" seeded" if c.seed_drafts else ""),
-                "base TPF": "",
-                f"{trained} TPF": round(tuned.tpf, 3),
-                f"{trained} TPS": round(tuned.tps, 1),
-                "AR TPS": round(tps["ar"], 1),
-                "speedup vs AR": round(tuned.speedup_vs_ar, 2),
-            }
-        )
-    return rows
 
 
 def markdown_table(rows: list[dict]) -> str:
@@ -69,18 +39,12 @@ def summary_markdown(report: RoundReport, registry: Registration | None, run_url
         f"Accuracy **{report.accuracy:.3f}** (input model {report.base_accuracy:.3f}); "
         f"headline TPF **{head.tpf:.2f}** ({report.eval.headline_method}); "
         f"speedup vs our AR **{head.speedup_vs_ar:.2f}x**; trained {report.train.train_seconds:.0f} s"
-        f"{resumed_note(report)}.\n\n"
+        f"{resumed_note(report.train.resumed_from_step)}.\n\n"
         f"Identical to greedy AR on {report.identical_fraction:.3f} of the evaluation prompts "
         f"({report.eval.dtype}).\n\n"
-        f"{markdown_table(metrics_rows(report))}\n\n"
+        f"{markdown_table(report.metrics_rows())}\n\n"
         f"Input model: `{report.model_in}`  \nOutput model: `{report.model}`\n{gate}{link}\n"
     )
-
-
-def resumed_note(report: RoundReport) -> str:
-    """Says so when training continued from a checkpoint a killed attempt left (else nothing)."""
-    step = report.train.resumed_from_step
-    return f" (resumed from its checkpoint at step {step})" if step else ""
 
 
 def artifact_key(*parts: str) -> str:
@@ -93,6 +57,6 @@ def publish(report: RoundReport, registry: Registration | None, run_url: str | N
 
     key = artifact_key("jf-round", report.profile, f"n{report.block_size}")
     create_markdown_artifact(summary_markdown(report, registry, run_url), key=key, description="round summary")
-    create_table_artifact(metrics_rows(report), key=f"{key}-metrics", description="TPF and TPS per block size")
+    create_table_artifact(report.metrics_rows(), key=f"{key}-metrics", description="TPF and TPS per block size")
     if run_url:
         create_link_artifact(run_url, link_text="MLflow run of this round", key=f"{key}-mlflow")

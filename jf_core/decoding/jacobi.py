@@ -105,7 +105,7 @@ class BlockStates:
 
 
 @dataclass
-class _Sequence:
+class SequenceState:
     index: int
     prompt: list[int]
     rng: random.Random
@@ -207,12 +207,12 @@ class JacobiDecoder:
         )
         return DecodeOutput(sequences=[s.output for s in seqs], stats=stats)
 
-    def new_sequence(self, index: int, prompt: list[int]) -> _Sequence:
-        return _Sequence(index=index, prompt=prompt, rng=sequence_rng(self.config.seed, prompt))
+    def new_sequence(self, index: int, prompt: list[int]) -> SequenceState:
+        return SequenceState(index=index, prompt=prompt, rng=sequence_rng(self.config.seed, prompt))
 
     # -- the Jacobi step ---------------------------------------------------------------------------------------
 
-    def step(self, kv: KVState, active: list[_Sequence]) -> None:
+    def step(self, kv: KVState, active: list[SequenceState]) -> None:
         """One forward for every active sequence: run its layout, verify every branch, commit the best one's
         accepted prefix, rebuild the window."""
         self.plan(kv, active)
@@ -246,7 +246,7 @@ class JacobiDecoder:
             self.settle(seq, lay, self._drafted(lay, greedy[row], accepted), best, accepted)
         kv.keep(torch.tensor(live, device=device), kept)
 
-    def _pick(self, logits: torch.Tensor, active: list[_Sequence], depth: torch.Tensor | None) -> torch.Tensor:
+    def _pick(self, logits: torch.Tensor, active: list[SequenceState], depth: torch.Tensor | None) -> torch.Tensor:
         """The token after every slot. Sampling needs each slot's output position: the row's committed length
         (window[0]'s position) + the slot's depth in its chain + 1."""
         if self.sampler.greedy:
@@ -256,14 +256,14 @@ class JacobiDecoder:
         base = torch.tensor([len(s.committed) for s in active], device=logits.device)
         return self.sampler.pick(logits, [s.index for s in active], base[:, None] + depth + 1)
 
-    def plan(self, kv: KVState, active: list[_Sequence]) -> None:
+    def plan(self, kv: KVState, active: list[SequenceState]) -> None:
         """Before a forward's layouts are built: decisions that look at the whole batch (extensions)."""
 
-    def layout(self, seq: _Sequence) -> Layout:
+    def layout(self, seq: SequenceState) -> Layout:
         """What a sequence puts into the next forward: its window as one chain (extensions add branches)."""
         return Layout(list(seq.window), [list(range(len(seq.window)))])
 
-    def _with_draft_chain(self, lay: Layout, seq: _Sequence) -> Layout:
+    def _with_draft_chain(self, lay: Layout, seq: SequenceState) -> Layout:
         """With a draft adapter: the window's draft tokens again, as a chain from the window's root, after
         whatever the layout holds. It covers the slots whose guess is read: when the run is the whole window, the
         last slot's pick is read only if every slot is accepted, and then it is the base's bonus token, so the
@@ -301,11 +301,11 @@ class JacobiDecoder:
                 gate[row, chain[1:]] = 1.0
         return gate.to(device)
 
-    def settle(self, seq: _Sequence, layout: Layout, greedy: list[int], branch: int, accepted: int) -> None:
+    def settle(self, seq: SequenceState, layout: Layout, greedy: list[int], branch: int, accepted: int) -> None:
         width = len(layout.branches[0])  # the window is the row's first `width` slots
         self._settle_window(seq, layout.tokens[:width], greedy[:width], accepted)
 
-    def _settle_window(self, seq: _Sequence, window: list[int], greedy: list[int], accepted: int) -> None:
+    def _settle_window(self, seq: SequenceState, window: list[int], greedy: list[int], accepted: int) -> None:
         """Commit `window[:accepted]` and set up the next window (or the next block)."""
         seq.stats.forwards += 1
         seq.stats.accepted.append(accepted)
@@ -330,12 +330,12 @@ class JacobiDecoder:
         seq.block += 1
         self._open_block(seq, greedy[-1])
 
-    def _emit(self, seq: _Sequence, state: list[int]) -> None:
+    def _emit(self, seq: SequenceState, state: list[int]) -> None:
         assert self.recorder is not None
         seq.last_state = state
         self.recorder.block_state(seq.index, seq.block, state)
 
-    def _converged(self, seq: _Sequence, known: list[int]) -> None:
+    def _converged(self, seq: SequenceState, known: list[int]) -> None:
         """`known`: the block's tokens known to be greedy's, all of them or at least through EOS."""
         end = first_eos(known, self.eos)
         length = end + 1 if end is not None else len(known)
@@ -346,7 +346,7 @@ class JacobiDecoder:
         assert self.recorder is not None
         self.recorder.block_converged(seq.index, seq.block, list(fixed_point), length)
 
-    def _open_block(self, seq: _Sequence, first: int) -> None:
+    def _open_block(self, seq: SequenceState, first: int) -> None:
         seq.block_accepted = []
         seq.block_converged = False
         seq.window = [first]
@@ -358,16 +358,16 @@ class JacobiDecoder:
         if self.recorder is not None:
             self._emit(seq, list(seq.window))
 
-    def new_draft(self, seq: _Sequence, context: list[int], length: int) -> list[int]:
+    def new_draft(self, seq: SequenceState, context: list[int], length: int) -> list[int]:
         """The initial draft of `length` tokens after `context` (extensions may seed it)."""
         return self.draft_init(context, length, seq.rng)
 
-    def _check_done(self, seq: _Sequence) -> bool:
+    def _check_done(self, seq: SequenceState) -> bool:
         seq.output, seq.done = finish(seq.committed + seq.window[:1], self.eos, self.config.max_new_tokens)
         seq.stats.new_tokens = len(seq.output)
         return seq.done
 
-    def _stream(self, seqs: list[_Sequence]) -> None:
+    def _stream(self, seqs: list[SequenceState]) -> None:
         """Hand each sequence's newly final tokens (its output grew by them) to `on_tokens`."""
         if self.on_tokens is None:
             return
@@ -376,7 +376,7 @@ class JacobiDecoder:
                 self.on_tokens(seq.index, seq.output[seq.streamed :])
                 seq.streamed = len(seq.output)
 
-    def _drop_finished(self, kv: KVState, seqs: list[_Sequence]) -> list[_Sequence]:
+    def _drop_finished(self, kv: KVState, seqs: list[SequenceState]) -> list[SequenceState]:
         keep = [i for i, s in enumerate(seqs) if not s.done]
         if len(keep) < len(seqs) and keep:
             kv.select_rows(torch.tensor(keep, device=kv.valid.device))

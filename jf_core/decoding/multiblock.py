@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import torch
 
 from jf_core.decoding.common import DecodeOutput, StopTokens, TokenSink, first_eos
-from jf_core.decoding.jacobi import BlockRecorder, JacobiConfig, JacobiDecoder, Layout, _Sequence
+from jf_core.decoding.jacobi import BlockRecorder, JacobiConfig, JacobiDecoder, Layout, SequenceState
 from jf_core.decoding.kv import KVState
 from jf_core.decoding.recycling import NgramPool
 from jf_core.decoding.sampling import Sampling
@@ -75,7 +75,7 @@ class JFDecodeConfig(JacobiConfig):
 
 
 @dataclass
-class _JFSequence(_Sequence):
+class _JFSequence(SequenceState):
     pool: NgramPool | None = None
     origin: int = 0  # generated position of the window's first token (= len(committed))
     width: RowWidth | None = None  # adaptive width's running estimate

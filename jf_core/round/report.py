@@ -48,9 +48,17 @@ class RoundSummary(BaseModel):
     identical_fraction: float
     decode_config: dict[str, Any]
     train_seconds: float
+    resumed_from_step: int | None = None
+    dtype: str  # the evaluation's numerics (identity is promised in fp32, measured in bf16)
+    metrics: list[dict[str, Any]]  # the table of TPF and TPS per block size (RoundReport.metrics_rows)
     registry: Registration | None = None
     mlflow_run_id: str | None = None
     mlflow_url: str | None = None
+
+
+def resumed_note(resumed_from_step: int | None) -> str:
+    """Says so when training continued from a checkpoint a killed attempt left (else nothing)."""
+    return f" (resumed from its checkpoint at step {resumed_from_step})" if resumed_from_step else ""
 
 
 class RoundFigures(BaseModel):
@@ -123,6 +131,36 @@ class RoundReport(JsonModel):
         """The headline's identity with the model's greedy AR: 1.0 in fp32 by contract, measured in bf16."""
         return self.headline.identical_fraction
 
+    def metrics_rows(self) -> list[dict]:
+        """One row per evaluated block size: the input model against the trained one, named by the method that trained
+        it (JF for Jacobi Forcing, CLLM for the baseline objective the `tiny` profile ships)."""
+        trained, tps = self.method_name, self.eval.tps
+        rows = [
+            {
+                "block size n": int(n),
+                "base TPF": round(self.base_tpf[n], 3),
+                f"{trained} TPF": round(tpf, 3),
+                f"{trained} TPS": round(tps[f"jacobi_n{n}"], 1),
+                "AR TPS": round(tps["ar"], 1),
+                "speedup vs AR": round(tps[f"jacobi_n{n}"] / tps["ar"], 2),
+            }
+            for n, tpf in self.tpf.items()
+        ]
+        if (tuned := self.tuned) is not None:
+            c = self.eval.decode  # tuned: a JFDecodeConfig
+            rows.append(
+                {
+                    "block size n": f"tuned n={c.block_size} K={c.num_blocks} pool={c.pool_size}"
+                    + (" seeded" if c.seed_drafts else ""),
+                    "base TPF": "",
+                    f"{trained} TPF": round(tuned.tpf, 3),
+                    f"{trained} TPS": round(tuned.tps, 1),
+                    "AR TPS": round(tps["ar"], 1),
+                    "speedup vs AR": round(tuned.speedup_vs_ar, 2),
+                }
+            )
+        return rows
+
     def metrics(self) -> dict[str, float]:
         """The round's figures as flat MLflow metrics."""
         head, base = self.headline, self.base_eval.headline
@@ -166,6 +204,9 @@ class RoundReport(JsonModel):
             identical_fraction=self.identical_fraction,
             decode_config=self.eval.decode_config,
             train_seconds=self.train.train_seconds,
+            resumed_from_step=self.train.resumed_from_step,
+            dtype=self.eval.dtype,
+            metrics=self.metrics_rows(),
         )
 
 

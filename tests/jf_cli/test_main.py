@@ -116,7 +116,7 @@ def test_tokenizer_without_eos(tiny_dir, capsys):
 def test_set_overrides_parse_json_values_and_name_bad_ones():
     import pytest
 
-    from jf_cli.common import parse_overrides
+    from jf_core.config import parse_overrides
 
     assert parse_overrides(["training.steps=40", "model.path=/x/y", "evaluation.block_sizes=[16, 32]"]) == {
         "training": {"steps": 40},

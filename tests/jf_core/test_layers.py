@@ -125,3 +125,20 @@ def test_no_modules_import_each_other_round_a_circle():
         if v not in index:
             visit(v)
     assert circles == []
+
+
+def test_no_module_imports_a_private_name_of_another():
+    """A name with a leading underscore is its module's own: another module that needs it gets a public one."""
+    repo = ROOT.parent
+    found = []
+    for pkg in ("jf_core", "jf_vllm", "jf_cli", "tasks", "flows", "infra", "bench"):
+        for path in (repo / pkg).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                    ours = node.module.removeprefix("jacobi_forcing.").split(".")[0] in {
+                        "jf_core", "jf_vllm", "jf_cli", "tasks", "flows", "infra", "bench",
+                    }  # fmt: skip
+                    private = [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+                    if ours and private:
+                        found.append(f"{path.relative_to(repo)}:{node.lineno} {node.module}: {', '.join(private)}")
+    assert found == []

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from jacobi_forcing.tasks.reporting import artifact_key, metrics_rows, summary_markdown
+from jacobi_forcing.tasks.reporting import artifact_key, summary_markdown
 from jf_core.round.results import Registration
 from tests.reports import evaluation, round_report
 
@@ -14,7 +14,7 @@ REPORT = round_report(
 
 
 def test_rows_per_block_size_with_speedup():
-    rows = metrics_rows(REPORT)
+    rows = REPORT.metrics_rows()
     assert [r["block size n"] for r in rows] == [16, 32]
     assert rows[1]["speedup vs AR"] == 2.0 and rows[0]["base TPF"] == 1.36
     assert rows[0]["JF TPF"] == 3.35 and rows[0]["JF TPS"] == 900.0
@@ -23,14 +23,14 @@ def test_rows_per_block_size_with_speedup():
 def test_the_tuned_config_gets_its_own_row():
     config = {"block_size": 64, "num_blocks": 2, "pool_size": 0, "seed_drafts": True}
     jf = evaluation({16: 3.35, 32: 4.16}, TPS, tuned={"tpf": 7.8, "tps": 1500.0, "config": config})
-    rows = metrics_rows(round_report(jf, REPORT.base_eval))
+    rows = round_report(jf, REPORT.base_eval).metrics_rows()
     assert rows[-1]["block size n"] == "tuned n=64 K=2 pool=0 seeded"
     assert rows[-1]["JF TPF"] == 7.8 and rows[-1]["speedup vs AR"] == 3.0
 
 
 def test_the_table_names_the_method_that_trained_the_model():
     """The tiny profile trains with CLLM's objective: its table says so, as the round's log does."""
-    rows = metrics_rows(REPORT.model_copy(update={"training": {"method": "cllm"}}))
+    rows = REPORT.model_copy(update={"training": {"method": "cllm"}}).metrics_rows()
     assert rows[0]["CLLM TPF"] == 3.35 and "JF TPF" not in rows[0]
 
 
