@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from jf_core.decoding.ar import ar_decode
+from jf_core.decoding import ar_decode
 from jf_core.models import load_model, stop_tokens
 from jf_core.toy.task import make_split
 

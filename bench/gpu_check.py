@@ -40,11 +40,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from jf_core.decoding.ar import ar_decode  # noqa: E402
-from jf_core.decoding.common import StopTokens  # noqa: E402
-from jf_core.decoding.jacobi import JacobiConfig  # noqa: E402
+from jf_core.decoding import JacobiConfig, JFDecodeConfig, StopTokens, ar_decode  # noqa: E402
 from jf_core.decoding.kv import KVState  # noqa: E402
-from jf_core.decoding.multiblock import JFDecodeConfig  # noqa: E402
 from jf_core.evaluation.methods import hf_generate_decoder  # noqa: E402
 from jf_core.evaluation.speed import first_divergence, run_interleaved, whole_batches  # noqa: E402
 

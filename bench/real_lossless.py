@@ -27,11 +27,7 @@ from pathlib import Path
 import torch
 
 from jf_core.atomic import write_json_atomic
-from jf_core.decoding import decode
-from jf_core.decoding.ar import ar_decode
-from jf_core.decoding.jacobi import JacobiConfig
-from jf_core.decoding.multiblock import JFDecodeConfig
-from jf_core.decoding.sampling import Sampling
+from jf_core.decoding import JacobiConfig, JFDecodeConfig, Sampling, ar_decode, decode
 from jf_core.evaluation.methods import hf_generate_decoder, prompt_seeds
 from jf_core.evaluation.speed import first_divergence
 from jf_core.models import load_model, stop_tokens

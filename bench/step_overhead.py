@@ -29,8 +29,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    from jf_core.decoding import decode, load_decode_config
-    from jf_core.decoding.ar import ar_decode
+    from jf_core.decoding import ar_decode, decode, load_decode_config
     from jf_core.models import load_model, stop_tokens
     from jf_core.toy.task import make_split
 

@@ -22,7 +22,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from jf_core.decoding.sampling import Sampling
+from jf_core.decoding import Sampling
 from jf_core.serving.batcher import Batcher
 from jf_core.serving.engine import Completion, RequestError
 from jf_core.serving.engine import Request as EngineRequest

@@ -198,7 +198,7 @@ def _sampling(args: argparse.Namespace):
         return None
     if not args.jf_model:
         raise UsageError("--temperature applies to the --jf-model rows: give --jf-model")
-    from jf_core.decoding.sampling import Sampling
+    from jf_core.decoding import Sampling
 
     try:
         return Sampling.of(args.temperature, args.top_k, args.top_p)

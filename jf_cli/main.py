@@ -66,7 +66,7 @@ def cmd_decode(args: argparse.Namespace) -> int:
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     if not ids:
         raise UsageError("--prompt encodes to no tokens")
-    from jf_core.decoding.sampling import Sampling
+    from jf_core.decoding import Sampling
 
     try:
         sampling = Sampling.of(args.temperature, args.top_k, args.top_p)

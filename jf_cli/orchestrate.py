@@ -125,7 +125,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _decode_label(cfg) -> str:
     """What decoded the headline: the tuned Jacobi Forcing config, or plain Jacobi at the chosen n."""
-    from jf_core.decoding.multiblock import JFDecodeConfig
+    from jf_core.decoding import JFDecodeConfig
 
     if isinstance(cfg, JFDecodeConfig):
         seeded = ", seeded drafts" if cfg.seed_drafts else ""

@@ -176,7 +176,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     import torch
 
-    from jf_core.decoding.ar import ar_decode
+    from jf_core.decoding import ar_decode
     from jf_core.models import load_model, stop_tokens
     from jf_core.trajectory.store import TrajectoryStore
 

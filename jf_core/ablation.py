@@ -78,7 +78,7 @@ class AblationConfig(StrictModel):
     multiblock: dict = Field(default_factory=lambda: {"block_size": 16, "num_blocks": 2, "pool_size": 0})
 
     def multiblock_config(self, max_new_tokens: int):
-        from jf_core.decoding.multiblock import JFDecodeConfig
+        from jf_core.decoding import JFDecodeConfig
 
         try:
             return JFDecodeConfig(**{**self.multiblock, "max_new_tokens": max_new_tokens})

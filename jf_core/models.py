@@ -11,7 +11,7 @@ from typing import Literal
 import torch
 
 from jf_core.checksums import CorruptFileError, verify
-from jf_core.decoding.common import StopTokens
+from jf_core.decoding import StopTokens
 from jf_core.decoding.draft_adapter import load_draft_adapter
 from jf_core.decoding.kv import UnsupportedModelError, attention_layout
 

@@ -138,8 +138,7 @@ def _vllm_runner(llm, settings: Settings, stats_dir: str, speculative: bool):
 def _our_runner(settings: Settings, method: str):
     import torch
 
-    from jf_core.decoding import decode, load_decode_config
-    from jf_core.decoding.ar import ar_decode
+    from jf_core.decoding import ar_decode, decode, load_decode_config
     from jf_core.model_dir import read_block
     from jf_core.models import load_model, stop_tokens
 

@@ -44,7 +44,7 @@ class JacobiForcingModel(PythonModel):
         return [c.text for c in self.engine.complete(requests, block_size=block)]
 
     def _requests(self, model_input, params: dict) -> list:
-        from jf_core.decoding.sampling import Sampling
+        from jf_core.decoding import Sampling
         from jf_core.serving.engine import Request
 
         budget = int(params.get("max_new_tokens") or self.engine.spec.decode.max_new_tokens)

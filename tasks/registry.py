@@ -16,7 +16,7 @@ from mlflow.exceptions import MlflowException
 
 from jacobi_forcing.tasks.model_package import log_model
 from jf_core.config import Profile
-from jf_core.decoding.configs import serving_spec
+from jf_core.decoding import serving_spec
 from jf_core.evaluation.gate import Check, Figures, decide
 from jf_core.round.results import Registration
 

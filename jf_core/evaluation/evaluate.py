@@ -29,9 +29,7 @@ from dataclasses import asdict, dataclass, replace
 import torch
 
 from jf_core.config import EvalConfig, Profile
-from jf_core.decoding import decode
-from jf_core.decoding.common import StopTokens
-from jf_core.decoding.jacobi import JacobiConfig
+from jf_core.decoding import JacobiConfig, StopTokens, decode
 from jf_core.evaluation.benchmarks import BenchmarkItem, load_benchmark, score
 from jf_core.evaluation.degeneracy import output_stats
 from jf_core.evaluation.methods import build_methods

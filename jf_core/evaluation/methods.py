@@ -17,12 +17,8 @@ from dataclasses import replace
 
 import torch
 
-from jf_core.decoding import decode
-from jf_core.decoding.ar import ar_decode
-from jf_core.decoding.common import DecodeOutput, StopTokens, finish, left_pad
-from jf_core.decoding.jacobi import JacobiConfig
-from jf_core.decoding.multiblock import JFDecodeConfig
-from jf_core.decoding.sampling import Sampling
+from jf_core.decoding import DecodeOutput, JacobiConfig, JFDecodeConfig, Sampling, StopTokens, ar_decode, decode
+from jf_core.decoding.common import finish, left_pad
 from jf_core.decoding.stats import DecodeStats, SequenceStats, Timer
 from jf_core.evaluation.speed import Decoder
 

@@ -9,8 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from jf_core.decoding.configs import config_from_dict
-from jf_core.decoding.jacobi import JacobiConfig
+from jf_core.decoding import JacobiConfig, config_from_dict
 from jf_core.evaluation.speed import MethodResult
 
 

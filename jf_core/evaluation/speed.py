@@ -16,12 +16,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from jf_core.decoding.common import (
-    DecodeOutput,
-    batches_of,
-    concat_outputs,
-    decode_batched,
-)
+from jf_core.decoding import DecodeOutput
+from jf_core.decoding.common import batches_of, concat_outputs, decode_batched
 
 Decoder = Callable[[list[list[int]]], DecodeOutput]
 Scorer = Callable[[int, list[int]], bool]  # (prompt index, generated ids) -> correct?

@@ -16,12 +16,8 @@ from dataclasses import dataclass, fields
 import torch
 
 from jf_core.config import TuneConfig
-from jf_core.decoding import decode
-from jf_core.decoding.ar import ar_decode
-from jf_core.decoding.common import StopTokens
+from jf_core.decoding import JacobiConfig, JFDecodeConfig, StopTokens, ar_decode, decode
 from jf_core.decoding.draft_adapter import draft_adapter
-from jf_core.decoding.jacobi import JacobiConfig
-from jf_core.decoding.multiblock import JFDecodeConfig
 from jf_core.evaluation.speed import run_interleaved, whole_batches
 from jf_core.model_dir import Crossover
 

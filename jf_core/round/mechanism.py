@@ -32,10 +32,8 @@ import torch
 
 from jf_core.atomic import write_json_atomic, write_parquet_atomic
 from jf_core.config import JFTrainConfig, Profile
-from jf_core.decoding.ar import ar_decode
-from jf_core.decoding.common import StopTokens
+from jf_core.decoding import JacobiConfig, StopTokens, ar_decode, jacobi_decode
 from jf_core.decoding.draft import DraftInitName
-from jf_core.decoding.jacobi import JacobiConfig, jacobi_decode
 from jf_core.evaluation.degeneracy import output_stats
 from jf_core.evaluation.speed import first_divergence
 from jf_core.evaluation.tables import markdown

@@ -21,7 +21,7 @@ from typing import TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from jf_core.atomic import write_json_atomic
-from jf_core.decoding.multiblock import JFDecodeConfig
+from jf_core.decoding import JFDecodeConfig
 from jf_core.evaluation.gate import Check
 from jf_core.evaluation.tune import TuneTrial
 from jf_core.model_dir import DONE

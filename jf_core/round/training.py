@@ -179,7 +179,7 @@ def _frozen_base(model_in: str, device: torch.device, attention: str) -> torch.n
 def tpf_probe(profile: Profile, model, tokenizer) -> Callable:
     """TPF of the model being trained: plain Jacobi at the round's block size and `tpf_probe_block_sizes` on a few
     calibration prompts (never the test set), greedy, fp32 (training's masters; no autocast)."""
-    from jf_core.decoding.jacobi import JacobiConfig, jacobi_decode
+    from jf_core.decoding import JacobiConfig, jacobi_decode
     from jf_core.decoding.kv import decoding_attention
     from jf_core.models import stop_tokens
     from jf_core.trajectory.prompts import calibration_prompts

@@ -23,9 +23,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
-from jf_core.decoding.configs import ServingSpec, load_serving_spec
-from jf_core.decoding.dispatch import Decoder, Dispatch, prior_speedup
-from jf_core.decoding.sampling import Sampling
+from jf_core.decoding import Decoder, Dispatch, Sampling, ServingSpec, load_serving_spec
+from jf_core.decoding.dispatch import prior_speedup
 from jf_core.serving.stream import TextStream
 
 Method = Literal["auto", "jacobi", "ar"]

@@ -16,8 +16,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from jf_core.decoding.ar import ar_decode
-from jf_core.decoding.common import StopTokens
+from jf_core.decoding import StopTokens, ar_decode
 from jf_core.model_dir import save_checkpoint
 from jf_core.paths import jf_home
 from jf_core.threads import ThreadGovernor, ThreadRecord, cpu_budget

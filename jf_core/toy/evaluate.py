@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from jf_core.decoding.common import DecodeOutput, decode_batched
+from jf_core.decoding import DecodeOutput
+from jf_core.decoding.common import decode_batched
 from jf_core.decoding.stats import DecodeStats
 from jf_core.toy.task import ToyExample, score
 

@@ -15,8 +15,9 @@ from typing import Literal
 
 import torch
 
+from jf_core.decoding import JacobiConfig
 from jf_core.decoding.draft import DraftInitName
-from jf_core.decoding.jacobi import BlockStates, JacobiConfig, JacobiDecoder
+from jf_core.decoding.jacobi import BlockStates, JacobiDecoder
 from jf_core.models import stop_tokens
 from jf_core.trajectory.prompts import PromptItem
 from jf_core.trajectory.synthetic import Corruption, synthesize

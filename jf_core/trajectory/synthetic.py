@@ -24,7 +24,7 @@ from typing import Literal
 
 import torch
 
-from jf_core.decoding.ar import ar_decode
+from jf_core.decoding import ar_decode
 from jf_core.decoding.common import first_eos
 from jf_core.models import stop_tokens
 

@@ -142,3 +142,24 @@ def test_no_module_imports_a_private_name_of_another():
                     if ours and private:
                         found.append(f"{path.relative_to(repo)}:{node.lineno} {node.module}: {', '.join(private)}")
     assert found == []
+
+
+def test_outside_decoding_its_exported_names_come_through_the_front_door():
+    """`from jf_core.decoding import decode, JacobiConfig, ...` everywhere outside the package: the front door's names
+    are never imported from the submodule that defines them (the submodules' other names, the specialists' tools,
+    are imported from where they live)."""
+    import jf_core.decoding as decoding
+
+    repo = ROOT.parent
+    found = []
+    for pkg in ("jf_core", "jf_vllm", "jf_cli", "tasks", "flows", "infra", "bench"):
+        for path in (repo / pkg).rglob("*.py"):
+            if path.is_relative_to(ROOT / "decoding"):
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("jf_core.decoding."):
+                    sub = node.module.split(".")[2]
+                    names = [a.name for a in node.names if decoding._EXPORTS.get(a.name) == sub]
+                    if names:
+                        found.append(f"{path.relative_to(repo)}:{node.lineno} {node.module}: {', '.join(names)}")
+    assert found == []
