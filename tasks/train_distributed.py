@@ -29,7 +29,7 @@ from pathlib import Path
 from jacobi_forcing.infra.ray_cluster import loopback_torch_config, ray_session
 from jf_core.atomic import write_json_atomic, write_text_atomic
 from jf_core.config import Profile
-from jf_core.round.results import TrainSummary
+from jf_core.training.trainer import TrainSummary
 
 CHAOS_ENV = "JF_CHAOS_KILL_WORKER"  # test hook: "rank:step:marker" - that worker dies after that step, once
 PROGRESS = "progress.json"  # rank 0's last logged row, for the driver (Prefect progress, logs)

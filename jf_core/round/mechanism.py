@@ -38,8 +38,8 @@ from jf_core.evaluation.degeneracy import output_stats
 from jf_core.evaluation.speed import first_divergence
 from jf_core.evaluation.tables import markdown
 from jf_core.models import load_model, stop_tokens
-from jf_core.round.results import TrainSummary
 from jf_core.training.noise import NoiseSchedule
+from jf_core.training.trainer import TrainSummary
 
 
 @dataclass

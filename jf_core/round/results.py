@@ -25,8 +25,8 @@ from jf_core.decoding import JFDecodeConfig
 from jf_core.evaluation.gate import Check
 from jf_core.evaluation.tune import TuneTrial
 from jf_core.model_dir import DONE
-from jf_core.threads import ThreadRecord
 from jf_core.training.noise import NoiseProfile
+from jf_core.training.trainer import TrainSummary
 
 log = logging.getLogger("jf.stages")
 
@@ -73,23 +73,8 @@ class PackResult(StageResult):
     noise: NoiseProfile
 
 
-class TrainSummary(BaseModel):
-    """What the one training driver returns (jf_core/round/training.py): on every worker alike."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    steps: int
-    train_seconds: float
-    model_in: str
-    strategy: str
-    workers: int
-    resumed_from_step: int = 0
-    threads: ThreadRecord = ThreadRecord()  # the training governor's counts (jf_core/threads.py)
-    history: list[dict[str, int | float]] = []  # the loss curve: a row per logged step
-
-
 class TrainResult(TrainSummary, StageResult):
-    """The training stage: the driver's summary, as the model directory's marker."""
+    """The training stage: the run's summary (jf_core/training/trainer.py), as the model directory's marker."""
 
 
 class CrossoverFigures(BaseModel):

@@ -24,13 +24,12 @@ from jf_core.decoding.draft_adapter import (
 )
 from jf_core.model_dir import lineage, save_model_dir
 from jf_core.models import ModelSpec, load_model
-from jf_core.round.results import TrainSummary
 from jf_core.threads import ThreadGovernor
 from jf_core.training.jf_data import jf_batches, read_packed_share
 from jf_core.training.losses import JacobiForcingObjective, check_lean_head, training_attention
 from jf_core.training.noise import NoiseSchedule
 from jf_core.training.parallel import Distributed, enable_activation_checkpointing, shard_fsdp2
-from jf_core.training.trainer import TrainConfig, train
+from jf_core.training.trainer import Checkpoints, Every, Measure, TrainConfig, TrainSummary, train
 
 
 def train_round(
@@ -102,28 +101,14 @@ def train_round(
         TrainConfig.of(
             t, compute_dtype=str(compute).removeprefix("torch."), **({"log_every": log_every} if log_every else {})
         ),
+        hooks=_hooks(profile, examples, model, tok, checkpoints, distributed),
         progress=progress,
         on_log=on_log,
-        checkpoint_dir=checkpoints,
-        checkpoint_every=t.every(),
         parallel=parallel,
         threads=threads,
-        probe=tpf_probe(profile, model, tok) if t.tpf_probe_every and not distributed else None,
-        probe_every=t.tpf_probe_every or 0,
-        refresh=on_policy(profile, examples, model, tok) if t.onpolicy_every else None,
-        refresh_every=t.onpolicy_every or 0,
     )
     state = parallel.full_state_dict(wrapped) if parallel is not None else None  # every worker takes part
-    summary = TrainSummary(
-        steps=result.steps,
-        train_seconds=result.seconds,
-        model_in=model_in,
-        strategy=t.strategy,
-        workers=world,
-        resumed_from_step=result.resumed_from,
-        threads=result.threads,
-        history=result.history,
-    )
+    summary = result.model_copy(update={"model_in": model_in, "strategy": t.strategy, "workers": world})
     if rank == 0:
         save_model_dir(
             _plain_model(model.config) if parallel is not None else model,
@@ -137,6 +122,18 @@ def train_round(
             block={"lineage": lineage(model_in)},
         )
     return summary
+
+
+def _hooks(profile: Profile, examples, model, tok, checkpoints: Path, distributed: bool) -> list:
+    """What the loop does every N steps, in this order: the TPF probe (one process only), the on-policy refresh,
+    then the checkpoint (which keeps the probe's row)."""
+    t = profile.training
+    hooks: list = []
+    if t.tpf_probe_every and not distributed:
+        hooks.append(Measure(tpf_probe(profile, model, tok), Every(t.tpf_probe_every)))
+    if t.onpolicy_every:  # draws new states into the pools; not after the last step, where nothing would use them
+        hooks.append(Measure(on_policy(profile, examples, model, tok), Every(t.onpolicy_every, at_end=False)))
+    return [*hooks, Checkpoints(checkpoints, Every(t.every()))]
 
 
 def _draft_adapter(model: torch.nn.Module, t) -> DraftAdapter | None:

@@ -126,7 +126,7 @@ def bootstrap(
         key=cfg.key(),
         accuracy=evaluation.accuracy,
         test_size=evaluation.total,
-        train_seconds=result.seconds,
+        train_seconds=result.train_seconds,
         total_seconds=time.perf_counter() - started,
         parameters=sum(p.numel() for p in model.parameters()),
         final_loss=result.history[-1]["loss"],

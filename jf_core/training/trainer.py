@@ -4,7 +4,7 @@ Bootstrap (plain AR) and Jacobi Forcing differ only in the `Objective` they plug
 differ only in the `Parallel` they pass (jf_core/training/parallel.py). The loop owns optimisation (AdamW, warmup +
 cosine, accumulation, clipping), seeding, progress, the non-finite-loss guard and checkpoints.
 
-- **Token-weighted steps.** An objective with `counts(batch)` averages each loss term over the positions of the
+- **Token-weighted steps.** Every objective (`Objective`) averages each loss term over the positions of the
   whole step (every micro-batch, every worker): the counts are summed (and all-reduced) before the first
   micro-batch runs, so a step is the same mean however it is split. Gradient averaging across workers is undone by
   scaling each worker's loss by the world size.
@@ -18,44 +18,57 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
+from pydantic import BaseModel, ConfigDict
 from tqdm.auto import tqdm
 
 from jf_core.threads import ThreadGovernor, ThreadRecord
+from jf_core.training.config import JFTrainConfig
 from jf_core.training.parallel import Parallel
-
-if TYPE_CHECKING:
-    from jf_core.training.config import JFTrainConfig
 
 Batch = dict[str, torch.Tensor]
 
 
 class Objective(Protocol):
-    def __call__(self, model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-        """Return the scalar loss to minimise and the per-step metrics to log (floats). Objectives that also have
-        `counts(batch)`, `summarize(totals)` and take `norm` are token-weighted over the step (see above)."""
+    """A loss, token-weighted over the whole step: `counts(batch)` gives each loss term's positions in a
+    micro-batch; the loop sums them over the step's micro-batches (and workers) into `norm` before the first one runs,
+    so a step is the same mean however it is split; `summarize(totals)` turns the step's summed metrics into the
+    logged ones."""
+
+    def counts(self, batch: Batch) -> dict[str, int]: ...
+
+    def __call__(
+        self, model: torch.nn.Module, batch: Batch, norm: dict[str, float]
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The scalar loss to minimise (this micro-batch's sums over `norm`) and its metrics to sum (floats)."""
+        ...
+
+    def summarize(self, totals: dict[str, float]) -> dict[str, float]: ...
 
 
 class NonFiniteLossError(RuntimeError):
     pass
 
 
+_PROFILE = JFTrainConfig.model_fields  # the profile's defaults are the loop's: one place for each
+
+
 @dataclass
 class TrainConfig:
-    steps: int = 1000
-    lr: float = 3e-3
+    steps: int
+    lr: float
+    warmup_steps: int
     min_lr_ratio: float = 0.1
-    warmup_steps: int = 50
     weight_decay: float = 0.01
     betas: tuple[float, float] = (0.9, 0.95)
-    grad_accum: int = 1
-    grad_clip: float = 1.0
-    seed: int = 0
+    grad_accum: int = _PROFILE["grad_accum"].default
+    grad_clip: float = _PROFILE["grad_clip"].default
+    seed: int = _PROFILE["seed"].default
     log_every: int = 10
     compute_dtype: torch.dtype = torch.float32  # autocast dtype when not float32 (one process and DDP)
 
@@ -84,13 +97,21 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.warmup_steps must be in [0, steps), got {self.warmup_steps}")
 
 
-@dataclass
-class TrainResult:
+class TrainSummary(BaseModel):
+    """A training run's result: what the loop returns, what the round's driver completes with where it ran
+    (jf_core/round/training.py, the same on every worker), and what the training stage keeps as the model
+    directory's marker (jf_core/round/results.py `TrainResult`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
     steps: int
-    seconds: float
-    history: list[dict[str, float]] = field(default_factory=list)
-    resumed_from: int = 0  # the step a checkpoint put the run at (0: from the start)
-    threads: ThreadRecord = field(default_factory=ThreadRecord)  # the counts this run used, for its params
+    train_seconds: float
+    model_in: str | None = None  # set by the round's driver
+    strategy: str = "single"
+    workers: int = 1
+    resumed_from_step: int = 0  # the step a checkpoint put the run at (0: from the start)
+    threads: ThreadRecord = ThreadRecord()  # the counts this run used (jf_core/threads.py), for its params
+    history: list[dict[str, int | float]] = []  # the loss curve: a row per logged step, and the hooks' figures
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -102,42 +123,157 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * cosine)
 
 
+# -- hooks: what the loop does every N steps ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Every:
+    """When a hook runs: after every `steps` optimizer steps (0: never), and after the last step when `at_end`."""
+
+    steps: int
+    at_end: bool = True
+
+    def due(self, done: int, total: int) -> bool:
+        if not self.steps:
+            return False
+        return self.at_end if done == total else done % self.steps == 0
+
+
+@dataclass
+class Loop:
+    """The loop's state, as a hook sees it. `step`: optimizer steps done."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    parallel: Parallel
+    batches: Iterator[Batch]
+    cfg: TrainConfig
+    history: list[dict[str, float]] = field(default_factory=list)
+    step: int = 0
+
+
+class Hook(Protocol):
+    when: Every
+
+    def start(self, loop: Loop) -> None:
+        """Before the first step (a checkpoint restores the run here)."""
+
+    def __call__(self, loop: Loop) -> dict[str, float] | None:
+        """When due: figures to merge into this step's history row, or None."""
+
+
+@dataclass
+class Measure:
+    """Figures of the model in eval mode, merged into that step's history row: a TPF probe (every N steps and after
+    the last), or an on-policy refresh, which may also change the data the batches are drawn from (those changes
+    live in memory only: a resumed run starts again from the packed data). One process only: a measurement on one
+    worker of a sharded model would wait forever for the others."""
+
+    measure: Callable[[torch.nn.Module], dict[str, float]]
+    when: Every
+
+    def start(self, loop: Loop) -> None:
+        if loop.parallel.world_size > 1:
+            raise ValueError("a training probe runs in one process only (it decodes with the whole model)")
+
+    def __call__(self, loop: Loop) -> dict[str, float]:
+        loop.model.eval()
+        try:
+            return self.measure(loop.model)
+        finally:
+            loop.model.train()
+
+
+@dataclass
+class Checkpoints:
+    """Weights, optimizer state, step and history under `directory`, written atomically when due; with `resume`,
+    a run restarts from the latest complete one, its data stream fast-forwarded, so it reaches the same weights as
+    an uninterrupted run. `save_model`: how the checkpoint's model is written (a draft adapter's own file)."""
+
+    directory: Path
+    when: Every
+    save_model: Callable[[Path], None] | None = None
+    resume: bool = True
+
+    def start(self, loop: Loop) -> None:
+        found = loop.parallel.latest_checkpoint(self.directory) if self.resume else None
+        if found is not None:
+            loop.step, loop.history = loop.parallel.load_checkpoint(found, loop.model, loop.optimizer)
+            for _ in range(loop.step * loop.cfg.grad_accum):
+                next(loop.batches)
+
+    def __call__(self, loop: Loop) -> None:
+        loop.parallel.save_checkpoint(
+            self.directory, loop.step, loop.model, loop.optimizer, loop.history, self.save_model
+        )
+
+
+# -- the loop -------------------------------------------------------------------------------------------------------
+
+
 def train(
     model: torch.nn.Module,
     batches: Iterator[Batch],
     objective: Objective,
     cfg: TrainConfig,
     *,
+    hooks: Sequence[Hook] = (),
     on_log: Callable[[int, dict[str, float]], None] | None = None,
-    checkpoint_dir: Path | None = None,
-    checkpoint_every: int = 0,
-    resume: bool = True,
     progress: bool = True,
-    save_model: Callable[[Path], None] | None = None,
     parallel: Parallel | None = None,
     threads: ThreadGovernor | None = None,
-    probe: Callable[[torch.nn.Module], dict[str, float]] | None = None,
-    probe_every: int = 0,
-    refresh: Callable[[torch.nn.Module], dict[str, float]] | None = None,
-    refresh_every: int = 0,
-) -> TrainResult:
-    """Run `cfg.steps` optimizer steps. With `checkpoint_dir` and `checkpoint_every`, a checkpoint (weights,
-    optimizer state, step) is written atomically every that many steps and at the end, and with `resume` a run
-    restarts from the latest complete one: the data stream is fast-forwarded, so a resumed run reaches the same
-    weights as an uninterrupted one.
-
-    `threads`: a governor that sets torch's CPU threads to the CPUs other processes leave free, re-measured while
-    the run goes (jf_core/threads.py). Without one, the count is left as it is.
-
-    `probe`: measured on the model (in eval mode) every `probe_every` steps and after the last, its figures merged
-    into that step's history row (e.g. the TPF the model reaches so far: metrics per step in MLflow, a plot). One
-    process only: a probe on one worker of a sharded model would wait forever for the others.
-
-    `refresh`: called the same way every `refresh_every` steps (not after the last), but it may change the data the
-    batches are drawn from (on-policy states, jf_core/training/onpolicy.py). Such changes live in memory only: a
-    run resumed from a checkpoint starts again from the packed data."""
-    parallel = parallel or Parallel()
+) -> TrainSummary:
+    """Run `cfg.steps` optimizer steps; after each, the `hooks` that are due, in the order given (a probe before
+    the checkpoint that keeps its row). `threads`: a governor that sets torch's CPU threads to the CPUs other
+    processes leave free, re-measured while the run goes (jf_core/threads.py); without one the count is left alone.
+    `on_log(step, row)`: every logged row and every hook's figures."""
+    loop = Loop(model, _optimizer(model, cfg), parallel or Parallel(), batches, cfg)
     torch.manual_seed(cfg.seed)
+    model.train()
+    for hook in hooks:
+        hook.start(loop)
+    first_step = loop.step
+    if threads is not None:
+        threads.start(first_step)
+    start = time.perf_counter()
+    bar = tqdm(
+        range(first_step, cfg.steps),
+        desc="train",
+        disable=not (progress and loop.parallel.rank == 0),
+        dynamic_ncols=True,
+    )
+    for step in bar:
+        if threads is not None:
+            threads.tick(step)
+        step_metrics, grad_norm = _step(loop, objective, step)
+        loop.step = step + 1
+        if step % cfg.log_every == 0 or step == cfg.steps - 1:
+            row = {"step": float(step), "lr": loop.optimizer.param_groups[0]["lr"], "grad_norm": grad_norm}
+            # Seconds since this process began training (a resumed run counts from its resume): the step rate.
+            row.update(step_metrics, elapsed_s=time.perf_counter() - start)
+            loop.history.append(row)
+            bar.set_postfix({k: f"{v:.3g}" for k, v in step_metrics.items()})
+            if on_log is not None:
+                on_log(step, row)
+        for hook in hooks:
+            if hook.when.due(loop.step, cfg.steps) and (figures := hook(loop)) is not None:
+                if not loop.history or loop.history[-1]["step"] != float(step):
+                    loop.history.append({"step": float(step)})
+                loop.history[-1].update(figures)
+                if on_log is not None:
+                    on_log(step, {"step": float(step), **figures})
+    model.eval()
+    return TrainSummary(
+        steps=cfg.steps,
+        train_seconds=time.perf_counter() - start,
+        history=loop.history,
+        resumed_from_step=first_step,
+        threads=threads.record() if threads is not None else ThreadRecord(),
+    )
+
+
+def _optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    """AdamW over the trainable weights, which must be fp32 masters; no decay on biases and norms."""
     params = [p for p in model.parameters() if p.requires_grad]
     low = sorted({str(p.dtype) for p in params if p.dtype != torch.float32})
     if low:
@@ -145,128 +281,74 @@ def train(
             f"the optimizer would step {', '.join(low)} weights: train fp32 master weights and compute in "
             "bf16 (TrainConfig.compute_dtype, or FSDP2's MixedPrecisionPolicy)"
         )
-    device = parallel.device(model)
     decay = [p for n, p in model.named_parameters() if p.requires_grad and p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.requires_grad and p.ndim < 2]
-    optimizer = torch.optim.AdamW(
+    return torch.optim.AdamW(
         [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
         lr=cfg.lr,
         betas=cfg.betas,
     )
-    model.train()
-    history: list[dict[str, float]] = []
-    first_step = 0
-    if checkpoint_dir is not None and resume:
-        found = parallel.latest_checkpoint(checkpoint_dir)
-        if found is not None:
-            first_step, history = parallel.load_checkpoint(found, model, optimizer)
-            for _ in range(first_step * cfg.grad_accum):
-                next(batches)
-    counted = hasattr(objective, "counts")
+
+
+def _step(loop: Loop, objective: Objective, step: int) -> tuple[dict[str, float], float]:
+    """One optimizer step over `grad_accum` micro-batches: (the step's metrics, the gradient norm before clipping)."""
+    cfg, parallel, model = loop.cfg, loop.parallel, loop.model
+    device = parallel.device(model)
     autocast = (
         torch.autocast(device.type, dtype=cfg.compute_dtype)
         if cfg.compute_dtype != torch.float32 and parallel.uses_autocast
         else contextlib.nullcontext()
     )
-    if threads is not None:
-        threads.start(first_step)
-    start = time.perf_counter()
-    show = progress and parallel.rank == 0
-    bar = tqdm(range(first_step, cfg.steps), desc="train", disable=not show, dynamic_ncols=True)
-    for step in bar:
-        if threads is not None:
-            threads.tick(step)
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, cfg)
-        micro = [{k: v.to(device) for k, v in next(batches).items()} for _ in range(cfg.grad_accum)]
-        norm = None
-        if counted:  # the step's positions per loss term, over every micro-batch and worker
-            norm = {}
-            for batch in micro:
-                for k, v in objective.counts(batch).items():
-                    norm[k] = norm.get(k, 0) + v
-            norm = parallel.sum(norm)
-        totals: dict[str, float] = {}
-        for i, batch in enumerate(micro):
-            with parallel.no_sync(model, last=i == len(micro) - 1):
-                with autocast:
-                    loss, metrics = objective(model, batch, norm) if counted else objective(model, batch)
-                # Workers' gradients are averaged: a token-weighted loss undoes that by the world size.
-                (loss * parallel.world_size if counted else loss / cfg.grad_accum).backward()
-            for k, v in {**metrics, "_loss": float(loss.detach())}.items():
-                totals[k] = totals.get(k, 0.0) + v
-        totals = parallel.sum(totals)
-        if not math.isfinite(totals["_loss"]):
-            raise NonFiniteLossError(f"loss is {totals['_loss']} at step {step}; metrics: {totals}")
-        if counted:
-            step_metrics = objective.summarize(totals)
-        else:  # mean of the micro-batches' (and workers') own means
-            step_metrics = {k: v / (cfg.grad_accum * parallel.world_size) for k, v in totals.items() if k != "_loss"}
-        grad_norm = parallel.clip_grad_norm(model, cfg.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if step % cfg.log_every == 0 or step == cfg.steps - 1:
-            row = {"step": float(step), "lr": optimizer.param_groups[0]["lr"], "grad_norm": grad_norm, **step_metrics}
-            # Seconds since this process began training (a resumed run counts from its resume): the step rate.
-            row["elapsed_s"] = time.perf_counter() - start
-            history.append(row)
-            bar.set_postfix({k: f"{v:.3g}" for k, v in step_metrics.items()})
-            if on_log is not None:
-                on_log(step, row)
-        done = step + 1
-        hooks = [
-            (probe, probe is not None and probe_every and (done % probe_every == 0 or done == cfg.steps)),
-            (refresh, refresh is not None and refresh_every and done % refresh_every == 0 and done < cfg.steps),
-        ]
-        for hook, due in hooks:
-            if not due:
-                continue
-            if parallel.world_size > 1:
-                raise ValueError("a training probe runs in one process only (it decodes with the whole model)")
-            model.eval()
-            measured = hook(model)
-            model.train()
-            if not history or history[-1]["step"] != float(step):
-                history.append({"step": float(step)})
-            history[-1].update(measured)
-            if on_log is not None:
-                on_log(step, {"step": float(step), **measured})
-        if checkpoint_dir is not None and checkpoint_every and (done % checkpoint_every == 0 or done == cfg.steps):
-            parallel.save_checkpoint(checkpoint_dir, done, model, optimizer, history, save_model)
-    model.eval()
-    return TrainResult(
-        steps=cfg.steps,
-        seconds=time.perf_counter() - start,
-        history=history,
-        resumed_from=first_step,
-        threads=threads.record() if threads is not None else ThreadRecord(),
-    )
+    for group in loop.optimizer.param_groups:
+        group["lr"] = lr_at(step, cfg)
+    micro = [{k: v.to(device) for k, v in next(loop.batches).items()} for _ in range(cfg.grad_accum)]
+    norm: dict[str, float] = {}  # the step's positions per loss term, over every micro-batch and worker
+    for batch in micro:
+        for k, v in objective.counts(batch).items():
+            norm[k] = norm.get(k, 0) + v
+    norm = parallel.sum(norm)
+    totals: dict[str, float] = {}
+    for i, batch in enumerate(micro):
+        with parallel.no_sync(model, last=i == len(micro) - 1):
+            with autocast:
+                loss, metrics = objective(model, batch, norm)
+            # Workers' gradients are averaged: a token-weighted loss undoes that by the world size.
+            (loss * parallel.world_size).backward()
+        for k, v in {**metrics, "_loss": float(loss.detach())}.items():
+            totals[k] = totals.get(k, 0.0) + v
+    totals = parallel.sum(totals)
+    if not math.isfinite(totals["_loss"]):
+        raise NonFiniteLossError(f"loss is {totals['_loss']} at step {step}; metrics: {totals}")
+    grad_norm = parallel.clip_grad_norm(model, cfg.grad_clip)
+    loop.optimizer.step()
+    loop.optimizer.zero_grad(set_to_none=True)
+    return objective.summarize(totals), grad_norm
 
 
-def causal_lm_loss(
-    model: torch.nn.Module, batch: Batch, norm: dict[str, float] | None = None
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """Plain next-token cross entropy; positions labelled -100 (prompt, padding) are ignored. Token-weighted over
-    `norm["lm"]` positions (default: this batch's)."""
-    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
-    logits = out.logits[:, :-1].float()
-    labels = batch["labels"][:, 1:]
-    total = torch.nn.functional.cross_entropy(
-        logits.reshape(-1, logits.size(-1)), labels.reshape(-1), ignore_index=-100, reduction="sum"
-    )
-    count = int((labels != -100).sum())
-    loss = total / max((norm or {"lm": count})["lm"], 1)
-    total_value = float(total.detach())
-    return loss, {"loss": total_value / max(count, 1), "lm_loss_sum": total_value, "lm_positions": float(count)}
+class CausalLMLoss:
+    """Plain next-token cross entropy (the bootstrap's objective, and Jacobi Forcing's mixed-in AR batches);
+    positions labelled -100 (prompt, padding) are ignored. Token-weighted over `norm["lm"]` positions (default: this
+    batch's)."""
+
+    def counts(self, batch: Batch) -> dict[str, int]:
+        return {"lm": int((batch["labels"][:, 1:] != -100).sum())}
+
+    def __call__(
+        self, model: torch.nn.Module, batch: Batch, norm: dict[str, float] | None = None
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+        logits = out.logits[:, :-1].float()
+        labels = batch["labels"][:, 1:]
+        total = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.size(-1)), labels.reshape(-1), ignore_index=-100, reduction="sum"
+        )
+        count = int((labels != -100).sum())
+        loss = total / max((norm or {"lm": count})["lm"], 1)
+        total_value = float(total.detach())
+        return loss, {"loss": total_value / max(count, 1), "lm_loss_sum": total_value, "lm_positions": float(count)}
+
+    def summarize(self, totals: dict[str, float]) -> dict[str, float]:
+        return {"loss": totals["lm_loss_sum"] / max(totals["lm_positions"], 1.0)}
 
 
-def _lm_counts(batch: Batch) -> dict[str, int]:
-    return {"lm": int((batch["labels"][:, 1:] != -100).sum())}
-
-
-def _lm_summary(totals: dict[str, float]) -> dict[str, float]:
-    return {"loss": totals["lm_loss_sum"] / max(totals["lm_positions"], 1.0)}
-
-
-causal_lm_loss.counts = _lm_counts  # type: ignore[attr-defined]
-causal_lm_loss.summarize = _lm_summary  # type: ignore[attr-defined]
+causal_lm_loss = CausalLMLoss()

@@ -14,7 +14,7 @@ from jf_core.model_dir import save_checkpoint
 from jf_core.models import ModelLoadError, load_model
 from jf_core.toy.model import ToyModelConfig, build_model
 from jf_core.toy.tokenizer import build_tokenizer
-from jf_core.training.trainer import TrainConfig, causal_lm_loss, train
+from jf_core.training.trainer import Checkpoints, Every, TrainConfig, causal_lm_loss, train
 
 pytestmark = pytest.mark.faults
 
@@ -62,10 +62,10 @@ def test_a_corrupted_training_checkpoint_is_refused_not_resumed_from(tmp_path, t
             ids = torch.randint(3, len(tok), (2, 12), generator=g)
             yield {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
 
-    cfg = TrainConfig(steps=4, warmup_steps=1, log_every=1)
-    train(tiny(tok), batches(), causal_lm_loss, cfg, checkpoint_dir=tmp_path, checkpoint_every=2, progress=False)
+    cfg = TrainConfig(steps=4, lr=3e-3, warmup_steps=1, log_every=1)
+    train(tiny(tok), batches(), causal_lm_loss, cfg, hooks=[Checkpoints(tmp_path, Every(2))], progress=False)
     latest = sorted(tmp_path.glob("step-*"))[-1]
     flip_a_byte(latest / "optimizer.pt")
-    longer = TrainConfig(steps=6, warmup_steps=1, log_every=1)
+    longer = TrainConfig(steps=6, lr=3e-3, warmup_steps=1, log_every=1)
     with pytest.raises(CorruptFileError, match=rf"{latest.name}/optimizer\.pt: checksum mismatch"):
-        train(tiny(tok), batches(), causal_lm_loss, longer, checkpoint_dir=tmp_path, checkpoint_every=2, progress=False)
+        train(tiny(tok), batches(), causal_lm_loss, longer, hooks=[Checkpoints(tmp_path, Every(2))], progress=False)

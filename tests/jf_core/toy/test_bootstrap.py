@@ -20,7 +20,7 @@ def test_a_bootstrap_reports_its_steps_to_a_caller_that_shows_no_bar(tmp_path, c
 
     cfg = BootstrapConfig(
         model=ToyModelConfig(hidden_size=16, num_hidden_layers=1, intermediate_size=32),
-        train=TrainConfig(steps=4, warmup_steps=1, log_every=2),
+        train=TrainConfig(steps=4, lr=3e-3, warmup_steps=1, log_every=2),
         train_size=64, test_size=4, batch_size=8, threads=1,
     )  # fmt: skip
     rows = []

@@ -463,7 +463,7 @@ def test_an_adapter_run_resumes_from_its_checkpoint_to_the_same_adapter(tmp_path
     fresh adapter, to the adapter an uninterrupted run reaches."""
     from jf_core.decoding.draft_adapter import attach_draft_adapter
     from jf_core.training.jf_data import jf_batches
-    from jf_core.training.trainer import TrainConfig, train
+    from jf_core.training.trainer import Checkpoints, Every, TrainConfig, train
 
     examples = _random_examples(4, ((3, 2), (5, 3)))
     cfg = TrainConfig(steps=8, lr=1e-2, warmup_steps=1, log_every=1)
@@ -483,7 +483,7 @@ def test_an_adapter_run_resumes_from_its_checkpoint_to_the_same_adapter(tmp_path
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        run(0, checkpoint_dir=tmp_path, checkpoint_every=3, on_log=crash_after_5)
-    resumed = run(1, checkpoint_dir=tmp_path, checkpoint_every=3)
+        run(0, hooks=[Checkpoints(tmp_path, Every(3))], on_log=crash_after_5)
+    resumed = run(1, hooks=[Checkpoints(tmp_path, Every(3))])
     for (name, a), (_, b) in zip(straight.state_dict().items(), resumed.state_dict().items(), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6, msg=name)

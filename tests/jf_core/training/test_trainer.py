@@ -7,7 +7,17 @@ import torch
 
 from jf_core.decoding.common import StopTokens
 from jf_core.model_dir import save_checkpoint
-from jf_core.training.trainer import NonFiniteLossError, TrainConfig, causal_lm_loss, lr_at, train
+from jf_core.training.trainer import (
+    CausalLMLoss,
+    Checkpoints,
+    Every,
+    Measure,
+    NonFiniteLossError,
+    TrainConfig,
+    causal_lm_loss,
+    lr_at,
+    train,
+)
 from tests.conftest import TINY_MODELS
 
 
@@ -47,12 +57,15 @@ def test_training_fits_a_fixed_batch_and_is_seeded():
 def test_non_finite_loss_stops_with_a_clear_error():
     model = TINY_MODELS["qwen2"]()
 
-    def broken(model, batch):
-        loss, _ = causal_lm_loss(model, batch)
-        return loss * float("nan"), {}
+    class Broken(CausalLMLoss):
+        def __call__(self, model, batch, norm):
+            loss, metrics = super().__call__(model, batch, norm)
+            return loss * float("nan"), metrics
+
+    broken = Broken()
 
     with pytest.raises(NonFiniteLossError, match="step 0"):
-        train(model, batches(), broken, TrainConfig(steps=3, warmup_steps=0), progress=False)
+        train(model, batches(), broken, TrainConfig(steps=3, lr=3e-3, warmup_steps=0), progress=False)
 
 
 def test_checkpoint_replaces_atomically(tmp_path):
@@ -102,15 +115,14 @@ def test_resume_reaches_the_same_weights(tmp_path):
             varying_batches(),
             causal_lm_loss,
             cfg,
-            checkpoint_dir=tmp_path,
-            checkpoint_every=3,
+            hooks=[Checkpoints(tmp_path, Every(3))],
             on_log=crash_after_5,
             progress=False,
         )
     assert [p.name for p in sorted(tmp_path.iterdir())] == ["step-00000003"]
     resumed = TINY_MODELS["qwen2"]().train()  # fresh weights: everything must come from the checkpoint
     result = train(
-        resumed, varying_batches(), causal_lm_loss, cfg, checkpoint_dir=tmp_path, checkpoint_every=3, progress=False
+        resumed, varying_batches(), causal_lm_loss, cfg, hooks=[Checkpoints(tmp_path, Every(3))], progress=False
     )
     assert [h["step"] for h in result.history] == list(map(float, range(8)))
     for (name, a), (_, b) in zip(straight.state_dict().items(), resumed.state_dict().items(), strict=True):
@@ -134,7 +146,7 @@ def test_bf16_compute_keeps_fp32_master_weights_and_updates_like_fp32():
     assert abs(changed[torch.bfloat16] - changed[torch.float32]) < 0.02, changed
     with pytest.raises(ValueError, match=r"optimizer would step torch\.bfloat16 weights"):
         low = TINY_MODELS["qwen2"]().to(torch.bfloat16)
-        train(low, batches(), causal_lm_loss, TrainConfig(steps=2, warmup_steps=0))
+        train(low, batches(), causal_lm_loss, TrainConfig(steps=2, lr=3e-3, warmup_steps=0))
 
 
 def test_a_step_is_the_same_token_weighted_mean_however_it_is_split():
@@ -156,8 +168,10 @@ def test_a_step_is_the_same_token_weighted_mean_however_it_is_split():
     whole = next(stream)
     parts = [next(stream), next(stream)]
     one, two = copy.deepcopy(base), copy.deepcopy(base)
-    train(one, iter([whole]), causal_lm_loss, TrainConfig(steps=1, warmup_steps=0, grad_clip=1e9), progress=False)
-    cfg = TrainConfig(steps=1, warmup_steps=0, grad_accum=2, grad_clip=1e9)
+    train(
+        one, iter([whole]), causal_lm_loss, TrainConfig(steps=1, lr=3e-3, warmup_steps=0, grad_clip=1e9), progress=False
+    )
+    cfg = TrainConfig(steps=1, lr=3e-3, warmup_steps=0, grad_accum=2, grad_clip=1e9)
     result = train(two, iter(parts), causal_lm_loss, cfg, progress=False)
     for (n, a), b in zip(one.named_parameters(), two.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=n)
@@ -186,8 +200,7 @@ def test_a_probe_measures_the_model_during_training_without_changing_what_it_lea
             causal_lm_loss,
             TrainConfig(steps=7, lr=3e-3, warmup_steps=1, log_every=2),
             progress=False,
-            probe=probe if with_probe else None,
-            probe_every=3,
+            hooks=[Measure(probe, Every(3))] if with_probe else (),
         )
         runs.append((result.history, {k: v.clone() for k, v in model.state_dict().items()}, seen, model.training))
     (plain, plain_weights, _, _), (probed, probed_weights, seen, training_after) = runs
