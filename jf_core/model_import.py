@@ -161,6 +161,34 @@ def _gguf_bar_on_terminals_only() -> Iterator[None]:
         reader.tqdm = bar
 
 
+def _load_dequantized(path: Path):
+    """The GGUF file as a transformers model in fp32 (the saved dtype is then a cast of exact fp32 values, whatever
+    was asked) and its tokenizer; refused when transformers cannot read it or the exact decoders cannot run it."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from jf_core.decoding.kv import UnsupportedModelError, attention_layout
+
+    kwargs = {"gguf_file": path.name}
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, **kwargs)
+        with _gguf_bar_on_terminals_only():
+            model = AutoModelForCausalLM.from_pretrained(path.parent, dtype=torch.float32, **kwargs)
+    except (ValueError, KeyError, NotImplementedError) as err:
+        raise ModelImportError(f"{path}: transformers cannot load it as a causal LM ({err})") from err
+    try:
+        attention_layout(model)  # a model the exact decoders cannot run is not worth a directory
+    except UnsupportedModelError as err:
+        raise ModelImportError(f"{path}: {err}") from None
+    # The weights are plain dequantized tensors now; transformers still marks the model as GGUF-"quantized" and
+    # would refuse to save it. The marks go: the directory is an ordinary fp32 (or --dtype) checkpoint.
+    model.hf_quantizer = None
+    model.is_quantized = False
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    return model, tokenizer
+
+
 def import_gguf(
     source: str | Path,
     out_dir: str | Path,
@@ -185,29 +213,10 @@ def import_gguf(
     else:
         path = Path(source).expanduser().resolve()
     info = inspect_gguf(path)
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    from transformers import GenerationConfig
 
     progress(f"reading {path.name} ({info.architecture}, {', '.join(sorted(info.tensor_types))}), dequantizing")
-    kwargs = {"gguf_file": path.name}
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path.parent, **kwargs)
-        # Dequantized to fp32 first: the saved dtype is a cast of exact fp32 values, whatever was asked.
-        with _gguf_bar_on_terminals_only():
-            model = AutoModelForCausalLM.from_pretrained(path.parent, dtype=torch.float32, **kwargs)
-    except (ValueError, KeyError, NotImplementedError) as err:
-        raise ModelImportError(f"{path}: transformers cannot load it as a causal LM ({err})") from err
-    from jf_core.decoding.kv import UnsupportedModelError, attention_layout
-
-    try:
-        attention_layout(model)  # a model the exact decoders cannot run is not worth a directory
-    except UnsupportedModelError as err:
-        raise ModelImportError(f"{path}: {err}") from None
-    # The weights are plain dequantized tensors now; transformers still marks the model as GGUF-"quantized" and
-    # would refuse to save it. The marks go: the directory is an ordinary fp32 (or --dtype) checkpoint.
-    model.hf_quantizer = None
-    model.is_quantized = False
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
+    model, tokenizer = _load_dequantized(path)
     eos = eos_ids(tokenizer, info)
     if not eos:
         raise ModelImportError(f"{path}: no EOS token in its tokenizer or metadata: decoding could never stop")

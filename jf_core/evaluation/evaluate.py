@@ -34,7 +34,7 @@ from jf_core.evaluation.benchmarks import BenchmarkItem, load_benchmark, score
 from jf_core.evaluation.degeneracy import output_stats
 from jf_core.evaluation.methods import build_methods
 from jf_core.evaluation.results import Calibration, Evaluation
-from jf_core.evaluation.speed import Decoder, bench, run_interleaved
+from jf_core.evaluation.speed import Decoder, MethodResult, bench, run_interleaved
 from jf_core.trajectory.prompts import PromptFormat, calibration_prompts, hash_split
 
 EXACT_DTYPES = (torch.float32, torch.float64)
@@ -97,14 +97,6 @@ def evaluate_model(
         model, stop, cfg.max_new_tokens, block_sizes=cfg.block_sizes, tuned=tuned, ar_above_batch=ar_above_batch
     )
     methods = {**own, **(extra_methods or {})}
-    scores: dict[tuple[int, str], bool] = {}
-
-    def scorer(i: int, seq: list[int]) -> bool:  # methods mostly agree: score each distinct text once
-        text = tokenizer.decode(seq, skip_special_tokens=True)
-        if (i, text) not in scores:
-            scores[(i, text)] = score(data.benchmark, data.items[i], text)
-        return scores[(i, text)]
-
     say = progress or (lambda _m: None)
     speed_prompts = data.prompts[: cfg.speed_prompts]
     one_pass = len(speed_prompts) == len(data.prompts) and cfg.speed_batch_size == cfg.batch_size
@@ -116,7 +108,7 @@ def evaluate_model(
             data.prompts,
             batch_size=cfg.batch_size,
             repeats=cfg.repeats if one_pass else 1,
-            scorer=scorer,
+            scorer=_scorer(tokenizer, data),
             reference="hf_generate",
             same_output_as=same_output_as,
             progress=say,
@@ -124,13 +116,7 @@ def evaluate_model(
         )
     }
     if dtype in EXACT_DTYPES:
-        for name, r in quality.items():
-            if exact_methods(name) and r.identical_fraction < 1.0:
-                bad = next(i for i, d in enumerate(r.first_divergence) if d is not None)
-                raise LosslessnessError(
-                    f"{name} changed the greedy output in {dtype} (prompt {bad}, token {r.first_divergence[bad]}): "
-                    "in fp32 the decoders must reproduce greedy AR token for token"
-                )
+        check_lossless(quality, exact_methods, dtype)
     if one_pass:
         speed = quality
     else:
@@ -142,19 +128,7 @@ def evaluate_model(
                 methods, speed_prompts, batch_size=b, repeats=cfg.repeats, reference="hf_generate", progress=say
             )
         }
-    rows = {
-        name: replace(
-            speed[name],
-            tpf=q.tpf,
-            accuracy=q.accuracy,
-            identical_fraction=q.identical_fraction,
-            first_divergence=q.first_divergence,
-            tpf_per_example=q.tpf_per_example,
-            accepted_histogram=q.accepted_histogram,
-            output_stats=q.output_stats,
-        )
-        for name, q in quality.items()
-    }
+    rows = {name: with_quality(speed[name], q) for name, q in quality.items()}
     best_n, calibrated = choose_block_size(model, stop, cfg, calibration, say)
     return Evaluation(
         benchmark=data.benchmark,
@@ -169,6 +143,45 @@ def evaluate_model(
             tuned if tuned is not None else JacobiConfig(block_size=best_n, max_new_tokens=cfg.max_new_tokens)
         ),
         eval_seconds=time.perf_counter() - started,
+    )
+
+
+def _scorer(tokenizer, data: EvalSet) -> Callable[[int, list[int]], bool]:
+    """Whether a method's output for item i is correct; methods mostly agree, so each distinct text is scored once."""
+    scores: dict[tuple[int, str], bool] = {}
+
+    def scorer(i: int, seq: list[int]) -> bool:
+        text = tokenizer.decode(seq, skip_special_tokens=True)
+        if (i, text) not in scores:
+            scores[(i, text)] = score(data.benchmark, data.items[i], text)
+        return scores[(i, text)]
+
+    return scorer
+
+
+def check_lossless(quality: dict[str, MethodResult], exact: Callable[[str], bool], dtype: torch.dtype) -> None:
+    """In fp32 the decoders reproduce greedy AR token for token: a method the contract covers that did not is an
+    error naming it, the prompt and the token."""
+    for name, r in quality.items():
+        if exact(name) and r.identical_fraction < 1.0:
+            bad = next(i for i, d in enumerate(r.first_divergence) if d is not None)
+            raise LosslessnessError(
+                f"{name} changed the greedy output in {dtype} (prompt {bad}, token {r.first_divergence[bad]}): "
+                "in fp32 the decoders must reproduce greedy AR token for token"
+            )
+
+
+def with_quality(speed: MethodResult, quality: MethodResult) -> MethodResult:
+    """A method's row: its speed from the speed pass, everything about its outputs from the quality pass."""
+    return replace(
+        speed,
+        tpf=quality.tpf,
+        accuracy=quality.accuracy,
+        identical_fraction=quality.identical_fraction,
+        first_divergence=quality.first_divergence,
+        tpf_per_example=quality.tpf_per_example,
+        accepted_histogram=quality.accepted_histogram,
+        output_stats=quality.output_stats,
     )
 
 

@@ -67,36 +67,10 @@ def train_round(
         check_lean_head(model, {k: v.to(model.device) for k, v in first.items()}, t.mask)
 
     parallel = Distributed(t.strategy) if distributed else None
-    if t.strategy == "fsdp2":
-        wrapped = shard_fsdp2(model, compute, t.activation_checkpointing, t.cpu_offload)  # shards on the device
-    else:
-        if t.activation_checkpointing:
-            enable_activation_checkpointing(model)
-        wrapped = _ddp(model, device) if distributed else model
-
-    ar_mix = None
-    if t.mix_ar_every and profile.prompts.source == "embedded" and not distributed:
-        # AR batches on the embedded task's ground truth keep the toy's AR skill; one process only (the workers'
-        # shares replay as one process's global batches, which AR mixing would not).
-        from jf_core.toy.data import ar_batches
-        from jf_core.toy.task import make_split
-
-        ar_mix = ar_batches(tok, make_split("train", 20_000), t.batch_size, t.seed)
-    batches = jf_batches(
-        examples,
-        t.batch_size,
-        tok.pad_token_id,
-        seed=t.seed + rank,
-        variant=t.mask,
-        ar_batches=ar_mix,
-        ar_every=t.mix_ar_every,
-        dense_mask=attention != "flex_attention",
-        redraw=NoiseSchedule.of(t) if t.state_pick == "each_visit" else None,
-    )
-
+    wrapped = _wrapped(model, t, compute, device)
     result = train(
         wrapped,
-        batches,
+        _batches(profile, examples, tok, rank, dense_mask=attention != "flex_attention"),
         JacobiForcingObjective.of(t, base=_frozen_base(model_in, device, attention) if t.base_kl_weight else None),
         TrainConfig.of(
             t, compute_dtype=str(compute).removeprefix("torch."), **({"log_every": log_every} if log_every else {})
@@ -110,18 +84,57 @@ def train_round(
     state = parallel.full_state_dict(wrapped) if parallel is not None else None  # every worker takes part
     summary = result.model_copy(update={"model_in": model_in, "strategy": t.strategy, "workers": world})
     if rank == 0:
-        save_model_dir(
-            _plain_model(model.config) if parallel is not None else model,
-            out,
-            tokenizer=tok,
-            state_dict=base_state_dict(model) if adapter is not None else state,
-            # The frozen base an adapter drafts beside is saved as loaded (fp32): rounded to a bf16 compute dtype,
-            # it would verify with other weights than the base whose greedy text the adapter model promises.
-            dtype=torch.float32 if adapter is not None else compute,
-            extra_tensors={ADAPTER_FILE: adapter_file(adapter)} if adapter is not None else None,
-            block={"lineage": lineage(model_in)},
-        )
+        _save(model, tok, out, state=state, adapter=adapter, compute=compute, model_in=model_in)
     return summary
+
+
+def _wrapped(model: torch.nn.Module, t, compute: torch.dtype, device: torch.device) -> torch.nn.Module:
+    """The model as its strategy trains it: itself (one process), a DDP replica, or FSDP2 shards on the device."""
+    if t.strategy == "fsdp2":
+        return shard_fsdp2(model, compute, t.activation_checkpointing, t.cpu_offload)
+    if t.activation_checkpointing:
+        enable_activation_checkpointing(model)
+    return _ddp(model, device) if t.strategy == "ddp" else model
+
+
+def _batches(profile: Profile, examples, tok, rank: int, *, dense_mask: bool):
+    """This worker's packed batches (its seed offset by its rank), with the embedded task's AR batches mixed in
+    where the profile asks (one process only: the workers' shares replay as one process's global batches, which AR
+    mixing would not)."""
+    t = profile.training
+    ar_mix = None
+    if t.mix_ar_every and profile.prompts.source == "embedded" and t.strategy == "single":
+        from jf_core.toy.data import ar_batches
+        from jf_core.toy.task import make_split
+
+        ar_mix = ar_batches(tok, make_split("train", 20_000), t.batch_size, t.seed)
+    return jf_batches(
+        examples,
+        t.batch_size,
+        tok.pad_token_id,
+        seed=t.seed + rank,
+        variant=t.mask,
+        ar_batches=ar_mix,
+        ar_every=t.mix_ar_every,
+        dense_mask=dense_mask,
+        redraw=NoiseSchedule.of(t) if t.state_pick == "each_visit" else None,
+    )
+
+
+def _save(model, tok, out: Path, *, state, adapter: DraftAdapter | None, compute: torch.dtype, model_in: str) -> None:
+    """The trained model directory, written atomically: the whole model in its compute dtype (from the gathered
+    `state` when sharded), or the frozen base with the draft adapter's own file."""
+    save_model_dir(
+        _plain_model(model.config) if state is not None else model,
+        out,
+        tokenizer=tok,
+        state_dict=base_state_dict(model) if adapter is not None else state,
+        # The frozen base an adapter drafts beside is saved as loaded (fp32): rounded to a bf16 compute dtype,
+        # it would verify with other weights than the base whose greedy text the adapter model promises.
+        dtype=torch.float32 if adapter is not None else compute,
+        extra_tensors={ADAPTER_FILE: adapter_file(adapter)} if adapter is not None else None,
+        block={"lineage": lineage(model_in)},
+    )
 
 
 def _hooks(profile: Profile, examples, model, tok, checkpoints: Path, distributed: bool) -> list:
