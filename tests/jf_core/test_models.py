@@ -126,3 +126,25 @@ def test_fp32_lm_head_gives_fp32_logits_of_the_same_weights(tmp_path):
     assert low.dtype == torch.bfloat16 and high.dtype == torch.float32
     assert next(upcast.model.parameters()).dtype == torch.bfloat16  # only the head is fp32
     torch.testing.assert_close(high.to(torch.bfloat16), low, rtol=0.02, atol=0.02)
+
+
+def test_one_device_rule_for_a_process_and_one_for_a_ray_worker():
+    """`auto` is CUDA where a device is visible, else the CPU; a CUDA device that is not there is refused by name
+    (this machine has none: the check runs where the GPU tests are skipped). A Ray worker runs on CUDA when Ray
+    gives it GPUs, else on the model's device, `auto` meaning the CPU there."""
+    import torch
+
+    from jf_core.config import load_profile
+    from jf_core.models import resolve_device
+
+    assert resolve_device("cpu") == torch.device("cpu")
+    if torch.cuda.is_available():
+        assert resolve_device("auto").type == "cuda"
+    else:
+        assert resolve_device("auto") == torch.device("cpu")
+        with pytest.raises(ValueError, match=r"model.device: 'cuda', but no CUDA device is visible"):
+            resolve_device("cuda")
+    tiny = load_profile("tiny")
+    assert tiny.worker_device() == ("cpu" if tiny.model.device == "auto" else tiny.model.device)
+    gpus = load_profile("tiny", compute={"gpus_per_worker": 1})
+    assert gpus.worker_device() == "cuda"
