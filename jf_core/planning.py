@@ -18,6 +18,10 @@ is not cached here falls back to a snapshot shipped in jf_core/profiles/configs/
 Estimates, not measurements: parameters, gradients, optimizer state and the KV cache are exact byte counts (tests
 check them against real allocations of small models); activations follow a per-token count of what a Llama-style
 layer keeps for backward. A stage that does not fit names the first knob (or pair of knobs) that makes it fit.
+
+Why one module of 400 lines: the stages' estimates share the model's byte counts and each other's terms (a
+trajectory actor's KV cache is the evaluation's too), and `jf plan` prints them as one table; split by stage, each
+part would import the others' internals.
 """
 
 from __future__ import annotations

@@ -22,6 +22,9 @@ base's greedy output (or, sampling, the base's sample).
 Sampling changes one thing: the token after each slot is the `Sampler`'s pick (the Gumbel-max sample with the
 request's noise at that output position) instead of the argmax. Given the noise it is a function of the prefix, so
 "greedy" below reads as "the pick" and every argument above holds for the AR sampler with the same seeds.
+
+Why one module of 400 lines: the Jacobi step (layout, forward, verification, commit) is one state machine over
+`SequenceState` and `KVState`, which the extensions subclass; its pieces are read together or not at all.
 """
 
 from __future__ import annotations

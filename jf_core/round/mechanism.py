@@ -15,6 +15,9 @@ A TPF that comes with changed or degenerate text is not a result: the table puts
 `draft_lora_rank` trains a draft-only adapter instead of the model (jf_core/decoding/draft_adapter.py): its Jacobi
 decoding drafts with the adapter and verifies with the base, so "= base text" is 1.0 by construction and measured.
 `bench/mechanism.py` is the command; a CI test runs it on a tiny model.
+
+Why 390 lines, and why here: it is still a second pipeline beside the round (its own collection, packing, resume
+rule and rows); issue 50 makes its variants the round's own stages beside `jf_core/ablation.py`, and this module goes.
 """
 
 from __future__ import annotations

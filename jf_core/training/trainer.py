@@ -11,6 +11,11 @@ cosine, accumulation, clipping), seeding, progress, the non-finite-loss guard an
 - **Mixed precision.** The weights the optimizer steps are fp32, always (AdamW on bf16 weights rounds most small
   updates away: at lr 1e-5, 15% of weights changed at all in 20 steps against 100% in fp32). Compute runs in
   `compute_dtype` under autocast (one process, DDP) or FSDP2's MixedPrecisionPolicy (bf16 compute, fp32 reduce).
+- **Hooks.** What happens every N steps (a TPF probe, an on-policy refresh, a checkpoint) is a `Hook` with its
+  `Every`, run after the step in the order given; a checkpoint hook restores the run before the first step.
+
+Why 350 lines in one module: the loop, its config, its result, its hooks and the plain AR objective are what a
+newcomer reads to find where a step happens and what it returns.
 """
 
 from __future__ import annotations
