@@ -94,10 +94,9 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
 
     from jf_core.decoding import load_serving_spec
     from jf_core.decoding.kv import attention_implementation
-    from jf_core.evaluation.evaluate import evaluate_model
+    from jf_core.evaluation.evaluate import evaluate_profile
     from jf_core.evaluation.methods import build_methods
     from jf_core.models import load_model, stop_tokens
-    from jf_core.trajectory.prompts import PromptFormat, calibration_prompts
 
     set_threads(args)
     sampling = _sampling(args)  # before anything loads: a bad flag is named at once
@@ -141,25 +140,18 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
         )
         extra.update(rows)
         same = dict.fromkeys(rows, "jf_ar")  # the trained model's rows reproduce its own AR
-    # A tuned model's row is its dispatched decoding (AR above its stored crossover), as in the round's evaluation.
-    spec = load_serving_spec(path) if Path(path).is_dir() else None
-    tuned = spec.tuned if spec else None
-    above = spec.ar_above_batch if tuned else None
     sizes = args.batch_sizes or [args.batch_size]
     tables: dict[int, list] = {}
     for batch_size in sizes:
         if len(sizes) > 1:
             print(f"\n## batch size {batch_size}\n")
         at = cfg.model_copy(update={"batch_size": batch_size, "speed_batch_size": batch_size})
-        result = evaluate_model(
-            model,
-            tok,
-            at,
-            fmt=PromptFormat.of(profile.prompts),
-            stop=stop,
-            calibration=calibration_prompts(profile.prompts, tok, cfg.tune.prompts, cfg.calibration_split),
-            tuned=tuned,
-            ar_above_batch=above,
+        # The round's evaluation of this model (its tuned row dispatched as every consumer decodes it), with the
+        # rows beside it.
+        result = evaluate_profile(
+            path,
+            profile.model_copy(update={"evaluation": at}),
+            loaded=(model, tok),
             extra_methods=extra,
             same_output_as=same,
             progress=_say,

@@ -209,25 +209,36 @@ def choose_block_size(
     return int(max(tps, key=tps.get)), Calibration(prompts=len(calibration), tps=tps)
 
 
-def evaluate_profile(model_path: str, profile: Profile, *, progress: Callable[[str], None] | None = None) -> Evaluation:
+def evaluate_profile(
+    model_path: str,
+    profile: Profile,
+    *,
+    loaded: tuple | None = None,
+    extra_methods: dict[str, Decoder] | None = None,
+    same_output_as: dict[str, str] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> Evaluation:
     """`evaluate_model` for a model directory or hub id as a profile evaluates it: the profile's dtype, benchmark,
     prompt format and calibration prompts, and the model's tuned decode config when it has one, dispatched by its
-    stored crossover (AR where AR was measured faster) as every consumer decodes it."""
+    stored crossover (AR where AR was measured faster) as every consumer decodes it. `loaded`: (model, tokenizer)
+    already loaded from `model_path` (`jf bench decode` evaluates one model at several batch sizes); `extra_methods`
+    and `same_output_as` as `evaluate_model` takes them."""
     from jf_core.decoding import load_serving_spec
     from jf_core.models import load_model, stop_tokens
 
     cfg = profile.evaluation
-    model, tok = load_model(model_path, **profile.model.decode_kwargs())
+    model, tok = loaded or load_model(model_path, **profile.model.decode_kwargs())
     spec = load_serving_spec(model_path, max_new_tokens=cfg.max_new_tokens)
-    calibration = calibration_prompts(profile.prompts, tok, cfg.tune.prompts, cfg.calibration_split)
     return evaluate_model(
         model,
         tok,
         cfg,
         fmt=PromptFormat.of(profile.prompts),
         stop=stop_tokens(model, tok),
-        calibration=calibration,
+        calibration=calibration_prompts(profile.prompts, tok, cfg.tune.prompts, cfg.calibration_split),
         tuned=spec.tuned,
         ar_above_batch=spec.ar_above_batch if spec.tuned else None,
+        extra_methods=extra_methods,
+        same_output_as=same_output_as,
         progress=progress,
     )
