@@ -214,25 +214,13 @@ def cmd_tune(args: argparse.Namespace) -> int:
     profile = args_profile(args, evaluation={"max_new_tokens": args.max_new_tokens, "tune": tune})
 
     def show(i: int, total: int, t) -> None:
-        c = t.config
-        width = f"{c.width_scale}x+{c.width_margin}" if c.adaptive_width else "full"
-        print(
-            f"  [{i}/{total}] n={c.block_size} K={c.num_blocks} pool={c.pool_size} "
-            f"r={c.spawn_ratio} ngram={c.ngram} seeded={c.seed_drafts} "
-            f"width={width}{f' span={c.draft_span}' if c.draft_span else ''}: "
-            f"TPS {t.tps:.1f}, TPF {t.tpf:.2f}",
-            file=sys.stderr,
-        )
+        print(f"  [{i}/{total}] {t.config.describe()}: TPS {t.tps:.1f}, TPF {t.tpf:.2f}", file=sys.stderr)
 
     # The round's tune stage, run again on this model.
     report = stage_tune(profile, Path(args.model), progress=_say, reuse=False, on_trial=show)
     best, win = report.best, report.best_trial
     path = Path(args.model) / "config.json"
-    print(
-        f"best: n={best.block_size} K={best.num_blocks} pool={best.pool_size} r={best.spawn_ratio} "
-        f"seeded={best.seed_drafts}{f' span={best.draft_span}' if best.draft_span else ''}: TPS {win.tps:.1f}, "
-        f"TPF {win.tpf:.2f}; saved {path}"
-    )
+    print(f"best: {best.describe()}: TPS {win.tps:.1f}, TPF {win.tpf:.2f}; saved {path}")
     if (serving := report.serving) is not None:
         pairs = zip(serving.crossover.batch_sizes, serving.crossover.speedup_vs_ar, strict=True)
         print("crossover (Jacobi TPS / AR TPS): " + ", ".join(f"b{b} {x:.2f}x" for b, x in pairs))

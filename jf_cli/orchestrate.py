@@ -128,9 +128,8 @@ def _decode_label(cfg) -> str:
     from jf_core.decoding import JFDecodeConfig
 
     if isinstance(cfg, JFDecodeConfig):
-        seeded = ", seeded drafts" if cfg.seed_drafts else ""
-        return f"tuned: n={cfg.block_size}, K={cfg.num_blocks}, pool {cfg.pool_size}{seeded}"
-    return f"plain Jacobi, n={cfg.block_size} chosen on calibration prompts"
+        return f"tuned: {cfg.describe()}"
+    return f"plain Jacobi, {cfg.describe()} chosen on calibration prompts"
 
 
 def cmd_stack(args: argparse.Namespace) -> int:

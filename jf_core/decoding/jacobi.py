@@ -78,6 +78,10 @@ class JacobiConfig:
         if not 0.0 <= self.compact_waste <= 1.0:
             raise ValueError(f"compact_waste must be in [0, 1], got {self.compact_waste}")
 
+    def describe(self) -> str:
+        """The config as every table and console line names it (one place: `n=16`, `n=8 span=3`)."""
+        return f"n={self.block_size}" + (f" span={self.draft_span}" if self.draft_span else "")
+
 
 class BlockRecorder(Protocol):
     """Receives every draft state of every block, the initial draft first, down to the fixed point.

@@ -66,6 +66,20 @@ class JFDecodeConfig(JacobiConfig):
             raise ValueError(f"spawn_ratio (r) must be in (0, 1], got {self.spawn_ratio}")
         self.width_policy()  # its own checks
 
+    def describe(self) -> str:
+        """`n=64 K=2 pool=4`, and what else differs from plain Jacobi Forcing decoding: seeded drafts, adaptive
+        width, a draft chain's span."""
+        parts = [f"n={self.block_size}", f"K={self.num_blocks}", f"pool={self.pool_size}"]
+        if self.pool_size:
+            parts += [f"r={self.spawn_ratio}", *([f"ngram={self.ngram}"] if self.ngram else [])]
+        if self.seed_drafts:
+            parts.append("seeded")
+        if self.adaptive_width:
+            parts.append(f"width={self.width_scale}x+{self.width_margin}")
+        if self.draft_span:
+            parts.append(f"span={self.draft_span}")
+        return " ".join(parts)
+
     def width_policy(self) -> WidthPolicy | None:
         if not self.adaptive_width:
             return None

@@ -150,8 +150,7 @@ class RoundReport(JsonModel):
             c = self.eval.decode  # tuned: a JFDecodeConfig
             rows.append(
                 {
-                    "block size n": f"tuned n={c.block_size} K={c.num_blocks} pool={c.pool_size}"
-                    + (" seeded" if c.seed_drafts else ""),
+                    "block size n": f"tuned {c.describe()}",
                     "base TPF": "",
                     f"{trained} TPF": round(tuned.tpf, 3),
                     f"{trained} TPS": round(tuned.tps, 1),
