@@ -44,8 +44,10 @@ def register() -> None:
 
 def is_registered() -> bool:
     """Whether this process's vLLM model runner carries the patch (the proposer checks the same mark)."""
-    from vllm.v1.worker import gpu_model_runner
-
+    try:
+        from vllm.v1.worker import gpu_model_runner
+    except ImportError:  # a vLLM this plugin was not written for: nothing of it was patched
+        return False
     return bool(getattr(gpu_model_runner.GPUModelRunner.propose_draft_token_ids, PATCH_MARK, False))
 
 

@@ -68,11 +68,12 @@ def jacobi_block(model_config: Any) -> dict:
 class JacobiProposer:
     def __init__(self, vllm_config: Any) -> None:
         import vllm
-        from vllm.v1.worker import gpu_model_runner
 
         from jf_vllm.versions import check_vllm_version
 
-        check_vllm_version(vllm.__version__)
+        check_vllm_version(vllm.__version__)  # first: another version may not have the runner imported below
+        from vllm.v1.worker import gpu_model_runner
+
         # The plugin's mark on the runner it patched (jf_vllm/plugin.py, PATCH_MARK): its patches are in this process.
         if not getattr(gpu_model_runner.GPUModelRunner.propose_draft_token_ids, "jf_binds_rows", False):
             raise RuntimeError(
