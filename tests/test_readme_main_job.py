@@ -27,11 +27,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 SMALL = {
     "prompts.limit": 48,
     "training.steps": 40,
-    "evaluation.num_prompts": 40,
+    "evaluation.num_prompts": 24,
     "evaluation.speed_prompts": 4,
     "evaluation.tune.prompts": 4,
     "evaluation.tune.repeats": 1,
-    "evaluation.tune.block_sizes": [16, 32],
+    "evaluation.tune.block_sizes": [16],
     "evaluation.tune.seed_drafts": [False],
     "evaluation.tune.crossover_batch_sizes": [1, 4],
     "registry.gate.max_accuracy_drop": 1.0,

@@ -31,18 +31,18 @@ REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.timeout(1800), pytest.mark.slow]
 
 # Small stages: the point is the orchestration, the full-size round is the README's main job. The autotune keeps
-# multi-block, recycling and adaptive width in its grid: 16 candidates on 4 prompts once, not the profile's 48 on 24
-# prompts twice (7 minutes a round).
+# multi-block, recycling and adaptive width in its grid: 8 candidates at n = 16 on 4 prompts once, not the profile's
+# 48 on 24 prompts twice (7 minutes a round).
 SMALL = {
     "prompts": {"limit": 48},
     "training": {"steps": 40},
     "evaluation": {
-        "num_prompts": 40,
+        "num_prompts": 24,
         "speed_prompts": 4,
         "tune": {  # merged into the profile's tune section: only what differs
             "prompts": 4,
             "repeats": 1,
-            "block_sizes": [16, 32],
+            "block_sizes": [16],
             "seed_drafts": [False],
             "crossover_batch_sizes": [1, 4],
         },
