@@ -128,7 +128,10 @@ def evaluate_model(
                 methods, speed_prompts, batch_size=b, repeats=cfg.repeats, reference="hf_generate", progress=say
             )
         }
-    rows = {name: with_quality(speed[name], q) for name, q in quality.items()}
+    # A row dispatched by batch size (the tuned model's: AR above its crossover) decodes differently in the quality
+    # pass's batches than in the speed pass's: its TPF is the speed pass's, measured with the speed it reports.
+    dispatched = {"tuned"} if ar_above_batch is not None and not one_pass else set()
+    rows = {name: with_quality(speed[name], q, tpf_from_speed=name in dispatched) for name, q in quality.items()}
     best_n, calibrated = choose_block_size(model, stop, cfg, calibration, say)
     return Evaluation(
         benchmark=data.benchmark,
@@ -171,17 +174,21 @@ def check_lossless(quality: dict[str, MethodResult], exact: Callable[[str], bool
             )
 
 
-def with_quality(speed: MethodResult, quality: MethodResult) -> MethodResult:
-    """A method's row: its speed from the speed pass, everything about its outputs from the quality pass."""
+def with_quality(speed: MethodResult, quality: MethodResult, *, tpf_from_speed: bool = False) -> MethodResult:
+    """A method's row: its speed from the speed pass, everything about its outputs from the quality pass (its TPF
+    too, on more prompts, unless `tpf_from_speed`)."""
+    acceptance = {} if tpf_from_speed else {
+        "tpf": quality.tpf,
+        "tpf_per_example": quality.tpf_per_example,
+        "accepted_histogram": quality.accepted_histogram,
+    }  # fmt: skip
     return replace(
         speed,
-        tpf=quality.tpf,
         accuracy=quality.accuracy,
         identical_fraction=quality.identical_fraction,
         first_divergence=quality.first_divergence,
-        tpf_per_example=quality.tpf_per_example,
-        accepted_histogram=quality.accepted_histogram,
         output_stats=quality.output_stats,
+        **acceptance,
     )
 
 

@@ -101,6 +101,17 @@ def test_the_evaluations_headline_is_the_tuned_models_dispatched_decoding(profil
     dispatched = stage_evaluate(p, str(model), reuse=False)
     assert dispatched.headline_method == "tuned" and dispatched.headline.tpf == 1.0  # AR, forward for forward
     assert dispatched.methods["jacobi_n4"].tpf == tuned.tpf
+    # A crossover between the passes' batch sizes: AR in the quality pass's batches of 2, Jacobi in the speed pass's
+    # batch of 1. The row's TPF is the one its speed was measured with, never AR's TPF beside Jacobi's speed.
+    update_block(model, ar_above_batch=1)
+    split = p.model_copy(
+        update={
+            "evaluation": evaluation.model_copy(update={"batch_size": 2, "speed_batch_size": 1, "speed_prompts": 1})
+        }
+    )
+    between = stage_evaluate(split, str(model), reuse=False)
+    assert between.methods["tuned"].tpf > 1.0 and between.methods["ar"].tpf == 1.0
+    assert between.methods["tuned"].identical_fraction == 1.0  # its outputs still checked in the quality pass
 
 
 def test_an_evaluation_runs_at_its_own_thread_count_and_gives_the_callers_back(profile, tmp_path):
