@@ -156,6 +156,15 @@ class Loop:
     history: list[dict[str, float]] = field(default_factory=list)
     step: int = 0
 
+    def __post_init__(self) -> None:
+        self.device = self.parallel.device(self.model)  # once: the step below runs thousands of times
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """The compute dtype's autocast where the strategy uses one (one process, DDP), else nothing."""
+        if self.cfg.compute_dtype != torch.float32 and self.parallel.uses_autocast:
+            return torch.autocast(self.device.type, dtype=self.cfg.compute_dtype)
+        return contextlib.nullcontext()
+
 
 class Hook(Protocol):
     when: Every
@@ -297,13 +306,7 @@ def _optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimize
 
 def _step(loop: Loop, objective: Objective, step: int) -> tuple[dict[str, float], float]:
     """One optimizer step over `grad_accum` micro-batches: (the step's metrics, the gradient norm before clipping)."""
-    cfg, parallel, model = loop.cfg, loop.parallel, loop.model
-    device = parallel.device(model)
-    autocast = (
-        torch.autocast(device.type, dtype=cfg.compute_dtype)
-        if cfg.compute_dtype != torch.float32 and parallel.uses_autocast
-        else contextlib.nullcontext()
-    )
+    cfg, parallel, model, device = loop.cfg, loop.parallel, loop.model, loop.device
     for group in loop.optimizer.param_groups:
         group["lr"] = lr_at(step, cfg)
     micro = [{k: v.to(device) for k, v in next(loop.batches).items()} for _ in range(cfg.grad_accum)]
@@ -315,7 +318,7 @@ def _step(loop: Loop, objective: Objective, step: int) -> tuple[dict[str, float]
     totals: dict[str, float] = {}
     for i, batch in enumerate(micro):
         with parallel.no_sync(model, last=i == len(micro) - 1):
-            with autocast:
+            with loop.autocast():
                 loss, metrics = objective(model, batch, norm)
             # Workers' gradients are averaged: a token-weighted loss undoes that by the world size.
             (loss * parallel.world_size).backward()
