@@ -304,7 +304,8 @@ def step_breakdown(
 def check_adapter_speed(
     device: torch.device, smoke: bool, model_dir: str | None, prompts_file: str | None, num_prompts: int
 ) -> dict:
-    from jf_core.decoding.draft_adapter import attach_draft_adapter, draft_adapter
+    from jf_core.draft_adapter.adapter import attach_draft_adapter, draft_adapter
+    from jf_core.evaluation.method import HF_GENERATE
     from jf_core.evaluation.methods import build_methods
     from jf_core.evaluation.speed import bench
 
@@ -327,15 +328,12 @@ def check_adapter_speed(
             raise ValueError("--adapter-model needs --prompts (a GSM8K-style JSONL file)")
         stop = stop_tokens(model, tok)
         prompts, new, sizes = adapter_prompts(tok, prompts_file, num_prompts), 256, (8, 16, 32)
-    methods = {
-        "hf_generate": hf_generate_decoder(model, stop, new),
-        **build_methods(model, stop, new, block_sizes=sizes),
-    }
+    methods = {HF_GENERATE: hf_generate_decoder(model, stop, new), **build_methods(model, stop, new, block_sizes=sizes)}
     out: dict = {"block_sizes": list(sizes), "prompts": len(prompts), "max_new_tokens": new}
     for batch in ADAPTER_BATCHES if not smoke else (1, 4):
         rows = bench(methods, whole_batches(prompts, batch), batch_size=batch, warmup_prompts=batch)
         out[f"batch {batch}"] = {
-            r.method: {
+            r.name: {
                 "tpf": r.tpf,
                 "tps": r.tps,
                 "x_ar": r.speedup_vs_ar,

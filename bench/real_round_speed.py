@@ -21,6 +21,7 @@ import torch
 
 from jf_core.config import load_profile, parse_overrides
 from jf_core.evaluation.evaluate import eval_set
+from jf_core.evaluation.method import AR
 from jf_core.evaluation.methods import build_methods
 from jf_core.evaluation.speed import bench
 from jf_core.models import load_model, stop_tokens
@@ -46,25 +47,31 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     profile = load_profile(args.profile, **parse_overrides(args.set or []))
     methods, tokenizer = {}, None
-    for label, path in (("base", args.base), ("trained", args.trained)):
+    for tag, path in (("base", args.base), ("trained", args.trained)):
         model, tokenizer = load_model(path, dtype=profile.model.dtype)
         e = profile.evaluation
-        own = build_methods(model, stop_tokens(model, tokenizer), e.max_new_tokens, block_sizes=e.block_sizes)
-        methods |= {f"{label}/{name}": decoder for name, decoder in own.items()}
+        stop = stop_tokens(model, tokenizer)
+        methods |= build_methods(model, stop, e.max_new_tokens, block_sizes=e.block_sizes, model_tag=tag)
     if args.split:
         chosen = profile.prompts.model_copy(update={"split": args.split, "limit": args.num_prompts})
         prompts = [p.token_ids for p in load_prompts(chosen, tokenizer).items]
     else:
         fmt = PromptFormat.of(profile.prompts)
         prompts = eval_set(profile.evaluation, tokenizer, fmt, limit=args.num_prompts).prompts
-    twins = {m: f"{m.split('/')[0]}/ar" for m in methods}  # each model against its own greedy AR
+    twins = {m: AR.of(m.model) for m in methods}  # each model against its own greedy AR
     results: dict[int, dict] = {}
     for b in args.batch_sizes:
         rows = bench(
-            methods, prompts, batch_size=b, reference=None, baseline_ar="base/ar", same_output_as=twins, progress=print
+            methods,
+            prompts,
+            batch_size=b,
+            reference=None,
+            baseline_ar=AR.of("base"),
+            same_output_as=twins,
+            progress=print,
         )
         results[b] = {
-            r.method: {
+            r.name: {
                 "tpf": r.tpf,
                 "tps": r.tps,
                 "x_base_ar": r.speedup_vs_ar,

@@ -25,6 +25,7 @@ from jacobi_forcing.tasks import mlflow_runs, round_tasks
 from jacobi_forcing.tasks.reporting import artifact_key
 from jf_core import ablation
 from jf_core.config import Profile, ProfileOverrides, overrides_dict
+from jf_core.evaluation.method import TUNED
 from jf_core.round.paths import round_paths
 
 # What an ablation measures by default: accuracy and TPF at two block sizes. The tuner and the speed benchmark
@@ -52,7 +53,7 @@ def _run(
         seed=seed,
         accuracy=result.accuracy,
         tpf=result.tpf,
-        multiblock_tpf=result.methods["tuned"].tpf,
+        multiblock_tpf=result.row(TUNED).tpf,
         noise=packed.noise,
         train_seconds=trained.train_seconds,
         round_dir=root,
@@ -68,7 +69,7 @@ def _run(
             "picked_noise_above_half": packed.noise.picked_above_half,
             "blocks_per_answer": packed.noise.blocks_per_answer.mean,
             **{f"tpf_n{n}": v for n, v in result.tpf.items()},
-            "tpf_multiblock": result.methods["tuned"].tpf,
+            "tpf_multiblock": result.row(TUNED).tpf,
         }
         for key, value in metrics.items():
             client.log_metric(run_id, key, float(value))
@@ -140,7 +141,7 @@ def jf_ablate(
             rows.append(_run(prof, model_in, name, seed, decode, client, experiment, parent))
         summary = ablation.summarize(rows)
         input_model = ablation.InputFigures(accuracy=input_eval.accuracy, tpf=input_eval.tpf)
-        table = ablation.markdown(summary, base=input_model, multiblock=spec.multiblock_label())
+        table = ablation.markdown(summary, base=input_model, multiblock=spec.multiblock.describe())
         seconds = time.monotonic() - started
         client.log_text(parent, table, "ablation/table.md")
         logged = {"summary": summary, "runs": rows, "seconds": seconds}

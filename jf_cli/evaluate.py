@@ -95,6 +95,7 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
     from jf_core.decoding import load_serving_spec
     from jf_core.decoding.kv import attention_implementation
     from jf_core.evaluation.evaluate import evaluate_profile
+    from jf_core.evaluation.method import AR, Method
     from jf_core.evaluation.methods import build_methods
     from jf_core.models import load_model, stop_tokens
 
@@ -118,7 +119,7 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
     stop = stop_tokens(model, tok)
     # Beside the rows evaluate_model builds (ours), HF's; then the trained model's: one builder for every row.
     extra = build_methods(model, stop, cfg.max_new_tokens, ar=False, hf=True)
-    same: dict[str, str] = {}
+    same: dict[Method, Method] = {}
     if args.jf_model:
         # One door for every model option: `models:/name@champion`, `package:`, a hub id or a directory.
         args.jf_model = model_path(args.jf_model, profile)
@@ -129,17 +130,17 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
             jf_model,
             stop_tokens(jf_model, jf_tok),
             cfg.max_new_tokens,
-            prefix="jf_",
+            model_tag="jf",
             block_sizes=sorted({jf_n, *cfg.block_sizes}),  # beside the base model's, for TPF against block size
             variants_at=jf_n,
             tuned=saved.tuned,
-            tuned_name="autotuned",
+            tuned_kind="autotuned",
             full_width=True,
             ar_above_batch=saved.ar_above_batch,
             sampling=sampling,
         )
         extra.update(rows)
-        same = dict.fromkeys(rows, "jf_ar")  # the trained model's rows reproduce its own AR
+        same = dict.fromkeys(rows, AR.of("jf"))  # the trained model's rows reproduce its own AR
     sizes = args.batch_sizes or [args.batch_size]
     tables: dict[int, list] = {}
     for batch_size in sizes:

@@ -25,16 +25,17 @@ from jf_cli.common import UsageError, model_and_tokenizer, positive
 
 
 def cmd_bootstrap(args: argparse.Namespace) -> int:
-    from jf_core.toy.bootstrap import REPORT, BootstrapConfig, BootstrapReport, bootstrap, embedded_model_dir
+    from jf_core.toy.bootstrap import REPORT, BootstrapConfig, BootstrapReport, bootstrap, embedded_model_dir, exclusive
 
     cfg = BootstrapConfig(threads=args.threads)
     out = embedded_model_dir(cfg)
-    if (out / REPORT).is_file() and not args.force:
-        report = BootstrapReport.read(out)
-        print(f"embedded model cached at {out}")
-    else:
-        report = bootstrap(cfg, out)
-        print(f"embedded model trained and saved to {out}")
+    with exclusive(out, say=print):  # a process bootstrapping the same model: wait for it, then reuse its model
+        if (out / REPORT).is_file() and not args.force:
+            report = BootstrapReport.read(out)
+            print(f"embedded model cached at {out}")
+        else:
+            report = bootstrap(cfg, out)
+            print(f"embedded model trained and saved to {out}")
     print(
         f"accuracy {report.accuracy:.4f} on {report.test_size} test items (greedy, exact match); "
         f"{report.parameters / 1e6:.2f}M parameters; bootstrap {report.total_seconds:.0f} s"

@@ -82,7 +82,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     from jacobi_forcing.flows.round import jf_round
     from jacobi_forcing.tasks.mlflow_runs import tracking_uri
     from jacobi_forcing.tasks.reporting import markdown_table
-    from jf_core.decoding import config_from_dict
     from jf_core.round.report import resumed_note
 
     if args.progressive:
@@ -100,7 +99,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(markdown_table(summary.metrics))
     print(
         f"\naccuracy {summary.accuracy:.3f} (input model {summary.base_accuracy:.3f}); "
-        f"TPF {summary.headline_tpf:.2f} ({_decode_label(config_from_dict(summary.decode_config))}); "
+        f"TPF {summary.headline_tpf:.2f} ({_decode_label(summary.decode_config)}); "
         f"speedup vs our AR {summary.speedup_vs_ar:.2f}x; trained {summary.train_seconds:.0f} s"
         f"{resumed_note(summary.resumed_from_step)}\n"
         f"identical to greedy AR: {summary.identical_fraction:.3f} of the evaluation prompts ({dtype}"

@@ -14,11 +14,13 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from jf_core.config import StrictModel, merge_overrides
+from jf_core.decoding import JFDecodeConfig
 from jf_core.evaluation import tables
 from jf_core.training.noise import NoiseProfile
 
@@ -75,19 +77,10 @@ class AblationConfig(StrictModel):
     # The multi-block decode every trained model is also measured with (TPF, beside plain Jacobi at each block
     # size): where Jacobi Forcing's noisy context should matter, since a block behind an unconverged one is drafted
     # on noisy context, which plain Jacobi never does. Recycling off, so TPF counts the model's own drafts only.
-    multiblock: dict = Field(default_factory=lambda: {"block_size": 16, "num_blocks": 2, "pool_size": 0})
+    multiblock: JFDecodeConfig = Field(default_factory=lambda: JFDecodeConfig(block_size=16, num_blocks=2, pool_size=0))
 
-    def multiblock_config(self, max_new_tokens: int):
-        from jf_core.decoding import JFDecodeConfig
-
-        try:
-            return JFDecodeConfig(**{**self.multiblock, "max_new_tokens": max_new_tokens})
-        except (TypeError, ValueError) as err:
-            raise ValueError(f"ablation multiblock {self.multiblock}: {err}") from None
-
-    def multiblock_label(self) -> str:
-        m = self.multiblock
-        return f"n={m.get('block_size', 64)} K={m.get('num_blocks', 2)}"
+    def multiblock_config(self, max_new_tokens: int) -> JFDecodeConfig:
+        return replace(self.multiblock, max_new_tokens=max_new_tokens)
 
     @field_validator("variants")
     @classmethod

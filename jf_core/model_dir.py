@@ -197,8 +197,12 @@ def saved_decode_config(model_dir: str | Path | None) -> dict | None:
 
 def save_decode_config(model_dir: str | Path, config: Any) -> Path:
     """Store `config` (a decode config dataclass, or its dict) in the block."""
-    decode = asdict(config) if not isinstance(config, dict) else dict(config)
-    return update_block(model_dir, decode=decode)
+    return update_block(model_dir, decode=_stored(config))
+
+
+def _stored(config: Any) -> dict:
+    """A decode config as the block stores it: its fields (this layer knows the decoders' types only as data)."""
+    return asdict(config) if not isinstance(config, dict) else dict(config)
 
 
 # -- where the decode config was measured (the block's crossover entries) ---------------------------------------
@@ -277,16 +281,16 @@ def model_fingerprint(model_dir: str | Path) -> str:
     return digest.hexdigest()[:16]
 
 
-def registry_copy(model_dir: str | Path, dest: Path, fallback_decode: dict | None = None) -> Path:
+def registry_copy(model_dir: str | Path, dest: Path, fallback_decode: Any = None) -> Path:
     """The model directory as a plain HF checkpoint for a registry: weights, config (with its block), generation
-    config and tokenizer; training summaries and tuning reports stay with the run. `fallback_decode` is stored when
-    the model has no decode config of its own."""
+    config and tokenizer; training summaries and tuning reports stay with the run. `fallback_decode` (a decode
+    config) is stored when the model has no decode config of its own."""
     src = Path(model_dir)
     dest.mkdir(parents=True)
     for f in src.iterdir():
         if f.is_file() and f.name not in NOT_THE_MODEL and not f.name.startswith("."):
             shutil.copy2(f, dest / f.name)
-    decode = saved_decode_config(src) or fallback_decode
-    if decode is not None:
+    decode = saved_decode_config(src) or (fallback_decode and _stored(fallback_decode))
+    if decode:
         update_block(dest, decode=decode)
     return dest

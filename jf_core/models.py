@@ -12,8 +12,8 @@ import torch
 
 from jf_core.checksums import CorruptFileError, verify
 from jf_core.decoding import StopTokens
-from jf_core.decoding.draft_adapter import load_draft_adapter
 from jf_core.decoding.kv import UnsupportedModelError, attention_layout
+from jf_core.draft_adapter.adapter import load_draft_adapter
 
 DTypeName = Literal["auto", "float32", "bfloat16", "float16"]
 
@@ -136,7 +136,7 @@ def load_model(path: str | ModelSpec, **overrides):
         tokenizer.pad_token = tokenizer.eos_token
     model = model.to(device).eval()
     if _looks_local(location):
-        try:  # a draft-only LoRA kept beside the weights drafts; the weights verify (decoding/draft_adapter.py)
+        try:  # a draft-only LoRA kept beside the weights drafts; the weights verify (draft_adapter.py)
             load_draft_adapter(model, Path(location))
         except ValueError as err:
             raise ModelLoadError(str(err)) from err

@@ -12,7 +12,7 @@ is not cached here falls back to a snapshot shipped in jf_core/profiles/configs/
   (autocast's per-forward casts; FSDP2's unsharded root plus two layers in flight); DDP's gradient buckets;
   activations of a micro-batch of `batch_size x max_length` tokens with and without activation checkpointing
   (FlexAttention on GPUs: no L x L term); the loss's logits (memory-lean: one chunk; else the whole batch); the
-  workspace (CUDA context, kernel workspaces, allocator slack). With a draft adapter (`training.draft_lora_rank`)
+  workspace (CUDA context, kernel workspaces, allocator slack). With a draft adapter (`training.draft_lora`)
   the base is frozen fp32 weights alone (no gradients, no AdamW state) and only the adapter trains, in one process.
 
 Estimates, not measurements: parameters, gradients, optimizer state and the KV cache are exact byte counts (tests
@@ -57,7 +57,7 @@ class ModelShape:
     kv_heads: int
     head_dim: int
     vocab: int
-    # The projections a draft adapter adds to (jf_core/decoding/draft_adapter.py): how many, and their summed
+    # The projections a draft adapter adds to (jf_core/draft_adapter/): how many, and their summed
     # in + out features, so that a rank-r adapter holds r x `adapter_features` weights.
     adapter_projections: int = 0
     adapter_features: int = 0
@@ -70,7 +70,7 @@ class ModelShape:
 
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config)
-        from jf_core.decoding.draft_adapter import target_projections
+        from jf_core.draft_adapter.adapter import target_projections
         from jf_core.training.parallel import decoder_layers
 
         layers = decoder_layers(model)
@@ -206,7 +206,7 @@ def training_plan(shape: ModelShape, profile: Profile, strategy: str, workers: i
     shards = workers if strategy == "fsdp2" else 1
     tokens = t.batch_size * t.max_length
     part = f" (1/{shards})" if shards > 1 else ""
-    rank = t.draft_lora_rank
+    rank = t.draft_lora.rank if t.draft_lora is not None else 0
     if rank:  # the base is frozen: no gradients or AdamW state for it; the adapter trains (one process: config.py)
         states = [
             ("fp32 base weights (frozen: no gradients, no AdamW state)", 4 * p),
@@ -272,7 +272,7 @@ def _training_knobs(profile: Profile) -> list[tuple[str, Callable[[Profile], Pro
         return lambda p: p.model_copy(update={section: getattr(p, section).model_copy(update=values)})
 
     knobs: list[tuple[str, Callable[[Profile], Profile]]] = []
-    if t.draft_lora_rank:  # one process, no checkpointing (config.py refuses both): only the batch's size is left
+    if t.draft_lora is not None:  # one process, no checkpointing (config.py refuses both): only the batch is left
         return _batch_knobs(t, update)
     if not t.activation_checkpointing:
         knobs.append(("training.activation_checkpointing=true", update("training", activation_checkpointing=True)))
@@ -342,7 +342,7 @@ def plan(profile: Profile) -> tuple[ModelShape, str, list[StagePlan]]:
     workers = max(profile.compute.train_workers, 1)
     stages = [trajectory_plan(shape, profile)]
     strategies = [profile.training.strategy] + [s for s in ("single", "ddp", "fsdp2") if s != profile.training.strategy]
-    if profile.training.draft_lora_rank:  # a draft adapter trains in one process (config.py refuses the others)
+    if profile.training.draft_lora is not None:  # a draft adapter trains in one process (config.py refuses the others)
         strategies = ["single"]
     for i, strategy in enumerate(strategies):
         n = workers if strategy != "single" else 1

@@ -7,6 +7,7 @@ import json
 import os
 from pathlib import Path
 
+from jf_core.draft_adapter.config import FILE as ADAPTER_FILE
 from jf_vllm.spec_config import speculative_config
 
 VENV_ENV = "JF_VLLM_VENV"
@@ -41,11 +42,11 @@ def vllm_env() -> dict[str, str]:
 
 
 def draft_adapter_notice(model_dir: str) -> str | None:
-    """A line for the user when `model_dir` keeps a draft-only adapter (jf_core/decoding/draft_adapter.py): vLLM
+    """A line for the user when `model_dir` keeps a draft-only adapter (jf_core/draft_adapter/): vLLM
     loads the base weights alone and the Jacobi proposer drafts with them, so the text is unchanged (the base
     verifies either way) but the TPF is the base model's, not the adapter's. None when it keeps none."""
-    # The file's name, not an import of jf_core's module: this file is read by both environments' tools.
-    if not (Path(model_dir) / "draft_adapter.safetensors").is_file():
+    # The name from the adapter's torch-free config module: this file is read by both environments' tools.
+    if not (Path(model_dir) / ADAPTER_FILE).is_file():
         return None
     return (
         f"note: {model_dir} keeps a draft adapter (draft_adapter.safetensors) that vLLM does not run: vLLM's "

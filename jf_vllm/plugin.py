@@ -16,11 +16,9 @@ import functools
 import inspect
 import logging
 
-from jf_vllm.versions import UnsupportedVLLMVersion, check_vllm_version
+from jf_vllm.versions import PATCH_MARK, UnsupportedVLLMVersion, check_vllm_version
 
 log = logging.getLogger(__name__)
-# Set on the runner's patched method: the patch's own mark, which a proposer reads without importing this module.
-PATCH_MARK = "jf_binds_rows"
 
 
 def register() -> None:

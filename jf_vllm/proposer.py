@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from jf_core.decoding import config_from_dict
 from jf_vllm.drafting import JacobiDraftConfig, JacobiDrafter, Row, Verification
 
 log = logging.getLogger(__name__)
@@ -69,13 +70,13 @@ class JacobiProposer:
     def __init__(self, vllm_config: Any) -> None:
         import vllm
 
-        from jf_vllm.versions import check_vllm_version
+        from jf_vllm.versions import PATCH_MARK, check_vllm_version
 
         check_vllm_version(vllm.__version__)  # first: another version may not have the runner imported below
         from vllm.v1.worker import gpu_model_runner
 
-        # The plugin's mark on the runner it patched (jf_vllm/plugin.py, PATCH_MARK): its patches are in this process.
-        if not getattr(gpu_model_runner.GPUModelRunner.propose_draft_token_ids, "jf_binds_rows", False):
+        # The plugin's mark on the runner it patched: its patches are in this process.
+        if not getattr(gpu_model_runner.GPUModelRunner.propose_draft_token_ids, PATCH_MARK, False):
             raise RuntimeError(
                 "JacobiProposer needs the jf_vllm plugin's patches in this process; vLLM loads them through the "
                 "'vllm.general_plugins' entry point of the jacobi-forcing package. Is the package installed in "
@@ -83,12 +84,13 @@ class JacobiProposer:
             )
         spec = vllm_config.speculative_config
         self.num_speculative_tokens = int(spec.num_speculative_tokens)
-        decode = jacobi_block(vllm_config.model_config).get("decode") or {}
+        stored = jacobi_block(vllm_config.model_config).get("decode")
+        decode = config_from_dict(stored) if stored else None  # the model's decode config, as jf_core reads it
         self.config = JacobiDraftConfig(
             block_size=self.num_speculative_tokens + 1,
-            draft_init=decode.get("draft_init", "prompt_sample"),
-            seed=int(decode.get("seed", 0)),
-            recycle=bool(decode.get("seed_drafts", False)),
+            draft_init=decode.draft_init if decode else "prompt_sample",
+            seed=decode.seed if decode else 0,
+            recycle=bool(getattr(decode, "seed_drafts", False)),  # a Jacobi Forcing config's field
         )
         self.drafter = JacobiDrafter(self.config, vllm_config.model_config.get_vocab_size())
         self._schedule: list[int] | None = None

@@ -6,6 +6,10 @@ from __future__ import annotations
 
 SUPPORTED_VLLM_VERSIONS = ("0.32.0",)
 
+# Set on the runner's method the plugin patched (plugin.py): the patch's own mark, which the proposer reads to know
+# that the patches are in its process without importing the plugin (which imports the proposer).
+PATCH_MARK = "jf_binds_rows"
+
 
 class UnsupportedVLLMVersion(RuntimeError):
     pass

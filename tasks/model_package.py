@@ -10,6 +10,7 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import mlflow
 from mlflow import MlflowClient
@@ -23,6 +24,9 @@ from jf_core.model_dir import registry_copy
 from jf_core.paths import jf_home
 
 MODEL_CODE = Path(__file__).with_name("mlflow_model.py")  # models-from-code: stored with the model, not pickled
+if TYPE_CHECKING:
+    from jf_core.decoding import JacobiConfig
+
 REQUIREMENTS = ("torch", "transformers", "tokenizers", "safetensors", "mlflow")  # what jf_core's decoding imports
 EXAMPLE_PROMPT = "def fibonacci(n):"
 
@@ -49,7 +53,7 @@ def requirements() -> list[str]:
     return [f"{name}=={version(name).split('+')[0]}" for name in REQUIREMENTS]
 
 
-def log_model(model_dir: str | Path, tmp: Path, *, fallback_decode: dict | None = None, name: str = "model"):
+def log_model(model_dir: str | Path, tmp: Path, *, fallback_decode: JacobiConfig | None = None, name: str = "model"):
     """Log a model directory to the active run as MLflow models-from-code: `tasks/mlflow_model.py` as the model's
     code, `jf_core` as its code path, the checkpoint as its artifact, a signature with params and an example."""
     from mlflow.models import infer_signature

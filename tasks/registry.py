@@ -128,7 +128,7 @@ def register(
         # Two block sizes, named apart: the trajectories' n the model was trained at, and the n its decode config
         # (tuned, or the best measured) decodes with; a lone `n=16` beside a tuned n=64 read as a contradiction.
         "train_block_size": str(report.block_size),
-        "decode_block_size": str(report.eval.decode.block_size),
+        "decode_block_size": str(report.eval.decode_config.block_size),
         "tpf": repr(float(report.headline.tpf)),  # full precision: the gate compares against it
         "tps": f"{report.headline.tps:.2f}",
         "speedup_vs_ar": f"{report.headline.speedup_vs_ar:.3f}",  # the headline: against our own AR, same model
@@ -143,7 +143,7 @@ def register(
         "jf.figures": figures.candidate.to_json(),  # what a later round's gate compares with
         **{f"gate.{c.name}": f"{'passed' if c.passed else 'failed'}: {c.reason}" for c in decision.checks},
     }
-    serving = serving_spec(report.model, report.eval.decode)
+    serving = serving_spec(report.model, report.eval.decode_config)
     if serving.crossover:  # where a server should switch to AR, and on what it was measured
         tags["ar_above_batch"] = str(serving.ar_above_batch)
         tags["hardware"] = str(serving.hardware)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from jf_core.evaluation.gate import Figures
+from jf_core.evaluation.method import AR, TUNED, Method, jacobi
 from jf_core.evaluation.results import Calibration, Evaluation
 from jf_core.evaluation.speed import MethodResult
 from jf_core.round.report import RoundReport, Threads
@@ -48,29 +49,27 @@ def evaluation(
     every speedup is against the AR row's TPS, as `speed.bench` computes it."""
     ar = tps["ar"]
 
-    def row(name: str, tpf: float, tps: float) -> MethodResult:
+    def row(method: Method, tpf: float, tps: float) -> MethodResult:
         return MethodResult(
-            name, tpf, tps, None, None, 1.0, 100, speedup_vs_ar=tps / ar, identical_fraction=1.0,
+            method, tpf, tps, None, None, 1.0, 100, speedup_vs_ar=tps / ar, identical_fraction=1.0,
             accuracy=accuracy, accepted_histogram={1: 3, 2: 1}, output_stats=dict(output or {"repetition": 0.0}),
         )  # fmt: skip
 
-    methods = {"ar": row("ar", 1.0, ar)} | {
-        f"jacobi_n{n}": row(f"jacobi_n{n}", v, tps[f"jacobi_n{n}"]) for n, v in tpf.items()
-    }
+    rows = [row(AR, 1.0, ar)] + [row(jacobi(n), v, tps[jacobi(n).label]) for n, v in tpf.items()]
     best = speedup_block_size or max(tpf)
     config = {"block_size": best, "max_new_tokens": 100}
     if tuned is not None:
-        methods["tuned"] = row("tuned", tuned["tpf"], tuned["tps"])
+        rows.append(row(TUNED, tuned["tpf"], tuned["tps"]))
         config = tuned["config"]
     return Evaluation(
         benchmark="embedded",
         items=8,
         dtype="float32",
         block_sizes=sorted(tpf),
-        methods=methods,
-        calibration=Calibration(prompts=2, tps={str(n): tps[f"jacobi_n{n}"] for n in tpf}),
+        methods={r.name: r for r in rows},
+        calibration=Calibration(prompts=2, tps={str(n): tps[jacobi(n).label] for n in tpf}),
         speedup_block_size=best,
-        headline_method="tuned" if tuned is not None else f"jacobi_n{best}",
+        headline_method=TUNED if tuned is not None else jacobi(best),
         decode_config=config,
         eval_seconds=1.0,
     )

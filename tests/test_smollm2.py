@@ -111,7 +111,7 @@ def test_a_trajectory_shard_packing_and_training_steps_through_the_rounds_stages
     trained, _ = load_model(str(paths.model), dtype="float32")
     assert trained.config.vocab_size == 49152
     # The profile trains a draft-only LoRA: the directory keeps the input's weights as they were, and the adapter.
-    assert trained.jf_draft_adapter.rank == profile.training.draft_lora_rank
+    assert trained.jf_draft_adapter.rank == profile.training.draft_lora.rank
     base, _ = load_model(str(smollm2), dtype="float32")
     given = base.state_dict()
     assert all(torch.equal(v, given[k]) for k, v in trained.state_dict().items() if not k.startswith("jf_draft"))

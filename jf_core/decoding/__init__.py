@@ -29,6 +29,7 @@ _EXPORTS = {
     "DecodeOutput": "common",
     "StopTokens": "common",
     "config_from_dict": "configs",
+    "DecodeConfig": "configs",
     "load_decode_config": "configs",
     "ServingSpec": "configs",
     "serving_spec": "configs",
@@ -49,6 +50,7 @@ __all__ = [  # noqa: RUF022 (grouped as _EXPORTS is)
     "DecodeOutput",
     "StopTokens",
     "config_from_dict",
+    "DecodeConfig",
     "load_decode_config",
     "ServingSpec",
     "serving_spec",
@@ -59,6 +61,7 @@ if TYPE_CHECKING:
     from jf_core.decoding.ar import ar_decode
     from jf_core.decoding.common import DecodeOutput, StopTokens
     from jf_core.decoding.configs import (
+        DecodeConfig,
         ServingSpec,
         config_from_dict,
         load_decode_config,

@@ -8,8 +8,11 @@ consumer decodes the model, the evaluation's headline as much as the server."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import Annotated
+
+from pydantic import PlainSerializer, PlainValidator
 
 from jf_core.decoding.jacobi import JacobiConfig
 from jf_core.decoding.multiblock import JFDecodeConfig
@@ -17,12 +20,22 @@ from jf_core.model_dir import read_block, saved_decode_config
 
 
 def config_from_dict(data: dict) -> JacobiConfig:
+    """The decode config a dict of fields describes: a JFDecodeConfig when it sets any of that type's own fields."""
     jf_only = {f.name for f in fields(JFDecodeConfig)} - {f.name for f in fields(JacobiConfig)}
     known = {f.name for f in fields(JFDecodeConfig)}
     unknown = set(data) - known
     if unknown:
         raise ValueError(f"decode config: unknown field(s) {', '.join(sorted(unknown))}")
     return JFDecodeConfig(**data) if jf_only & set(data) else JacobiConfig(**data)
+
+
+def as_decode_config(value: JacobiConfig | dict) -> JacobiConfig:
+    return value if isinstance(value, JacobiConfig) else config_from_dict(value)
+
+
+# A decode config as a field of a pydantic result or config (an evaluation, a round's summary, an ablation): the type
+# in Python, its fields in JSON, read back as the same type (a JFDecodeConfig stays one).
+DecodeConfig = Annotated[JacobiConfig, PlainValidator(as_decode_config), PlainSerializer(asdict, return_type=dict)]
 
 
 def load_decode_config(model_dir: str | Path | None, **overrides) -> JacobiConfig:

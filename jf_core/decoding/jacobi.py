@@ -13,17 +13,16 @@ masks. Extensions (rejection recycling, multi-block) change what goes into a win
 through `JacobiDecoder.layout` (extra branches verified in the same forward) and `JacobiDecoder.settle`; the
 forward and verification below are the only copy of the Jacobi step.
 
-A model with a draft adapter (draft_adapter.py) drafts apart from the weights that verify: every layout (an
-extension's too) gets a chain of its window's draft tokens again (`Layout.drafts`, never verified), on which the
-adapter acts; the window and any branches are verified by the base alone, and the window's guesses past the
-accepted prefix come from the draft chain instead of the base's picks. Acceptance is unchanged, so the output is the
-base's greedy output (or, sampling, the base's sample).
+Proposal and verification read apart: the next guesses come from the decoder's drafter (drafters.py), the model's
+own picks, or with a draft adapter (jf_core/draft_adapter/) a chain of the window's draft tokens computed in the
+same forward and never verified; the window and any branches are verified by the base alone. Acceptance is
+unchanged, so the output is the base's greedy output (or, sampling, the base's sample).
 
 Sampling changes one thing: the token after each slot is the `Sampler`'s pick (the Gumbel-max sample with the
 request's noise at that output position) instead of the argmax. Given the noise it is a function of the prefix, so
 "greedy" below reads as "the pick" and every argument above holds for the AR sampler with the same seeds.
 
-Why one module of 400 lines: the Jacobi step (layout, forward, verification, commit) is one state machine over
+Why one module of 350 lines: the Jacobi step (layout, forward, verification, commit) is one state machine over
 `SequenceState` and `KVState`, which the extensions subclass; its pieces are read together or not at all.
 """
 
@@ -48,8 +47,9 @@ from jf_core.decoding.common import (
     model_device,
 )
 from jf_core.decoding.draft import DraftInitName, make_draft_init, sequence_rng
-from jf_core.decoding.draft_adapter import draft_adapter, gated
+from jf_core.decoding.drafters import drafter_for
 from jf_core.decoding.kv import KVState
+from jf_core.decoding.layout import Layout, tree_positions_and_mask
 from jf_core.decoding.sampling import Sampler, Sampling
 from jf_core.decoding.stats import DecodeStats, SequenceStats, Timer
 from jf_core.decoding.verify import accepted_length
@@ -129,32 +129,6 @@ class SequenceState:
     streamed: int = 0  # how much of `output` went to on_tokens
 
 
-@dataclass
-class Layout:
-    """A sequence's part of one forward: `tokens`, and `branches`, chains of indices into `tokens` that all start
-    at index 0 (the known-correct token). Branch 0 is the window; others (recycled candidates) share its root and
-    see only their own chain, so each is verified exactly as if it were the window."""
-
-    tokens: list[int]
-    branches: list[list[int]]
-    # Chains computed in the same forward but never verified: the draft adapter's, whose picks are the next guesses.
-    drafts: list[list[int]] = field(default_factory=list)
-
-
-def tree_positions_and_mask(layouts: list[Layout], width: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Relative positions (depth in the chain) and the [B, W, W] ancestor mask of tree-shaped layouts; padding
-    slots get neither (KVState lets them see themselves)."""
-    rel = torch.zeros((len(layouts), width), dtype=torch.long)
-    mask = torch.zeros((len(layouts), width, width), dtype=torch.bool)
-    for row, lay in enumerate(layouts):
-        for branch in lay.branches + lay.drafts:
-            idx = torch.tensor(branch, dtype=torch.long)
-            rel[row, idx] = torch.arange(len(branch))
-            sub = torch.tril(torch.ones(len(branch), len(branch), dtype=torch.bool))
-            mask[row, idx[:, None], idx[None, :]] |= sub
-    return rel.to(device), mask.to(device)
-
-
 class JacobiDecoder:
     def __init__(
         self,
@@ -174,7 +148,7 @@ class JacobiDecoder:
         self.recorder = recorder
         self.on_tokens = on_tokens
         self.draft_init = make_draft_init(config.draft_init, model.config.vocab_size)
-        self.adapter = draft_adapter(model)
+        self.drafter = drafter_for(model, config)  # who proposes the next guesses: the model itself, or its adapter
 
     @torch.inference_mode()
     def decode(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int] | None = None) -> DecodeOutput:
@@ -223,7 +197,7 @@ class JacobiDecoder:
         """One forward for every active sequence: run its layout, verify every branch, commit the best one's
         accepted prefix, rebuild the window."""
         self.plan(kv, active)
-        layouts = [self._with_draft_chain(self.layout(s), s) for s in active]
+        layouts = [self.drafter.extend(self.layout(s), len(s.window)) for s in active]
         width = max(len(lay.tokens) for lay in layouts)
         device = kv.valid.device
         rows = [lay.tokens + [self.pad_token_id] * (width - len(lay.tokens)) for lay in layouts]
@@ -233,7 +207,7 @@ class JacobiDecoder:
             logits = kv.forward(tokens)
         else:
             depth, mask = tree_positions_and_mask(layouts, width, device)
-            with gated(self.model, self._draft_gate(layouts, width, device)):
+            with self.drafter.acting(self.model, layouts, width, device):
                 logits = kv.forward(tokens, depth, mask)
         greedy = self._pick(logits, active, depth).tolist()
         live = [[False] * width for _ in active]
@@ -250,7 +224,7 @@ class JacobiDecoder:
             for i in lay.branches[best][:accepted]:
                 live[row][i] = True
             kept = max(kept, lay.branches[best][accepted - 1] + 1)
-            self.settle(seq, lay, self._drafted(lay, greedy[row], accepted), best, accepted)
+            self.settle(seq, lay, self.drafter.guesses(lay, greedy[row], accepted), best, accepted)
         kv.keep(torch.tensor(live, device=device), kept)
 
     def _pick(self, logits: torch.Tensor, active: list[SequenceState], depth: torch.Tensor | None) -> torch.Tensor:
@@ -269,44 +243,6 @@ class JacobiDecoder:
     def layout(self, seq: SequenceState) -> Layout:
         """What a sequence puts into the next forward: its window as one chain (extensions add branches)."""
         return Layout(list(seq.window), [list(range(len(seq.window)))])
-
-    def _with_draft_chain(self, lay: Layout, seq: SequenceState) -> Layout:
-        """With a draft adapter: the window's draft tokens again, as a chain from the window's root, after
-        whatever the layout holds. It covers the slots whose guess is read: when the run is the whole window, the
-        last slot's pick is read only if every slot is accepted, and then it is the base's bonus token, so the
-        chain stops one short (2n - 2 tokens a forward, not 2n - 1); `draft_span` cuts it shorter."""
-        main = lay.branches[0]
-        span = len(main) - 1 - (len(main) == len(seq.window))
-        if self.config.draft_span:
-            span = min(span, self.config.draft_span)
-        if self.adapter is None or span < 1:
-            return lay
-        start = len(lay.tokens)
-        tokens = lay.tokens + [lay.tokens[i] for i in main[1 : 1 + span]]
-        return Layout(tokens, lay.branches, [[main[0], *range(start, start + span)]])
-
-    @staticmethod
-    def _drafted(lay: Layout, greedy: list[int], accepted: int) -> list[int]:
-        """The picks settle() reads: on the window past the accepted prefix, the draft chain's guesses where the
-        chain reaches instead of the base's (they are only ever guesses there; the verified picks before them, and
-        the slots past the chain, keep the base's)."""
-        if not lay.drafts:
-            return greedy
-        out = list(greedy)
-        # The chain's slot j copies window slot j; zip stops where the chain does.
-        for main_slot, draft_slot in zip(lay.branches[0][accepted:], lay.drafts[0][accepted:], strict=False):
-            out[main_slot] = greedy[draft_slot]
-        return out
-
-    def _draft_gate(self, layouts: list[Layout], width: int, device) -> torch.Tensor | None:
-        """[B, W]: 1 on the draft chains' own slots (their root is the window's, computed by the base)."""
-        if self.adapter is None:
-            return None
-        gate = torch.zeros((len(layouts), width))
-        for row, lay in enumerate(layouts):
-            for chain in lay.drafts:
-                gate[row, chain[1:]] = 1.0
-        return gate.to(device)
 
     def settle(self, seq: SequenceState, layout: Layout, greedy: list[int], branch: int, accepted: int) -> None:
         width = len(layout.branches[0])  # the window is the row's first `width` slots

@@ -33,8 +33,9 @@ from dataclasses import dataclass, field
 import torch
 
 from jf_core.decoding.common import DecodeOutput, StopTokens, TokenSink, first_eos
-from jf_core.decoding.jacobi import BlockRecorder, JacobiConfig, JacobiDecoder, Layout, SequenceState
+from jf_core.decoding.jacobi import BlockRecorder, JacobiConfig, JacobiDecoder, SequenceState
 from jf_core.decoding.kv import KVState
+from jf_core.decoding.layout import Layout
 from jf_core.decoding.recycling import NgramPool
 from jf_core.decoding.sampling import Sampling
 from jf_core.decoding.width import RowWidth, WidthPolicy

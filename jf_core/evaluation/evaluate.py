@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -32,6 +32,7 @@ from jf_core.config import EvalConfig, Profile
 from jf_core.decoding import JacobiConfig, StopTokens, decode
 from jf_core.evaluation.benchmarks import BenchmarkItem, load_benchmark, score
 from jf_core.evaluation.degeneracy import output_stats
+from jf_core.evaluation.method import TUNED, Method, jacobi
 from jf_core.evaluation.methods import build_methods
 from jf_core.evaluation.results import Calibration, Evaluation
 from jf_core.evaluation.speed import Decoder, MethodResult, bench, run_interleaved
@@ -77,9 +78,9 @@ def evaluate_model(
     calibration: list[list[int]] | None = None,
     tuned: JacobiConfig | None = None,
     ar_above_batch: int | None = None,
-    extra_methods: dict[str, Decoder] | None = None,
-    same_output_as: dict[str, str] | None = None,
-    exact_methods: Callable[[str], bool] = lambda name: not name.startswith("hf_"),
+    extra_methods: dict[Method, Decoder] | None = None,
+    same_output_as: dict[Method, Method] | None = None,
+    exact_methods: Callable[[Method], bool] = lambda method: method.ours,
     progress: Callable[[str], None] | None = None,
 ) -> Evaluation:
     """Evaluate `model` (see the module docstring); `stop` is `models.stop_tokens(model, tokenizer)`.
@@ -109,7 +110,6 @@ def evaluate_model(
             batch_size=cfg.batch_size,
             repeats=cfg.repeats if one_pass else 1,
             scorer=_scorer(tokenizer, data),
-            reference="hf_generate",
             same_output_as=same_output_as,
             progress=say,
             describe=lambda seqs: output_stats(seqs, cfg.max_new_tokens, stop.eos),
@@ -117,21 +117,11 @@ def evaluate_model(
     }
     if dtype in EXACT_DTYPES:
         check_lossless(quality, exact_methods, dtype)
-    if one_pass:
-        speed = quality
-    else:
-        b = cfg.speed_batch_size
-        say(f"speed: {len(methods)} methods taking turns on {len(speed_prompts)} prompts, batch {b}, x{cfg.repeats}")
-        speed = {
-            r.method: r
-            for r in bench(
-                methods, speed_prompts, batch_size=b, repeats=cfg.repeats, reference="hf_generate", progress=say
-            )
-        }
+    speed = quality if one_pass else _speed_pass(methods, speed_prompts, cfg, say)
     # A row dispatched by batch size (the tuned model's: AR above its crossover) decodes differently in the quality
     # pass's batches than in the speed pass's: its TPF is the speed pass's, measured with the speed it reports.
-    dispatched = {"tuned"} if ar_above_batch is not None and not one_pass else set()
-    rows = {name: with_quality(speed[name], q, tpf_from_speed=name in dispatched) for name, q in quality.items()}
+    dispatched = {TUNED} if ar_above_batch is not None and not one_pass else set()
+    rows = {m.label: with_quality(speed[m], q, tpf_from_speed=m in dispatched) for m, q in quality.items()}
     best_n, calibrated = choose_block_size(model, stop, cfg, calibration, say)
     return Evaluation(
         benchmark=data.benchmark,
@@ -141,12 +131,20 @@ def evaluate_model(
         methods=rows,
         calibration=calibrated,
         speedup_block_size=best_n,
-        headline_method="tuned" if "tuned" in rows else f"jacobi_n{best_n}",
-        decode_config=asdict(
-            tuned if tuned is not None else JacobiConfig(block_size=best_n, max_new_tokens=cfg.max_new_tokens)
-        ),
+        headline_method=TUNED if TUNED in own else jacobi(best_n),
+        decode_config=tuned or JacobiConfig(block_size=best_n, max_new_tokens=cfg.max_new_tokens),
         eval_seconds=time.perf_counter() - started,
     )
+
+
+def _speed_pass(
+    methods: dict[Method, Decoder], prompts: list[list[int]], cfg: EvalConfig, say: Callable[[str], None]
+) -> dict[Method, MethodResult]:
+    """The timed pass where it is not the quality pass (fewer prompts, or another batch size): every method taking
+    turns, each batch's fastest of `cfg.repeats` runs."""
+    b = cfg.speed_batch_size
+    say(f"speed: {len(methods)} methods taking turns on {len(prompts)} prompts, batch {b}, x{cfg.repeats}")
+    return {r.method: r for r in bench(methods, prompts, batch_size=b, repeats=cfg.repeats, progress=say)}
 
 
 def _scorer(tokenizer, data: EvalSet) -> Callable[[int, list[int]], bool]:
@@ -162,7 +160,7 @@ def _scorer(tokenizer, data: EvalSet) -> Callable[[int, list[int]], bool]:
     return scorer
 
 
-def check_lossless(quality: dict[str, MethodResult], exact: Callable[[str], bool], dtype: torch.dtype) -> None:
+def check_lossless(quality: dict[Method, MethodResult], exact: Callable[[Method], bool], dtype: torch.dtype) -> None:
     """In fp32 the decoders reproduce greedy AR token for token: a method the contract covers that did not is an
     error naming it, the prompt and the token."""
     for name, r in quality.items():
@@ -221,8 +219,8 @@ def evaluate_profile(
     profile: Profile,
     *,
     loaded: tuple | None = None,
-    extra_methods: dict[str, Decoder] | None = None,
-    same_output_as: dict[str, str] | None = None,
+    extra_methods: dict[Method, Decoder] | None = None,
+    same_output_as: dict[Method, Method] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> Evaluation:
     """`evaluate_model` for a model directory or hub id as a profile evaluates it: the profile's dtype, benchmark,

@@ -33,12 +33,13 @@ from typing import TYPE_CHECKING
 from jf_core.config import GateConfig
 
 if TYPE_CHECKING:
+    from jf_core.decoding import JacobiConfig
     from jf_core.evaluation.results import Evaluation
 
 
-def decode_key(decode_config: dict) -> str:
+def decode_key(config: JacobiConfig) -> str:
     """A short key of a decode config: the headline TPF is comparable only between identical configs."""
-    return hashlib.sha256(json.dumps(decode_config, sort_keys=True).encode()).hexdigest()[:12]
+    return hashlib.sha256(json.dumps(asdict(config), sort_keys=True).encode()).hexdigest()[:12]
 
 
 @dataclass(frozen=True)

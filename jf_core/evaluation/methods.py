@@ -1,8 +1,8 @@
 """The methods an evaluation or a bench runs, built in one place (`build_methods`): each a `Decoder` (a batch of
-prompts -> a DecodeOutput) under the name its table row has. The round's evaluation, `jf eval` and `jf bench decode`
-all build theirs here: our AR (every speedup's baseline and every greedy method's reference), plain Jacobi at each
-block size, the model's tuned config, and for the bench HF `generate` and prompt lookup, and a trained model's
-recycling and multi-block rows beside its own AR.
+prompts -> a DecodeOutput) keyed by its `Method` (method.py), the identity its table row has. The round's
+evaluation, `jf eval` and `jf bench decode` all build theirs here: our AR (every speedup's baseline and every greedy
+method's reference), plain Jacobi at each block size, the model's tuned config, and for the bench HF `generate` and
+prompt lookup, and a trained model's recycling and multi-block rows beside its own AR.
 
 HF methods are greedy and nothing else (`greedy_generation_config`), wrapped to the project's decoder interface;
 their forwards are counted by a hook, so their TPF is measured, not assumed.
@@ -14,12 +14,14 @@ import contextlib
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
+from typing import Literal
 
 import torch
 
 from jf_core.decoding import DecodeOutput, JacobiConfig, JFDecodeConfig, Sampling, StopTokens, ar_decode, decode
 from jf_core.decoding.common import finish, left_pad
 from jf_core.decoding.stats import DecodeStats, SequenceStats, Timer
+from jf_core.evaluation.method import AR, HF_GENERATE, HF_PROMPT_LOOKUP, Method, jacobi
 from jf_core.evaluation.speed import Decoder
 
 
@@ -120,24 +122,24 @@ def build_methods(
     block_sizes: Sequence[int] = (),
     variants_at: int | None = None,
     tuned: JacobiConfig | None = None,
-    tuned_name: str = "tuned",
+    tuned_kind: Literal["tuned", "autotuned"] = "tuned",
     full_width: bool = False,
     ar_above_batch: int | None = None,
     sampling: Sampling | None = None,
     hf: bool = False,
     prompt_lookup_tokens: int = 10,
-    prefix: str = "",
-) -> dict[str, Decoder]:
-    """One model's methods, in table order, each name led by `prefix` (a second model's rows: `jf_`):
+    model_tag: str | None = None,
+) -> dict[Method, Decoder]:
+    """One model's methods, in table order, each its `Method` on `model_tag`'s rows (a second model's: "jf"):
 
     - `hf_generate`, `hf_prompt_lookup` (with `hf`): HF's greedy search, and its prompt lookup (batch 1 only);
     - `ar` (unless `ar` is False): our AR, the baseline;
-    - `jacobi_n{n}` for each of `block_sizes`: plain Jacobi;
+    - `jacobi` at each of `block_sizes`: plain Jacobi;
     - `recycling`, `multiblock`, `recycling_multiblock` (with `variants_at` = n): Jacobi Forcing's decoding at n,
       rejection recycling with seeded drafts, two blocks in flight, and both;
-    - `tuned_name` (with `tuned`): the model's tuned config, the model's default decode path: above
+    - `tuned_kind` (with `tuned`): the model's tuned config, the model's default decode path: above
       `ar_above_batch` (its stored crossover) it runs AR; with `full_width` and an adaptive-width config, also
-      `{tuned_name}_full_width`, the same config at full width (what adaptive width brings).
+      the same config at full width (what adaptive width brings).
 
     With `sampling` every row but HF's samples, each prompt with a seed of its own tokens (the same in every method
     and batch), so "identical" checks that sampled decoding is lossless."""
@@ -148,32 +150,31 @@ def build_methods(
     def run(cfg: JacobiConfig, above: int | None = None) -> Decoder:
         return lambda ps: decode(model, ps, cfg, stop=stop, sampling=sampling, seeds=seeds(ps), ar_above_batch=above)
 
-    methods: dict[str, Decoder] = {}
+    methods: dict[Method, Decoder] = {}
     if hf:
-        methods["hf_generate"] = hf_generate_decoder(model, stop, max_new_tokens)
-        methods["hf_prompt_lookup"] = hf_generate_decoder(
+        methods[HF_GENERATE] = hf_generate_decoder(model, stop, max_new_tokens)
+        methods[HF_PROMPT_LOOKUP] = hf_generate_decoder(
             model, stop, max_new_tokens, batched=False, prompt_lookup_num_tokens=prompt_lookup_tokens
         )
     if ar:
-        methods[f"{prefix}ar"] = lambda ps: ar_decode(
+        methods[AR.of(model_tag)] = lambda ps: ar_decode(
             model, ps, max_new_tokens=max_new_tokens, stop=stop, sampling=sampling, seeds=seeds(ps)
         )
     for n in dict.fromkeys(block_sizes):
-        methods[f"{prefix}jacobi_n{n}"] = run(JacobiConfig(block_size=n, max_new_tokens=max_new_tokens))
+        methods[jacobi(n, model_tag)] = run(JacobiConfig(block_size=n, max_new_tokens=max_new_tokens))
     if variants_at is not None:
         n, new = variants_at, max_new_tokens
-        methods[f"{prefix}recycling"] = run(
-            JFDecodeConfig(block_size=n, num_blocks=1, pool_size=4, seed_drafts=True, max_new_tokens=new)
-        )
-        methods[f"{prefix}multiblock"] = run(
-            JFDecodeConfig(block_size=n, num_blocks=2, pool_size=0, max_new_tokens=new)
-        )
-        methods[f"{prefix}recycling_multiblock"] = run(
-            JFDecodeConfig(block_size=n, seed_drafts=True, max_new_tokens=new)
-        )
+        variants = {
+            "recycling": JFDecodeConfig(block_size=n, num_blocks=1, pool_size=4, seed_drafts=True, max_new_tokens=new),
+            "multiblock": JFDecodeConfig(block_size=n, num_blocks=2, pool_size=0, max_new_tokens=new),
+            "recycling_multiblock": JFDecodeConfig(block_size=n, seed_drafts=True, max_new_tokens=new),
+        }
+        for kind, cfg in variants.items():
+            methods[Method(kind, model=model_tag)] = run(cfg)
     if tuned is not None:
-        methods[f"{prefix}{tuned_name}"] = run(replace(tuned, max_new_tokens=max_new_tokens), ar_above_batch)
+        own = replace(tuned, max_new_tokens=max_new_tokens)
+        methods[Method(tuned_kind, model=model_tag)] = run(own, ar_above_batch)
         if full_width and getattr(tuned, "adaptive_width", False):
             full = replace(tuned, max_new_tokens=max_new_tokens, adaptive_width=False)
-            methods[f"{prefix}{tuned_name}_full_width"] = run(full)
+            methods[Method(tuned_kind, model=model_tag, full_width=True)] = run(full)
     return methods

@@ -5,7 +5,6 @@ mechanism check: TPF against training tokens."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -19,6 +18,7 @@ from matplotlib.figure import Figure
 from jf_core.atomic import atomic_path
 
 if TYPE_CHECKING:
+    from jf_core.evaluation.method import Method
     from jf_core.evaluation.speed import MethodResult
 
 LOSS_KEYS = ("loss", "consistency_loss", "ar_loss")
@@ -113,7 +113,7 @@ def tpf_against_tokens(runs: Sequence[dict]) -> Figure | None:
 
 def method_bars(results: Sequence[MethodResult]) -> Figure:
     """TPF (left) and TPS (right) per method of one `jf bench decode` table."""
-    names = [r.method for r in results]
+    names = [r.name for r in results]
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))
     for ax, values, label in ((axes[0], [r.tpf for r in results], "TPF"), (axes[1], [r.tps for r in results], "TPS")):
         ax.bar(range(len(names)), values)
@@ -131,7 +131,7 @@ def method_acceptance(results: Sequence[MethodResult]) -> Figure:
         if r.accepted_histogram and max(r.accepted_histogram) > 1:
             total = sum(r.accepted_histogram.values())
             ks = sorted(r.accepted_histogram)
-            ax.plot(ks, [r.accepted_histogram[k] / total for k in ks], marker=".", label=r.method)
+            ax.plot(ks, [r.accepted_histogram[k] / total for k in ks], marker=".", label=r.name)
     ax.set_xlabel("tokens accepted in one forward")
     ax.set_ylabel("share of forwards")
     ax.set_yscale("log")
@@ -140,16 +140,18 @@ def method_acceptance(results: Sequence[MethodResult]) -> Figure:
     return fig
 
 
-_JACOBI_ROW = re.compile(r"^(jf_)?jacobi_n(\d+)$")  # plain Jacobi rows: the base model's, the JF model's (jf_)
+def _model_title(tag: str | None) -> str:
+    """A row's model as a legend or panel names it: the model under evaluation, the trained one beside it."""
+    return {None: "base model", "jf": "Jacobi Forcing model"}.get(tag, f"{tag} model")
 
 
 def tpf_against_block_size(results: Sequence[MethodResult]) -> Figure | None:
-    """Plain Jacobi's TPF against the block size n, the base model's rows (`jacobi_n<N>`) and the Jacobi Forcing
-    model's (`jf_jacobi_n<N>`) as two lines. None when the table has fewer than two block sizes of either."""
+    """Plain Jacobi's TPF against the block size n, one line per model (the base model's rows and the Jacobi Forcing
+    model's). None when the table has fewer than two block sizes of every model."""
     lines: dict[str, list[tuple[int, float]]] = {}
     for r in results:
-        if m := _JACOBI_ROW.match(r.method):
-            lines.setdefault("Jacobi Forcing model" if m[1] else "base model", []).append((int(m[2]), r.tpf))
+        if r.method.kind == "jacobi":
+            lines.setdefault(_model_title(r.method.model), []).append((r.method.block_size, r.tpf))
     lines = {k: sorted(v) for k, v in lines.items() if len(v) > 1}
     if not lines:
         return None
@@ -169,27 +171,23 @@ def tpf_against_block_size(results: Sequence[MethodResult]) -> Figure | None:
 
 def speed_against_batch_size(tables: Mapping[int, Sequence[MethodResult]]) -> Figure | None:
     """Each method's speedup against our AR on the same prompts (TPS / AR's TPS, measured in the same run) against
-    the batch size, from one `jf bench decode` table per batch size: the base model's methods on the left, the
-    Jacobi Forcing model's (`jf_*`) on the right when the tables have them; AR itself is the dashed line at 1. None
-    with fewer than two batch sizes."""
+    the batch size, from one `jf bench decode` table per batch size: one panel per model (the base model's methods,
+    then the Jacobi Forcing model's when the tables have them); AR itself is the dashed line at 1. None with fewer
+    than two batch sizes."""
     if len(tables) < 2:
         return None
     sizes = sorted(tables)
-    names = [r.method for r in tables[sizes[0]] if r.method not in ("ar", "jf_ar")]
-    panels = {
-        title: group
-        for title, group in (
-            ("base model", [n for n in names if not n.startswith("jf_")]),
-            ("Jacobi Forcing model", [n for n in names if n.startswith("jf_")]),
-        )
-        if group
-    }
+    panels: dict[str, list[Method]] = {}
+    for r in tables[sizes[0]]:
+        if r.method.kind != "ar":
+            panels.setdefault(_model_title(r.method.model), []).append(r.method)
     fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.5), sharey=True, squeeze=False)
     colors = plt.get_cmap("tab20").colors  # one colour per line: a panel holds up to eleven methods
     for ax, (title, group) in zip(axes[0], panels.items(), strict=True):
-        for i, name in enumerate(group):
-            points = [(b, r.speedup_vs_ar) for b in sizes for r in tables[b] if r.method == name]
-            ax.plot([b for b, _ in points], [x for _, x in points], marker="o", color=colors[i % 20], label=name)
+        for i, method in enumerate(group):
+            points = [(b, r.speedup_vs_ar) for b in sizes for r in tables[b] if r.method == method]
+            xs, ys = [b for b, _ in points], [x for _, x in points]
+            ax.plot(xs, ys, marker="o", color=colors[i % 20], label=method.label)
         ax.axhline(1.0, color="gray", linestyle="--", linewidth=1)
         ax.set_xscale("log", base=2)
         ax.set_xticks(sizes, [str(b) for b in sizes])

@@ -5,11 +5,11 @@ the whole (plain Jacobi's TPF per block size, the headline's figures) is derived
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from jf_core.decoding import JacobiConfig, config_from_dict
+from jf_core.decoding import DecodeConfig
+from jf_core.evaluation.method import AR, TUNED, Method, jacobi
 from jf_core.evaluation.speed import MethodResult
 
 
@@ -47,34 +47,32 @@ class Evaluation(JsonModel):
     benchmark: str
     items: int
     dtype: str
-    block_sizes: list[int]  # plain Jacobi's, each a `jacobi_n{n}` row
-    methods: dict[str, MethodResult]
+    block_sizes: list[int]  # plain Jacobi's, each a `jacobi(n)` row
+    methods: dict[str, MethodResult]  # by `Method.label`: JSON keys; ask by the method with `row`
     calibration: Calibration
     speedup_block_size: int
-    headline_method: str
-    decode_config: dict[str, Any]  # the headline's (asdict of JacobiConfig / JFDecodeConfig)
+    headline_method: Method
+    decode_config: DecodeConfig  # the headline's (a JFDecodeConfig when the model was tuned)
     eval_seconds: float
     model: str | None = None  # what was evaluated, when the caller knows (the round's stage does)
     torch_threads: int | None = None  # the one thread count every method ran with
 
+    def row(self, method: Method) -> MethodResult:
+        return self.methods[method.label]
+
     @property
     def accuracy(self) -> float:
         """Greedy accuracy: the model's own, whatever decodes it (our AR's texts, scored)."""
-        return float(self.methods["ar"].accuracy)
-
-    @property
-    def decode(self) -> JacobiConfig:
-        """The headline's decode config as its type (a JFDecodeConfig when the model was tuned)."""
-        return config_from_dict(self.decode_config)
+        return float(self.row(AR).accuracy)
 
     @property
     def headline(self) -> MethodResult:
-        return self.methods[self.headline_method]
+        return self.row(self.headline_method)
 
     @property
     def tpf(self) -> dict[str, float]:
         """Plain Jacobi's TPF per block size (keys are strings: they are JSON keys and MLflow names too)."""
-        return {str(n): self.methods[f"jacobi_n{n}"].tpf for n in self.block_sizes}
+        return {str(n): self.row(jacobi(n)).tpf for n in self.block_sizes}
 
     @property
     def tps(self) -> dict[str, float]:
@@ -82,11 +80,11 @@ class Evaluation(JsonModel):
 
     @property
     def accepted_histogram(self) -> dict[str, dict[int, int]]:
-        return {str(n): self.methods[f"jacobi_n{n}"].accepted_histogram for n in self.block_sizes}
+        return {str(n): self.row(jacobi(n)).accepted_histogram for n in self.block_sizes}
 
     @property
     def tuned(self) -> MethodResult | None:
-        return self.methods.get("tuned")
+        return self.methods.get(TUNED.label)
 
     def metrics(self) -> dict[str, float]:
         """The headline, plain Jacobi's TPF per block size and every method's TPS, as flat MLflow metrics."""

@@ -15,17 +15,20 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from jf_core.decoding import DecodeOutput
 from jf_core.decoding.common import batches_of, concat_outputs, decode_batched
+from jf_core.evaluation.method import AR, HF_GENERATE, Method
 
 Decoder = Callable[[list[list[int]]], DecodeOutput]
+K = TypeVar("K")  # what names a decoder: a `Method` for table rows, a block size or a word for a calibration
 Scorer = Callable[[int, list[int]], bool]  # (prompt index, generated ids) -> correct?
 
 
 @dataclass
 class MethodResult:
-    method: str
+    method: Method
     tpf: float
     tps: float
     decode_tps: float | None
@@ -40,6 +43,10 @@ class MethodResult:
     accepted_histogram: dict[int, int] = field(default_factory=dict)
     first_divergence: list[int | None] = field(default_factory=list)  # per prompt: None when identical
     output_stats: dict[str, float] = field(default_factory=dict)  # `describe` of the outputs (degeneracy.py)
+
+    @property
+    def name(self) -> str:
+        return self.method.label
 
 
 def first_divergence(reference: Sequence[int], candidate: Sequence[int]) -> int | None:
@@ -58,7 +65,7 @@ def whole_batches(prompts: Sequence[Sequence[int]], size: int) -> list[list[int]
 
 
 def run_interleaved(
-    decoders: dict[str, Decoder],
+    decoders: dict[K, Decoder],
     prompts: Sequence[Sequence[int]],
     batch_size: int,
     *,
@@ -66,7 +73,7 @@ def run_interleaved(
     warmup_prompts: int = 2,
     progress: Callable[[str], None] | None = None,
     say_every: float = 10.0,
-) -> dict[str, DecodeOutput]:
+) -> dict[K, DecodeOutput]:
     """Every decoder over `prompts`, taking turns batch by batch; with `repeats`, each batch runs that many times
     per decoder and its fastest run counts. `progress` gets a line at the start of each run and, at most every
     `say_every` seconds and at the end, how far it is.
@@ -83,7 +90,7 @@ def run_interleaved(
         say(f"warming up {len(decoders)} methods on {min(warmup_prompts, len(prompts))} prompts")
     for decoder in decoders.values():  # warm every code path before anything is timed
         decode_batched(decoder, prompts[:warmup_prompts], batch_size)
-    best: dict[str, list[DecodeOutput | None]] = {name: [None] * len(batches) for name in decoders}
+    best: dict[K, list[DecodeOutput | None]] = {name: [None] * len(batches) for name in decoders}
     total, done, said = repeats * len(batches), 0, started
     for rep in range(repeats):
         say(f"run {rep + 1}/{repeats}: {len(decoders)} methods taking turns on {len(batches)} batches")
@@ -107,17 +114,17 @@ def run_interleaved(
 
 
 def bench(
-    methods: dict[str, Decoder],
+    methods: dict[Method, Decoder],
     prompts: list[list[int]],
     *,
     batch_size: int = 1,
     warmup_prompts: int = 2,
     repeats: int = 1,
     scorer: Scorer | None = None,
-    reference: str | None = "hf_generate",
-    baseline_ar: str = "ar",
+    reference: Method | None = HF_GENERATE,
+    baseline_ar: Method = AR,
     progress: Callable[[str], None] | None = None,
-    same_output_as: dict[str, str] | None = None,
+    same_output_as: dict[Method, Method] | None = None,
     describe: Callable[[list[list[int]]], dict[str, float]] | None = None,
 ) -> list[MethodResult]:
     """Speedups are against `reference` (HF generate, when it is among the methods) and `baseline_ar` (our AR on
@@ -126,8 +133,8 @@ def bench(
     `baseline_ar`), e.g. a fine-tuned model's methods with that model's own greedy AR: the fraction of identical
     outputs and, per prompt, the first position where they diverge. Timing: `run_interleaved`."""
     for name in filter(None, (reference, baseline_ar)):
-        if name not in methods and not (name == reference and reference == "hf_generate"):
-            raise ValueError(f"the reference method {name!r} is not among {sorted(methods)}")
+        if name not in methods and not (name == reference == HF_GENERATE):  # HF's row is optional
+            raise ValueError(f"the reference method {name} is not among {sorted(m.label for m in methods)}")
     same_output_as = same_output_as or {}
     outputs = run_interleaved(
         methods, prompts, batch_size, repeats=repeats, warmup_prompts=warmup_prompts, progress=progress

@@ -27,7 +27,7 @@ def table_rows(results: list[MethodResult]) -> list[list[str]]:
         dist = "/".join(f"{_percentile(r.tpf_per_example, q):.2f}" for q in (0.1, 0.5, 0.9))
         rows.append(
             [
-                r.method,
+                r.name,
                 f"{r.tpf:.2f}",
                 dist,
                 f"{r.tps:.1f}",
@@ -67,4 +67,4 @@ def format_markdown(results: list[MethodResult]) -> str:
 def write_json(results: list[MethodResult], path: Path, meta: dict) -> None:
     from jf_core.atomic import write_json_atomic
 
-    write_json_atomic(path, {"meta": meta, "methods": {r.method: asdict(r) for r in results}})
+    write_json_atomic(path, {"meta": meta, "methods": {r.name: asdict(r) for r in results}})

@@ -17,7 +17,7 @@ import torch
 
 from jf_core.config import TuneConfig
 from jf_core.decoding import JacobiConfig, JFDecodeConfig, StopTokens, ar_decode, decode
-from jf_core.decoding.draft_adapter import draft_adapter
+from jf_core.draft_adapter.adapter import draft_adapter
 from jf_core.evaluation.speed import run_interleaved, whole_batches
 from jf_core.model_dir import Crossover
 
@@ -81,6 +81,10 @@ class TuneSpace:
             out.append(cfg)
         return out
 
+    def for_model(self, model: torch.nn.Module, max_new_tokens: int) -> list[JFDecodeConfig]:
+        """The grid `model` gets: with a draft adapter, its chain's span too."""
+        return self.configs(max_new_tokens, adapter=draft_adapter(model) is not None)
+
 
 @dataclass
 class TuneTrial:
@@ -103,7 +107,7 @@ def tune(
 ) -> tuple[JFDecodeConfig, list[TuneTrial]]:
     """`progress(i, total, trial)` for each configuration once all are measured; `say(line)` while they run (the
     configurations take turns batch by batch, so no trial is done before the last batch is)."""
-    configs = (space or TuneSpace.of()).configs(max_new_tokens, adapter=draft_adapter(model) is not None)
+    configs = (space or TuneSpace.of()).for_model(model, max_new_tokens)
     if not configs:
         raise ValueError("the tuning space is empty")
     decoders = {str(i): lambda ps, cfg=cfg: decode(model, ps, cfg, stop=stop) for i, cfg in enumerate(configs)}

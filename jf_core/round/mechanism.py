@@ -12,11 +12,11 @@ driver (`train_round`), and its trained model is measured like the base:
 - identity with the *base* model's greedy AR (did the text change?) and the repeated-4-gram rate (did it degenerate?).
 
 A TPF that comes with changed or degenerate text is not a result: the table puts them side by side. A variant with
-`draft_lora_rank` trains a draft-only adapter instead of the model (jf_core/decoding/draft_adapter.py): its Jacobi
+`draft_lora` trains a draft-only adapter instead of the model (jf_core/draft_adapter/): its Jacobi
 decoding drafts with the adapter and verifies with the base, so "= base text" is 1.0 by construction and measured.
 `bench/mechanism.py` is the command; a CI test runs it on a tiny model.
 
-Why 390 lines, and why here: it is still a second pipeline beside the round (its own collection, packing, resume
+Why 410 lines, and why here: it is still a second pipeline beside the round (its own collection, packing, resume
 rule and rows); issue 50 makes its variants the round's own stages beside `jf_core/ablation.py`, and this module goes.
 """
 
@@ -29,6 +29,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -164,24 +165,15 @@ def run_mechanism(
     (`base.json`, `trajectories.parquet`) instead of measured and collected again, a variant whose row is written
     (`<variant>/row.json`) is read back, and one that died training resumes from its last checkpoint on the
     examples it packed. Without it, a temporary directory under `workdir`, removed at the end."""
-
     n = profile.trajectory.block_size
     sample = list(train[:measure_trained] if measure_trained is not None else train)
-    train_refs, held_refs = references if references is not None else (None, None)
-    if train_refs is not None:
-        train_refs = list(train_refs)[: len(sample)]
-    stop = None
-
+    train_refs, held_refs = references or (None, None)
+    train_refs = None if train_refs is None else list(train_refs)[: len(sample)]
     # Decoding drafts the way the trajectories were collected (`trajectory.draft_init`): one factor, both places.
-    init = profile.trajectory.draft_init
-
-    def measured(m, base_train, base_held):
-        return (
-            measure(m, stop, sample, block_size=n, max_new_tokens=max_new_tokens, base_outputs=base_train,
-                    batch_size=batch_size, references=train_refs, score=score, draft_init=init),
-            measure(m, stop, held_out, block_size=n, max_new_tokens=max_new_tokens, base_outputs=base_held,
-                    batch_size=batch_size, references=held_refs, score=score, draft_init=init),
-        )  # fmt: skip
+    measured = partial(
+        _measure_sets, sets=((sample, train_refs), (list(held_out), held_refs)), block_size=n,
+        max_new_tokens=max_new_tokens, batch_size=batch_size, score=score, draft_init=profile.trajectory.draft_init,
+    )  # fmt: skip
 
     state = resume_dir
     if state is not None:
@@ -191,16 +183,12 @@ def run_mechanism(
         _same_or_new(state / "inputs.json", inputs, "the questions, tokens, model or trajectory settings")
     base, records = _read_base(state)
     if base is None:
-        model, tok = load_model(model_dir, dtype="float32", device=device)
-        stop = stop_tokens(model, tok)
-        base = MechanismRow("base", {}, *measured(model, None, None))
-        base, records = _collect(profile, model, tok, train, base, max_new_tokens, collect_batch_size or batch_size)
+        collect = collect_batch_size or batch_size
+        base, records = _base_row(profile, model_dir, train, measured, device, max_new_tokens, collect)
         _write_base(state, base, records)
-        del model
-    base_train, base_held = base.trained.outputs, base.held_out.outputs
     rows = [base]
-    if on_row:
-        on_row(base)
+    emit = on_row or (lambda _row: None)
+    emit(base)
 
     scratch = state if state is not None else Path(tempfile.mkdtemp(prefix="jf-mechanism-", dir=workdir))
     try:
@@ -211,32 +199,64 @@ def run_mechanism(
             if (where / ROW).exists():
                 row = _read_row(where / ROW)
             else:
-                seconds, tokens, history = _train_variant(
+                trained = _train_variant(
                     variant_profile(profile, overrides), model_dir, records, where, progress, device
                 )
-                trained, tok = load_model(str(where / "model"), dtype="float32", device=device)
-                stop = stop_tokens(trained, tok)
-                final = {k: v for k, v in (history or [{}])[-1].items() if isinstance(v, float)}
-                row = MechanismRow(name, overrides, *measured(trained, base_train, base_held), seconds, tokens, final)
-                row.history = history
-                if keep is not None:
-                    keep.mkdir(parents=True, exist_ok=True)
-                    # Across file systems a move is a copy: under a temporary name, renamed once whole.
-                    partial = shutil.move(where / "model", keep / f".{name}.partial")
-                    Path(partial).rename(keep / name)
-                if state is not None:  # the row, then the weights it no longer needs (540 MB a SmolLM2 copy)
-                    write_json_atomic(where / ROW, asdict(row))
-                    shutil.rmtree(where / "model", ignore_errors=True)
-                    shutil.rmtree(where / "checkpoints", ignore_errors=True)
-                else:
-                    shutil.rmtree(where, ignore_errors=True)
+                row = _variant_row(name, overrides, where, trained, measured, base, device)
+                _keep_or_drop(where, name, row, keep=keep, state=state)
             rows.append(row)
-            if on_row:
-                on_row(row)
+            emit(row)
     finally:
         if state is None:
             shutil.rmtree(scratch, ignore_errors=True)
     return rows
+
+
+def _base_row(
+    profile: Profile, model_dir: str, train, measured: Callable, device: str, max_new_tokens: int, batch_size: int
+) -> tuple[MechanismRow, list[dict]]:
+    """The base model measured, then its trajectories on the trained questions collected."""
+    model, tok = load_model(model_dir, dtype="float32", device=device)
+    base = MechanismRow("base", {}, *measured(model, stop_tokens(model, tok), (None, None)))
+    return _collect(profile, model, tok, train, base, max_new_tokens, batch_size)
+
+
+def _measure_sets(model, stop: StopTokens, base_outputs: tuple, *, sets: tuple, **common) -> tuple[SetFigures, ...]:
+    """The model's figures on the trained questions and on the held-out ones, each against the base's outputs
+    (None for the base itself)."""
+    return tuple(
+        measure(model, stop, prompts, base_outputs=outputs, references=refs, **common)
+        for (prompts, refs), outputs in zip(sets, base_outputs, strict=True)
+    )
+
+
+def _variant_row(
+    name: str, overrides: dict, where: Path, trained: tuple, measured: Callable, base: MechanismRow, device: str
+) -> MechanismRow:
+    """A trained variant measured as the base was: its model from `where/model`, the training's figures beside."""
+    seconds, tokens, history = trained
+    model, tok = load_model(str(where / "model"), dtype="float32", device=device)
+    figures = measured(model, stop_tokens(model, tok), (base.trained.outputs, base.held_out.outputs))
+    final = {k: v for k, v in (history or [{}])[-1].items() if isinstance(v, float)}
+    row = MechanismRow(name, overrides, *figures, seconds, tokens, final)
+    row.history = history
+    return row
+
+
+def _keep_or_drop(where: Path, name: str, row: MechanismRow, *, keep: Path | None, state: Path | None) -> None:
+    """After a variant is measured: its model moved to `keep/<name>` when asked; with a resumable state, its row
+    written and the weights it no longer needs dropped (540 MB a SmolLM2 copy); else its directory removed."""
+    if keep is not None:
+        keep.mkdir(parents=True, exist_ok=True)
+        # Across file systems a move is a copy: under a temporary name, renamed once whole.
+        partial_copy = shutil.move(where / "model", keep / f".{name}.partial")
+        Path(partial_copy).rename(keep / name)
+    if state is not None:
+        write_json_atomic(where / ROW, asdict(row))
+        shutil.rmtree(where / "model", ignore_errors=True)
+        shutil.rmtree(where / "checkpoints", ignore_errors=True)
+    else:
+        shutil.rmtree(where, ignore_errors=True)
 
 
 ROW = "row.json"

@@ -9,7 +9,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from jf_core.config import Profile
+from jf_core.decoding import DecodeConfig
 from jf_core.evaluation.gate import Figures
+from jf_core.evaluation.method import AR, Method, jacobi
 from jf_core.evaluation.results import Evaluation, JsonModel
 from jf_core.evaluation.speed import MethodResult
 from jf_core.round.paths import RoundPaths, eval_key
@@ -42,11 +44,11 @@ class RoundSummary(BaseModel):
     base_accuracy: float
     tpf: dict[str, float]
     base_tpf: dict[str, float]
-    headline_method: str
+    headline_method: Method
     headline_tpf: float
     speedup_vs_ar: float
     identical_fraction: float
-    decode_config: dict[str, Any]
+    decode_config: DecodeConfig
     train_seconds: float
     resumed_from_step: int | None = None
     dtype: str  # the evaluation's numerics (identity is promised in fp32, measured in bf16)
@@ -134,27 +136,27 @@ class RoundReport(JsonModel):
     def metrics_rows(self) -> list[dict]:
         """One row per evaluated block size: the input model against the trained one, named by the method that trained
         it (JF for Jacobi Forcing, CLLM for the baseline objective the `tiny` profile ships)."""
-        trained, tps = self.method_name, self.eval.tps
+        trained, ar = self.method_name, self.eval.row(AR).tps
         rows = [
             {
                 "block size n": int(n),
                 "base TPF": round(self.base_tpf[n], 3),
                 f"{trained} TPF": round(tpf, 3),
-                f"{trained} TPS": round(tps[f"jacobi_n{n}"], 1),
-                "AR TPS": round(tps["ar"], 1),
-                "speedup vs AR": round(tps[f"jacobi_n{n}"] / tps["ar"], 2),
+                f"{trained} TPS": round(self.eval.row(jacobi(int(n))).tps, 1),
+                "AR TPS": round(ar, 1),
+                "speedup vs AR": round(self.eval.row(jacobi(int(n))).tps / ar, 2),
             }
             for n, tpf in self.tpf.items()
         ]
         if (tuned := self.tuned) is not None:
-            c = self.eval.decode  # tuned: a JFDecodeConfig
+            c = self.eval.decode_config  # tuned: a JFDecodeConfig
             rows.append(
                 {
                     "block size n": f"tuned {c.describe()}",
                     "base TPF": "",
                     f"{trained} TPF": round(tuned.tpf, 3),
                     f"{trained} TPS": round(tuned.tps, 1),
-                    "AR TPS": round(tps["ar"], 1),
+                    "AR TPS": round(ar, 1),
                     "speedup vs AR": round(tuned.speedup_vs_ar, 2),
                 }
             )
@@ -169,7 +171,7 @@ class RoundReport(JsonModel):
             "accuracy_drop": self.base_accuracy - self.accuracy,
             "tpf": head.tpf,
             "tps": head.tps,
-            "tps_ar": self.eval.methods["ar"].tps,
+            "tps_ar": self.eval.row(AR).tps,
             "speedup_vs_ar": head.speedup_vs_ar,  # the headline: against our own AR on the same model
             "speedup_vs_hf_generate": head.speedup_vs_hf_generate,
             "identical_fraction": self.identical_fraction,

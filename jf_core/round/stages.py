@@ -200,7 +200,6 @@ def stage_tune(
 
 
 def _tune(profile: Profile, model_dir: Path, say: Say, on_trial) -> TuneResult:
-    from jf_core.decoding.draft_adapter import draft_adapter
     from jf_core.evaluation.tune import TuneSpace, store_crossover, tune
     from jf_core.model_dir import save_decode_config
     from jf_core.models import load_model, stop_tokens
@@ -210,8 +209,7 @@ def _tune(profile: Profile, model_dir: Path, say: Say, on_trial) -> TuneResult:
     model, tok = load_model(str(model_dir), **profile.model.decode_kwargs())
     prompts = calibration_prompts(profile.prompts, tok, cfg.prompts, profile.evaluation.calibration_split)
     space, new_tokens = TuneSpace.of(cfg), cfg.max_new_tokens or profile.evaluation.max_new_tokens
-    adapter = draft_adapter(model) is not None
-    grid = f"tuning {len(space.configs(new_tokens, adapter))} decode configs on {len(prompts)} prompts"
+    grid = f"tuning {len(space.for_model(model, new_tokens))} decode configs on {len(prompts)} prompts"
     best, trials = tune(
         model,
         prompts,

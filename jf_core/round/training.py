@@ -14,14 +14,7 @@ from pathlib import Path
 import torch
 
 from jf_core.config import Profile
-from jf_core.decoding.draft_adapter import FILE as ADAPTER_FILE
-from jf_core.decoding.draft_adapter import (
-    DraftAdapter,
-    adapter_file,
-    attach_draft_adapter,
-    base_state_dict,
-    draft_adapter,
-)
+from jf_core.draft_adapter.adapter import directory_parts, for_training
 from jf_core.model_dir import lineage, save_model_dir
 from jf_core.models import ModelSpec, load_model
 from jf_core.threads import ThreadGovernor
@@ -60,7 +53,7 @@ def train_round(
     model, tok = load_model(
         model_in, dtype="float32", device="cpu" if distributed else str(device), attn_implementation=attention
     )
-    adapter = _draft_adapter(model, t)
+    adapter = for_training(model, t.draft_lora)  # None: the whole model trains
     examples = read_packed_share(packed, rank, world)
     if t.lean_loss:  # a property of the architecture: checked on the plain model, before wrapping or sharding
         first = next(jf_batches(examples, 1, tok.pad_token_id, seed=t.seed, variant=t.mask))
@@ -84,7 +77,7 @@ def train_round(
     state = parallel.full_state_dict(wrapped) if parallel is not None else None  # every worker takes part
     summary = result.model_copy(update={"model_in": model_in, "strategy": t.strategy, "workers": world})
     if rank == 0:
-        _save(model, tok, out, state=state, adapter=adapter, compute=compute, model_in=model_in)
+        _save(model, tok, out, state=state, adapter=adapter is not None, compute=compute, model_in=model_in)
     return summary
 
 
@@ -121,19 +114,18 @@ def _batches(profile: Profile, examples, tok, rank: int, *, dense_mask: bool):
     )
 
 
-def _save(model, tok, out: Path, *, state, adapter: DraftAdapter | None, compute: torch.dtype, model_in: str) -> None:
+def _save(model, tok, out: Path, *, state, adapter: bool, compute: torch.dtype, model_in: str) -> None:
     """The trained model directory, written atomically: the whole model in its compute dtype (from the gathered
-    `state` when sharded), or the frozen base with the draft adapter's own file."""
+    `state` when sharded), or what the draft adapter's module says a model with an adapter keeps."""
+    parts = {"state_dict": state, "dtype": compute, "extra_tensors": None}
+    if adapter:
+        parts = directory_parts(model)
     save_model_dir(
         _plain_model(model.config) if state is not None else model,
         out,
         tokenizer=tok,
-        state_dict=base_state_dict(model) if adapter is not None else state,
-        # The frozen base an adapter drafts beside is saved as loaded (fp32): rounded to a bf16 compute dtype,
-        # it would verify with other weights than the base whose greedy text the adapter model promises.
-        dtype=torch.float32 if adapter is not None else compute,
-        extra_tensors={ADAPTER_FILE: adapter_file(adapter)} if adapter is not None else None,
         block={"lineage": lineage(model_in)},
+        **parts,
     )
 
 
@@ -147,20 +139,6 @@ def _hooks(profile: Profile, examples, model, tok, checkpoints: Path, distribute
     if t.onpolicy_every:  # draws new states into the pools; not after the last step, where nothing would use them
         hooks.append(Measure(on_policy(profile, examples, model, tok), Every(t.onpolicy_every, at_end=False)))
     return [*hooks, Checkpoints(checkpoints, Every(t.every()))]
-
-
-def _draft_adapter(model: torch.nn.Module, t) -> DraftAdapter | None:
-    """The draft adapter that trains instead of the model (`training.draft_lora_rank`): the input model's own when
-    it has one (a later round goes on training it), else a new one; None when the whole model trains."""
-    adapter = draft_adapter(model)
-    if not t.draft_lora_rank:
-        if adapter is not None:
-            raise ValueError(
-                "the input model carries a draft adapter (draft_adapter.safetensors): set training.draft_lora_rank to "
-                "go on training it, or train a model without one"
-            )
-        return None
-    return adapter or attach_draft_adapter(model, t.draft_lora_rank, t.draft_lora_alpha)
 
 
 def _ddp(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:

@@ -5,10 +5,12 @@ recipe trains a new model instead of silently reusing a stale one."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -90,8 +92,29 @@ def ensure_embedded_model(
     out = embedded_model_dir(cfg, home)
     if (out / REPORT).is_file():
         return out
-    bootstrap(cfg or BootstrapConfig(), out, progress=progress, on_log=on_log)
+    with exclusive(out, say=print if progress else None):
+        if not (out / REPORT).is_file():  # another process may have made it while this one waited
+            bootstrap(cfg or BootstrapConfig(), out, progress=progress, on_log=on_log)
     return out
+
+
+@contextlib.contextmanager
+def exclusive(out: Path, say: Callable[[str], None] | None = None) -> Iterator[None]:
+    """One bootstrap of a model at a time on a machine: a second process that needs it (a test session beside a
+    warm-up, two `jf run`s on an empty $JF_HOME) waits for the first and reuses its model instead of training the same
+    one again. An advisory lock on a file beside the model's directory, released when its holder ends, however."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{out.name}.lock", "w") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if say:
+                say(f"waiting for another process's bootstrap of {out}")
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def bootstrap(

@@ -10,10 +10,14 @@ import torch
 from jf_core.toy.task import ToyExample
 
 
-def encode_example(tokenizer, example: ToyExample) -> tuple[list[int], list[int]]:
-    prompt = tokenizer(example.prompt, add_special_tokens=False)["input_ids"]
-    answer = tokenizer(example.answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-    return prompt, answer
+def encode_examples(tokenizer, examples: Sequence[ToyExample]) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, answer ids + EOS) per example, in one batched call each (the same ids as one call per text, in
+    a tenth of the time: the bootstrap encodes 60,000 examples)."""
+    if not examples:
+        return []
+    prompts = tokenizer([e.prompt for e in examples], add_special_tokens=False)["input_ids"]
+    answers = tokenizer([e.answer for e in examples], add_special_tokens=False)["input_ids"]
+    return [(p, [*a, tokenizer.eos_token_id]) for p, a in zip(prompts, answers, strict=True)]
 
 
 def ar_batches(
@@ -23,7 +27,7 @@ def ar_batches(
     by length and cut into batches, which are then shuffled, so padding (compute spent on nothing) stays small."""
     if len(examples) < batch_size:
         raise ValueError(f"ar_batches: {len(examples)} examples cannot fill one batch of batch_size={batch_size}")
-    encoded = [encode_example(tokenizer, e) for e in examples]
+    encoded = encode_examples(tokenizer, examples)
     rng = random.Random(seed)
     order = list(range(len(encoded)))
     # A pool of whole batches, no larger than the examples (a pool larger than them yielded nothing, forever).

@@ -11,6 +11,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from jf_core.draft_adapter.config import DraftLora
+
 # The schedules a window of target ratios defines (training.schedule); noise.py implements them.
 WindowSchedule = Literal["progressive", "progressive_phase", "reverse", "random"]
 
@@ -62,11 +64,10 @@ class JFTrainConfig(BaseModel):
     # prompts (in turn) and the draft states it visits join those blocks' pools (jf_core/training/onpolicy.py).
     onpolicy_every: int | None = Field(None, ge=1)
     onpolicy_prompts: int = Field(8, ge=1)
-    # Draft-only LoRA (jf_core/decoding/draft_adapter.py): > 0 freezes the model and trains an adapter of this rank
-    # that acts only where the decoder drafts; the base verifies, so the output stays the base's greedy text. 0: the
-    # whole model trains (it drafts and verifies). alpha / rank scales the adapter (None: alpha = rank).
-    draft_lora_rank: int = Field(0, ge=0)
-    draft_lora_alpha: float | None = Field(None, gt=0)
+    # Draft-only LoRA (jf_core/draft_adapter/): freezes the model and trains an adapter that acts only where the
+    # decoder drafts; the base verifies, so the output stays the base's greedy text. None: the whole model trains
+    # (it drafts and verifies).
+    draft_lora: DraftLora | None = None
     max_length: int = Field(2048, ge=8)
     mix_ar_every: int = Field(0, ge=0)  # every k-th batch is plain AR on ground-truth data (embedded task only)
     seed: int = 0
@@ -124,7 +125,7 @@ class JFTrainConfig(BaseModel):
 
     @model_validator(mode="after")
     def _draft_lora(self) -> JFTrainConfig:
-        if not self.draft_lora_rank:
+        if self.draft_lora is None:
             return self
         refused = {
             "mask": (self.mask != "clean_context", "the adapter drafts on the base's clean cache: use clean_context"),
@@ -137,7 +138,7 @@ class JFTrainConfig(BaseModel):
         }
         for name, (bad, why) in refused.items():
             if bad:
-                raise ValueError(f"training.draft_lora_rank > 0 with training.{name} = {getattr(self, name)!r}: {why}")
+                raise ValueError(f"training.draft_lora with training.{name} = {getattr(self, name)!r}: {why}")
         return self
 
     @property

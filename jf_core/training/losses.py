@@ -36,8 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from jf_core.decoding.draft_adapter import gated
 from jf_core.decoding.kv import attention_implementation
+from jf_core.draft_adapter.adapter import gated
 
 if TYPE_CHECKING:
     from jf_core.training.config import JFTrainConfig

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from jf_core.draft_adapter.adapter import draft_gate, drafted_slots
 from jf_core.training.mask import NOISY, build_mask, layout
 from jf_core.training.noise import NoiseSchedule
 
@@ -160,12 +161,12 @@ def loss_positions(ex: PackedExample) -> tuple[list[tuple[int, int]], list[tuple
 def draft_positions(ex: PackedExample) -> list[int]:
     """The positions a draft adapter acts on: each noisy block's tokens from its first departure from the fixed
     point on. The correct prefix before it stands for what the decoder has committed (the base's KV cache) and for
-    the window's first token (computed by the base: draft_adapter.py), so the base computes it here too."""
-    out = []
+    the window's first token (computed by the base), so the base computes it here too."""
+    out: list[int] = []
     for j in range(ex.num_blocks):
         first = first_departure(ex, j, ex.n)
-        first = ex.n if first is None else first
-        out += range(ex.noisy_start(j) + max(first, 1), ex.noisy_start(j) + ex.n)
+        block = range(ex.noisy_start(j), ex.noisy_start(j) + ex.n)
+        out += drafted_slots(block, ex.n if first is None else first)  # the decoder's rule (draft_adapter/adapter.py)
     return out
 
 
@@ -178,13 +179,11 @@ def collate(
     batch = len(examples)
     ids = torch.full((batch, width), pad_token_id, dtype=torch.long)
     pos = torch.zeros((batch, width), dtype=torch.long)
-    gate = torch.zeros((batch, width))
     kinds, blocks = [], []
     ar_lists, cons_lists = [], []
     for b, e in enumerate(examples):
         ids[b, : e.total_length] = torch.tensor(e.input_ids())
         pos[b, : e.total_length] = torch.tensor(e.position_ids())
-        gate[b, draft_positions(e)] = 1.0
         kind, block = layout(len(e.prompt), e.n, e.num_blocks, width)
         kinds.append(kind)
         blocks.append(block)
@@ -221,7 +220,7 @@ def collate(
         "cons_hard": hard,
         "cons_valid": cons_valid,
         "noisy_tokens": (kind == NOISY).sum(),
-        "draft_gate": gate,  # read only by a model with a draft adapter (jf_core/decoding/draft_adapter.py)
+        "draft_gate": draft_gate([draft_positions(e) for e in examples], width),  # read only by a draft adapter
     }
     if dense_mask:
         out["attention_mask"] = build_mask(kind, block, variant)

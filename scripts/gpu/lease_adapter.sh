@@ -17,7 +17,7 @@ timeout --signal=INT ${LIMIT:-360} python3 bench/mechanism.py --device cuda --mo
   --set training.tpf_probe_prompts=32 --set training.tpf_probe_tokens=256 --set 'training.tpf_probe_block_sizes=[32]' \
   --train 100000 --held-out 32 --measure-trained 32 --max-new-tokens 256 --batch-size 64 --collect-batch-size 128 \
   --keep /tmp/jf/kept \
-  --variant "adapter:{\"mask\": \"clean_context\", \"state_pick\": \"each_visit\", \"draft_lora_rank\": 16, \"draft_lora_alpha\": 32, \"batch_size\": ${BATCH:-32}, \"grad_accum\": 1, \"steps\": ${STEPS:-600}, \"lr\": 1e-3, \"warmup_steps\": 30}" \
+  --variant "adapter:{\"mask\": \"clean_context\", \"state_pick\": \"each_visit\", \"draft_lora\": {\"rank\": 16, \"alpha\": 32}, \"batch_size\": ${BATCH:-32}, \"grad_accum\": 1, \"steps\": ${STEPS:-600}, \"lr\": 1e-3, \"warmup_steps\": 30}" \
   --out $OUT/adapter_round.json 2>&1 | tr "\r" "\n" | grep -v "^train: " | tee $OUT/adapter_round.log
 echo "round rc=$? seconds=$(( $(date +%s) - T0 ))"
 python3 bench/gpu_check.py --only adapter_speed --adapter-model /tmp/jf/kept/adapter \

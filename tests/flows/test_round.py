@@ -81,7 +81,7 @@ def test_round_registers_reuses_and_gates(prefect_server, jf_env):
     assert summary.model_dump(exclude=registered) == report.summary().model_dump(exclude=registered)
     assert report.headline.tpf == summary.headline_tpf
     assert champion.tags["train_block_size"] == str(report.block_size)
-    assert champion.tags["decode_block_size"] == str(report.eval.decode_config["block_size"])
+    assert champion.tags["decode_block_size"] == str(report.eval.decode_config.block_size)
     run = client.get_run(summary.mlflow_run_id)
     for key in ("accuracy", "tpf", "tps", "speedup_vs_ar", "loss", "tpf_n4", "tpf_n8"):
         assert key in run.data.metrics, key

@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 
 import pytest
+from pydantic import ValidationError
 
 from jf_core import ablation
 from jf_core.config import JFTrainConfig, load_profile
@@ -90,6 +91,6 @@ def test_summary_means_spreads_table_and_margin():
 
 def test_the_multiblock_decode_is_checked_and_named():
     config = ablation.AblationConfig(multiblock={"block_size": 32, "num_blocks": 3, "pool_size": 0})
-    assert config.multiblock_config(64).num_blocks == 3 and config.multiblock_label() == "n=32 K=3"
-    with pytest.raises(ValueError, match="ablation multiblock"):
-        ablation.AblationConfig(multiblock={"num_blocks": 0}).multiblock_config(64)
+    assert config.multiblock_config(64).num_blocks == 3 and config.multiblock.describe() == "n=32 K=3 pool=0"
+    with pytest.raises(ValidationError, match=r"multiblock\n.*num_blocks"):  # refused where it is given, by name
+        ablation.AblationConfig(multiblock={"block_size": 16, "num_blocks": 0})

@@ -17,6 +17,7 @@ LAYERS = [
     "threads",
     "quiet",
     "model_dir",
+    "draft_adapter",  # a part of the model: the decoders, training, loading and planning use it
     "decoding",
     "models",
     "model_import",
@@ -163,3 +164,26 @@ def test_outside_decoding_its_exported_names_come_through_the_front_door():
                     if names:
                         found.append(f"{path.relative_to(repo)}:{node.lineno} {node.module}: {', '.join(names)}")
     assert found == []
+
+
+LONGEST_FUNCTION = 80  # lines, signature and docstring included
+LONG_MODULE = 350
+
+
+def test_functions_are_short_and_a_long_module_says_why():
+    """A newcomer reads a function whole: none in jf_core reaches 80 lines. A module past 350 lines says in its
+    docstring why it is one module ("Why one module of N lines: ...")."""
+    long_functions, silent_modules = [], []
+    for path in sorted(ROOT.rglob("*.py")):
+        text = path.read_text()
+        tree = ast.parse(text)
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines >= LONGEST_FUNCTION:
+                    long_functions.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {lines} lines")
+        doc = ast.get_docstring(tree) or ""
+        if len(text.splitlines()) > LONG_MODULE and "Why " not in doc:
+            silent_modules.append(str(path.relative_to(ROOT)))
+    assert not long_functions, long_functions
+    assert not silent_modules, f"modules over {LONG_MODULE} lines with no reason in their docstring: {silent_modules}"

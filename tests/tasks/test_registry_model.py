@@ -210,7 +210,7 @@ def test_a_draft_adapter_travels_with_its_model_through_the_registry(registered)
     served decode (multi-block, recycling: the tuned config) drafts with it and answers the base's greedy text."""
     import torch
 
-    from jf_core.decoding.draft_adapter import FILE, adapter_file, attach_draft_adapter, base_state_dict
+    from jf_core.draft_adapter.adapter import FILE, adapter_file, attach_draft_adapter, base_state_dict
     from jf_core.model_dir import save_model_dir
 
     base_dir = registered["model_dir"]

@@ -15,6 +15,7 @@ from jf_core.config import EvalConfig
 from jf_core.decoding.ar import ar_decode
 from jf_core.decoding.common import DecodeOutput, StopTokens
 from jf_core.evaluation.evaluate import LosslessnessError, eval_set, evaluate_model
+from jf_core.evaluation.method import AR, jacobi
 from jf_core.evaluation.methods import hf_generate_decoder
 from jf_core.trajectory.prompts import PromptFormat, PromptSourceConfig, load_prompts
 from tests.conftest import PAD, TINY_MODELS
@@ -85,10 +86,10 @@ def test_fp32_evaluation_is_identical_calibrated_and_complete(gsm8k_file):
     assert all(d is None for r in result.rows() for d in r.first_divergence)
     assert result.calibration.prompts == 2 and set(result.calibration.tps) == {"4", "8"}
     best = max(result.calibration.tps, key=result.calibration.tps.get)
-    assert result.speedup_block_size == int(best) and result.headline_method == f"jacobi_n{best}"
-    assert result.headline.speedup_vs_ar == pytest.approx(result.tps[f"jacobi_n{best}"] / result.tps["ar"])
+    assert result.speedup_block_size == int(best) and result.headline_method == jacobi(int(best))
+    assert result.headline.speedup_vs_ar == pytest.approx(result.row(jacobi(int(best))).tps / result.row(AR).tps)
     assert 0.0 <= result.accuracy <= 1.0
-    assert result.tpf == {n: result.methods[f"jacobi_n{n}"].tpf for n in ("4", "8")}
+    assert result.tpf == {str(n): result.row(jacobi(n)).tpf for n in (4, 8)}
 
 
 def test_an_evaluation_reads_back_from_its_json_as_written(gsm8k_file, tmp_path):
@@ -104,8 +105,9 @@ def test_an_evaluation_reads_back_from_its_json_as_written(gsm8k_file, tmp_path)
     result.save(tmp_path / "eval.json")
     again = Evaluation.load(tmp_path / "eval.json")
     assert again.model_dump_json() == result.model_dump_json()
-    assert math.isnan(again.methods["ar"].speedup_vs_hf_generate)  # no HF row in this evaluation
-    assert all(isinstance(k, int) for k in again.methods["jacobi_n4"].accepted_histogram)
+    assert math.isnan(again.row(AR).speedup_vs_hf_generate)  # no HF row in this evaluation
+    assert all(isinstance(k, int) for k in again.row(jacobi(4)).accepted_histogram)
+    assert again.headline_method == jacobi(4) and type(again.decode_config) is type(result.decode_config)
     old = json.loads((tmp_path / "eval.json").read_text())
     old["headline_tpf"] = 2.0  # a version-2 evaluation stored derived figures beside the rows
     with pytest.raises(ValidationError, match="headline_tpf"):
@@ -123,9 +125,10 @@ def test_fp32_difference_is_a_bug_and_raises(gsm8k_file):
         return DecodeOutput([[*s[:2], (s[2] + 1) % 50, *s[3:]] for s in out.sequences], out.stats)
 
     cfg = _cfg(gsm8k_file, block_sizes=[4])
-    message = r"broken changed the greedy output in torch.float32 \(prompt 0, token 2"
+    message = r"broken_ar changed the greedy output in torch.float32 \(prompt 0, token 2"
+    broken = {AR.of("broken"): off_by_one}
     with pytest.raises(LosslessnessError, match=message):
-        evaluate_model(model, tok, cfg, fmt=PromptFormat(), stop=stop, extra_methods={"broken": off_by_one})
+        evaluate_model(model, tok, cfg, fmt=PromptFormat(), stop=stop, extra_methods=broken)
 
 
 def test_bf16_evaluation_reports_identity_instead_of_raising(gsm8k_file):
@@ -135,8 +138,8 @@ def test_bf16_evaluation_reports_identity_instead_of_raising(gsm8k_file):
     cfg = _cfg(gsm8k_file, block_sizes=[8], max_new_tokens=24)
     result = evaluate_model(model, tok, cfg, fmt=PromptFormat(), stop=_stop(tok))
     assert result.dtype == "bfloat16"
-    fraction = result.methods["jacobi_n8"].identical_fraction
-    diverged = result.methods["jacobi_n8"].first_divergence
+    fraction = result.row(jacobi(8)).identical_fraction
+    diverged = result.row(jacobi(8)).first_divergence
     assert 0.0 <= fraction <= 1.0 and len(diverged) == 5
     assert fraction == sum(d is None for d in diverged) / 5
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from jf_core.decoding.common import StopTokens
+from jf_core.evaluation.method import AR, Method
 from jf_core.evaluation.methods import build_methods
 from jf_core.evaluation.speed import bench
 from jf_core.evaluation.tables import format_table, write_json
@@ -16,7 +17,7 @@ def test_every_method_runs_and_greedy_methods_agree(tmp_path):
     prompts = [[5, 6, 7, 8, 9], [10, 11, 12], [13, 14, 15, 16], [40, 41]]
     methods = build_methods(model, StopTokens(2, PAD), 24, hf=True, block_sizes=(8, 16))
     results = bench(methods, prompts, batch_size=2, warmup_prompts=1, scorer=lambda i, seq: len(seq) == 24)
-    by_name = {r.method: r for r in results}
+    by_name = {r.name: r for r in results}
     assert list(by_name) == ["hf_generate", "hf_prompt_lookup", "ar", "jacobi_n8", "jacobi_n16"]
     for r in results:
         # every method is greedy and lossless, so all outputs equal HF greedy's
@@ -46,13 +47,13 @@ def test_jf_methods_reproduce_their_own_model_and_plots_are_written(tmp_path):
     methods = build_methods(base, StopTokens(2, PAD), 20, hf=True, block_sizes=(4, 8))
     tuned = JFDecodeConfig(block_size=8, num_blocks=2, pool_size=2, max_new_tokens=20, adaptive_width=True)
     extra = build_methods(
-        jf, StopTokens(2, PAD), 20, prefix="jf_", block_sizes=(4, 8), variants_at=8, tuned=tuned,
-        tuned_name="autotuned", full_width=True,
+        jf, StopTokens(2, PAD), 20, model_tag="jf", block_sizes=(4, 8), variants_at=8, tuned=tuned,
+        tuned_kind="autotuned", full_width=True,
     )  # fmt: skip
-    same = dict.fromkeys(extra, "jf_ar")
+    same = dict.fromkeys(extra, AR.of("jf"))
     methods.update(extra)
-    results = {r.method: r for r in bench(methods, prompts, warmup_prompts=1, same_output_as=same)}
-    assert set(extra) == {
+    results = {r.name: r for r in bench(methods, prompts, warmup_prompts=1, same_output_as=same)}
+    assert {m.label for m in extra} == {
         "jf_ar",
         "jf_jacobi_n4",
         "jf_jacobi_n8",
@@ -62,8 +63,8 @@ def test_jf_methods_reproduce_their_own_model_and_plots_are_written(tmp_path):
         "jf_autotuned",
         "jf_autotuned_full_width",
     }
-    for name in extra:
-        assert results[name].identical_fraction == 1.0, name  # lossless against the JF model's own greedy AR
+    for method in extra:
+        assert results[method.label].identical_fraction == 1.0, method  # lossless against the JF model's own greedy AR
     assert results["jacobi_n8"].identical_fraction == 1.0  # and the base methods against base HF greedy
     assert "| jf_autotuned |" in format_markdown(list(results.values()))
     rows = list(results.values())
@@ -157,16 +158,16 @@ def test_jf_methods_sample_losslessly_with_a_seed_per_prompt():
     jf = TINY_MODELS["llama"]()
     prompts = [[5, 6, 7, 8, 9], [10, 11, 12], [13, 14, 15, 16]]
     tuned = JFDecodeConfig(block_size=8, num_blocks=2, pool_size=2, max_new_tokens=20)
-    common = {"prefix": "jf_", "block_sizes": (8,), "variants_at": 8, "tuned_name": "autotuned", "full_width": True}
+    common = {"model_tag": "jf", "block_sizes": (8,), "variants_at": 8, "tuned_kind": "autotuned", "full_width": True}
     sampled = build_methods(jf, StopTokens(2, PAD), 20, **common, tuned=tuned, sampling=Sampling(1.0, top_k=20))
     greedy = build_methods(jf, StopTokens(2, PAD), 20, **common)
-    same = dict.fromkeys(sampled, "jf_ar")
+    same = dict.fromkeys(sampled, AR.of("jf"))
     # Batches of 2 and 1: a prompt's seed comes with it, so every method and batching draws the same sample.
     results = bench(
-        sampled, prompts, batch_size=2, warmup_prompts=1, same_output_as=same, reference=None, baseline_ar="jf_ar"
+        sampled, prompts, batch_size=2, warmup_prompts=1, same_output_as=same, reference=None, baseline_ar=AR.of("jf")
     )
-    assert all(r.identical_fraction == 1.0 for r in results), [(r.method, r.identical_fraction) for r in results]
-    assert sampled["jf_ar"](prompts).sequences != greedy["jf_ar"](prompts).sequences
+    assert all(r.identical_fraction == 1.0 for r in results), [(r.name, r.identical_fraction) for r in results]
+    assert sampled[AR.of("jf")](prompts).sequences != greedy[AR.of("jf")](prompts).sequences
 
 
 def test_the_autotuned_row_runs_ar_above_the_stored_crossover(embedded):
@@ -177,13 +178,14 @@ def test_the_autotuned_row_runs_ar_above_the_stored_crossover(embedded):
     prompts = [tok(e.prompt, add_special_tokens=False)["input_ids"] for e in make_split("test", 2)]
     tuned = JFDecodeConfig(block_size=16, num_blocks=2, pool_size=2, max_new_tokens=64)
     stop = StopTokens(tok.eos_token_id, tok.pad_token_id)
-    methods = build_methods(model, stop, 64, prefix="jf_", tuned=tuned, tuned_name="autotuned", ar_above_batch=1)
-    ar = methods["jf_ar"](prompts)
-    above = methods["jf_autotuned"](prompts)  # batch 2 > 1: AR, forward for forward
+    methods = build_methods(model, stop, 64, model_tag="jf", tuned=tuned, tuned_kind="autotuned", ar_above_batch=1)
+    ar, autotuned = methods[AR.of("jf")], methods[Method("autotuned", model="jf")]
+    ar = ar(prompts)
+    above = autotuned(prompts)  # batch 2 > 1: AR, forward for forward
     assert above.sequences == ar.sequences and above.stats.forwards == ar.stats.forwards
-    alone = methods["jf_autotuned"](prompts[:1])  # batch 1: the tuned Jacobi Forcing config
+    alone = autotuned(prompts[:1])  # batch 1: the tuned Jacobi Forcing config
     assert alone.sequences == ar.sequences[:1]
-    assert alone.stats.forwards < methods["jf_ar"](prompts[:1]).stats.forwards
+    assert alone.stats.forwards < methods[AR.of("jf")](prompts[:1]).stats.forwards
 
 
 def test_interleaved_runs_say_how_far_they_are_at_most_every_say_every_seconds():

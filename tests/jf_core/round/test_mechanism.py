@@ -90,13 +90,13 @@ def test_a_draft_adapter_raises_tpf_and_keeps_the_base_text_by_construction(prof
     import pytest
     from safetensors.torch import load_file
 
-    from jf_core.decoding.draft_adapter import FILE
+    from jf_core.draft_adapter.adapter import FILE
     from jf_core.round.mechanism import train_on_records, variant_profile
 
     _, tok = load_model(profile.model.path)
     prompts = [p.token_ids for p in load_prompts(profile.prompts.model_copy(update={"limit": 6}), tok).items]
     lora = {"steps": 40, "lr": 1e-2, "warmup_steps": 2, "batch_size": 2, "checkpoint_every": 1000,
-            "mask": "clean_context", "state_pick": "each_visit", "draft_lora_rank": 8}  # fmt: skip
+            "mask": "clean_context", "state_pick": "each_visit", "draft_lora": {"rank": 8}}  # fmt: skip
     bf16 = profile.model_copy(update={"model": profile.model.model_copy(update={"dtype": "bfloat16"})})
     base, drafted = run_mechanism(
         bf16, profile.model.path, {"draft_lora": lora}, train=prompts[:3], held_out=prompts[3:5],
@@ -111,7 +111,7 @@ def test_a_draft_adapter_raises_tpf_and_keeps_the_base_text_by_construction(prof
     given = load_file(str(next(Path(profile.model.path).glob("*.safetensors"))))
     assert written.keys() == given.keys() and all(torch.equal(written[k], given[k]) for k in given)
 
-    whole = variant_profile(profile, {**lora, "draft_lora_rank": 0})
+    whole = variant_profile(profile, {**lora, "draft_lora": None})
     with pytest.raises(ValueError, match="carries a draft adapter"):
         train_on_records(whole, str(kept), [], tmp_path / "again", device="cpu")
 

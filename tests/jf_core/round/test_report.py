@@ -8,6 +8,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
+from jf_core.decoding import config_from_dict
 from jf_core.round.report import RoundReport
 from tests.reports import evaluation, round_report
 
@@ -41,7 +42,9 @@ def test_the_summary_is_plain_json_with_the_headline():
 
     summary = _report().summary()
     assert RoundSummary.model_validate_json(summary.model_dump_json()) == summary  # what a flow run's result holds
-    assert summary.headline_tpf == 5.0 and summary.decode_config == CONFIG and summary.tpf["32"] == 4.16
+    assert (
+        summary.headline_tpf == 5.0 and summary.decode_config == config_from_dict(CONFIG) and summary.tpf["32"] == 4.16
+    )
 
 
 def test_report_json_reads_back_as_written_and_refuses_another_shape(tmp_path):

@@ -9,6 +9,7 @@ import json
 from functools import partial
 
 from jf_core.config import JFTrainConfig, TuneConfig
+from jf_core.evaluation.method import AR, TUNED, jacobi
 from jf_core.round.paths import RoundPaths, round_paths
 
 
@@ -96,11 +97,11 @@ def test_the_evaluations_headline_is_the_tuned_models_dispatched_decoding(profil
         update={"evaluation": evaluation, "storage": profile.storage.model_copy(update={"runs_dir": str(tmp_path)})}
     )
     tuned = stage_evaluate(p, str(model)).headline
-    assert tuned.method == "tuned" and tuned.tpf > 1.0  # no crossover stored: Jacobi at every batch size
+    assert tuned.method == TUNED and tuned.tpf > 1.0  # no crossover stored: Jacobi at every batch size
     update_block(model, ar_above_batch=0)
     dispatched = stage_evaluate(p, str(model), reuse=False)
-    assert dispatched.headline_method == "tuned" and dispatched.headline.tpf == 1.0  # AR, forward for forward
-    assert dispatched.methods["jacobi_n4"].tpf == tuned.tpf
+    assert dispatched.headline_method == TUNED and dispatched.headline.tpf == 1.0  # AR, forward for forward
+    assert dispatched.row(jacobi(4)).tpf == tuned.tpf
     # A crossover between the passes' batch sizes: AR in the quality pass's batches of 2, Jacobi in the speed pass's
     # batch of 1. The row's TPF is the one its speed was measured with, never AR's TPF beside Jacobi's speed.
     update_block(model, ar_above_batch=1)
@@ -110,8 +111,8 @@ def test_the_evaluations_headline_is_the_tuned_models_dispatched_decoding(profil
         }
     )
     between = stage_evaluate(split, str(model), reuse=False)
-    assert between.methods["tuned"].tpf > 1.0 and between.methods["ar"].tpf == 1.0
-    assert between.methods["tuned"].identical_fraction == 1.0  # its outputs still checked in the quality pass
+    assert between.row(TUNED).tpf > 1.0 and between.row(AR).tpf == 1.0
+    assert between.row(TUNED).identical_fraction == 1.0  # its outputs still checked in the quality pass
 
 
 def test_an_evaluation_runs_at_its_own_thread_count_and_gives_the_callers_back(profile, tmp_path):

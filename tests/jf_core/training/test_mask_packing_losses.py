@@ -381,7 +381,7 @@ def test_a_draft_adapter_sees_in_one_pass_what_it_drafts_on_in_decoding():
     [prompt][fixed points before it][its state] with the adapter on the state's drafted tokens only (the decoder's
     draft chain: the base's cache and window root, the adapter on the rest); the clean copies are the base's. Only
     the adapter learns."""
-    from jf_core.decoding.draft_adapter import attach_draft_adapter, gated
+    from jf_core.draft_adapter.adapter import attach_draft_adapter, gated
     from jf_core.training.losses import _forward_kwargs
     from jf_core.training.packing import draft_positions
 
@@ -431,15 +431,17 @@ def test_a_draft_adapter_sees_in_one_pass_what_it_drafts_on_in_decoding():
 def test_a_draft_adapter_refuses_what_would_train_it_wrong_by_name(fields, named):
     from jf_core.config import JFTrainConfig
 
-    with pytest.raises(ValueError, match=f"draft_lora_rank > 0 with {named}"):
-        JFTrainConfig(draft_lora_rank=8, **fields)
-    JFTrainConfig(draft_lora_rank=8, mask="clean_context")
+    with pytest.raises(ValueError, match=f"training.draft_lora with {named}"):
+        JFTrainConfig(draft_lora={"rank": 8}, **fields)
+    JFTrainConfig(draft_lora={"rank": 8}, mask="clean_context")
+    with pytest.raises(ValueError, match=r"draft_lora\.rank"):  # the section's own fields are checked by name
+        JFTrainConfig(draft_lora={"rank": 0}, mask="clean_context")
 
 
 def test_the_trainer_steps_the_adapter_alone_under_bf16_autocast():
     """The round's loop (AdamW on fp32 masters, bf16 compute as on a GPU, weight decay): the frozen base comes out
     bit for bit as it went in, the adapter moves, and the consistency loss falls."""
-    from jf_core.decoding.draft_adapter import attach_draft_adapter
+    from jf_core.draft_adapter.adapter import attach_draft_adapter
     from jf_core.training.jf_data import jf_batches
     from jf_core.training.trainer import TrainConfig, train
 
@@ -461,7 +463,7 @@ def test_the_trainer_steps_the_adapter_alone_under_bf16_autocast():
 def test_an_adapter_run_resumes_from_its_checkpoint_to_the_same_adapter(tmp_path):
     """A checkpoint holds the adapter (and its optimizer state): a run that died resumes, on a fresh model with a
     fresh adapter, to the adapter an uninterrupted run reaches."""
-    from jf_core.decoding.draft_adapter import attach_draft_adapter
+    from jf_core.draft_adapter.adapter import attach_draft_adapter
     from jf_core.training.jf_data import jf_batches
     from jf_core.training.trainer import Checkpoints, Every, TrainConfig, train
 

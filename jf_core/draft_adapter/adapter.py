@@ -1,42 +1,20 @@
-"""A draft-only LoRA: weights that draft apart from the weights that verify.
-
-Training the whole model on its own Jacobi trajectories makes it draft better, but the model that drafts is also the
-model that verifies, so the text it accepts is its new greedy text: on questions it was not trained on, that text
-changed (docs/real-models.md). With a draft adapter the base weights stay frozen and verify; low-rank adapters on the
-attention and MLP projections act only on the positions that draft, chosen per token by a gate:
-
-- the base computes every token that is committed (gate 0 on the verified window and so on the whole KV cache), and
-  a draft token is accepted only where it equals the base's own greedy pick: the output is the base model's greedy
-  output by construction, whatever the adapter learned (`JacobiDecoder` with an adapter, jf_core/decoding/jacobi.py);
-- the adapter drafts from a second chain in the same forward: the window's draft tokens again, gated on, seeing the
-  base's cache and their own chain. A forward carries 2n - 2 tokens instead of n (the chain skips the window's
-  last slot, whose guess is never read), or n + `draft_span` with a shorter chain (JacobiConfig.draft_span).
-
-The design is SGLang's UNO's (a draft-only LoRA, lossless against the base by construction). Training
-(`training.draft_lora_rank`) gates the noisy blocks' drafted positions on and everything the decoder's cache would
-hold off, so the adapter learns to map the base's context and its own draft to the base's fixed point.
-
-The adapter is a submodule of the model (`jf_draft_adapter`: the optimizer, checkpoints and `.to()` reach it) whose
-hooks add `gate * scale * B(A(x))` to each target projection's output while a gate is set (`gated`); outside it
-the model is the base, exactly, with no hook on it. A model directory keeps it beside the base weights in
-`draft_adapter.safetensors` (rank, scale and targets in the file's metadata), which `load_model` attaches.
-"""
+"""The draft adapter itself: the module on the model, its gate, and how it is attached, saved and loaded (the
+package's docstring says what it is and where it is used)."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from jf_core.draft_adapter.config import FILE, TARGETS, DraftLora
+
 ATTRIBUTE = "jf_draft_adapter"
-FILE = "draft_adapter.safetensors"
-# Llama-family names (Qwen2, Llama, Mistral, SmolLM2, the embedded model): attention and MLP projections.
-TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 def target_projections(model: nn.Module, targets=TARGETS) -> list[tuple[str, nn.Linear]]:
@@ -105,14 +83,49 @@ def draft_adapter(model: nn.Module) -> DraftAdapter | None:
     return getattr(getattr(model, "module", model), ATTRIBUTE, None)
 
 
-def attach_draft_adapter(model: nn.Module, rank: int, alpha: float | None = None) -> DraftAdapter:
+def attach_draft_adapter(
+    model: nn.Module, rank: int, alpha: float | None = None, targets: Sequence[str] = TARGETS
+) -> DraftAdapter:
     """Freeze `model` and give it a zero-initialised draft adapter (the only trainable weights from here on)."""
     if draft_adapter(model) is not None:
         raise ValueError(f"{type(model).__name__} already has a draft adapter")
     model.requires_grad_(False)
-    adapter = DraftAdapter(model, rank, alpha)
+    adapter = DraftAdapter(model, rank, alpha, targets)
     model.add_module(ATTRIBUTE, adapter)
     return adapter
+
+
+def for_training(model: nn.Module, config: DraftLora | None) -> DraftAdapter | None:
+    """What trains: with `training.draft_lora`, the input model's own adapter when it has one (a later round goes
+    on training it) or a new one on the frozen model; None when the whole model trains (and the input model must
+    keep no adapter: training it whole would leave a stale adapter drafting beside new weights)."""
+    adapter = draft_adapter(model)
+    if config is None:
+        if adapter is not None:
+            raise ValueError(
+                "the input model carries a draft adapter (draft_adapter.safetensors): set training.draft_lora to go "
+                "on training it, or train a model without one"
+            )
+        return None
+    return adapter or attach_draft_adapter(model, config.rank, config.alpha, config.targets)
+
+
+# -- the gate: where the adapter acts, one rule for decoding and training -----------------------------------------
+
+
+def drafted_slots(chain: Sequence[int], first_drafted: int = 1) -> Sequence[int]:
+    """The slots of a drafted block or chain the adapter computes: from its first drafted slot on, never its root
+    (slot 0: the token the base committed or would commit, which the KV cache holds). Training's noisy block starts
+    drafting where it first departs from the fixed point; the decoder's draft chain at slot 1."""
+    return chain[max(first_drafted, 1) :]
+
+
+def draft_gate(rows: Sequence[Iterable[int]], width: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """[B, width]: 1 on each row's drafted slots (`drafted_slots`), 0 on everything the base computes."""
+    gate = torch.zeros((len(rows), width))
+    for row, slots in enumerate(rows):
+        gate[row, list(slots)] = 1.0
+    return gate.to(device) if device is not None else gate
 
 
 @contextlib.contextmanager
@@ -144,6 +157,20 @@ def adapter_file(adapter: DraftAdapter) -> tuple[dict[str, torch.Tensor], dict[s
     return tensors, adapter.metadata()
 
 
+def directory_parts(model: nn.Module) -> dict:
+    """What a model directory of a model with an adapter holds, as `save_model_dir` arguments: the frozen base's
+    weights as loaded (fp32: rounded to a bf16 compute dtype, they would verify with other weights than the base
+    whose greedy text the adapter model promises) and the adapter's own file."""
+    adapter = draft_adapter(model)
+    if adapter is None:
+        raise ValueError(f"{type(model).__name__} has no draft adapter")
+    return {
+        "state_dict": base_state_dict(model),
+        "dtype": torch.float32,
+        "extra_tensors": {FILE: adapter_file(adapter)},
+    }
+
+
 def load_draft_adapter(model: nn.Module, directory: Path) -> DraftAdapter | None:
     """Attach the adapter a model directory keeps (None when it keeps none), in the model's dtype and device."""
     from safetensors import safe_open
@@ -159,7 +186,8 @@ def load_draft_adapter(model: nn.Module, directory: Path) -> DraftAdapter | None
         rank, alpha = int(meta["rank"]), float(meta["alpha"])
     except (KeyError, ValueError) as err:
         raise ValueError(f"{path}: no rank/alpha in its metadata ({err}): not a draft adapter file") from None
-    adapter = attach_draft_adapter(model, rank, alpha)
+    targets = tuple(meta["targets"].split(",")) if meta.get("targets") else TARGETS
+    adapter = attach_draft_adapter(model, rank, alpha, targets)
     param = next(model.parameters())
     state = {k: v.to(param.dtype) for k, v in tensors.items()}
     missing, unexpected = adapter.load_state_dict(state, strict=False)

@@ -1,5 +1,5 @@
 """A draft-only LoRA drafts, the base verifies: Jacobi decoding of a model with a draft adapter is the base model's
-greedy output token for token, whatever the adapter holds (jf_core/decoding/draft_adapter.py)."""
+greedy output token for token, whatever the adapter holds (jf_core/draft_adapter/)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,12 @@ import torch
 
 from jf_core.decoding.ar import ar_decode
 from jf_core.decoding.common import StopTokens
-from jf_core.decoding.draft_adapter import FILE, adapter_file, attach_draft_adapter, base_state_dict, gated
-from jf_core.decoding.jacobi import JacobiConfig, JacobiDecoder, Layout, jacobi_decode
+from jf_core.decoding.drafters import AdapterDrafter
+from jf_core.decoding.jacobi import JacobiConfig, JacobiDecoder, jacobi_decode
+from jf_core.decoding.layout import Layout
 from jf_core.decoding.multiblock import JFDecodeConfig, jf_decode
 from jf_core.decoding.sampling import Sampling
+from jf_core.draft_adapter.adapter import FILE, adapter_file, attach_draft_adapter, base_state_dict, gated
 from tests.conftest import PAD, VOCAB
 
 STOP = StopTokens(2, PAD)
@@ -86,12 +88,12 @@ def test_a_forward_carries_the_window_and_only_the_draft_slots_that_are_read(tin
         assert widths[1] == 8 + extra  # [0] is the prefill
 
 
-class _FullChain(JacobiDecoder):
+class _FullChain(AdapterDrafter):
     """The chain as it was: a copy of every window slot after the root (2n - 1 tokens)."""
 
-    def _with_draft_chain(self, lay: Layout, seq) -> Layout:
+    def extend(self, lay: Layout, window: int) -> Layout:
         main = lay.branches[0]
-        if self.adapter is None or len(main) == 1:
+        if len(main) == 1:
             return lay
         start = len(lay.tokens)
         tokens = lay.tokens + [lay.tokens[i] for i in main[1:]]
@@ -104,7 +106,10 @@ def test_the_dropped_draft_slot_was_never_read(tiny_model, block_size):
     drafted = _with_random_adapter(tiny_model, seed=1)
     prompts, cfg = _prompts(), JacobiConfig(block_size=block_size, max_new_tokens=40)
     ours = jacobi_decode(drafted, prompts, cfg, stop=STOP)
-    full = _FullChain(drafted, cfg, stop=STOP).decode(prompts)
+    decoder = JacobiDecoder(drafted, cfg, stop=STOP)
+    assert isinstance(decoder.drafter, AdapterDrafter)  # the model keeps an adapter: it drafts
+    decoder.drafter = _FullChain()
+    full = decoder.decode(prompts)
     assert ours.sequences == full.sequences
     assert [s.accepted for s in ours.stats.sequences] == [s.accepted for s in full.stats.sequences]
 
@@ -199,3 +204,51 @@ def test_a_model_directory_keeps_its_adapter_beside_the_base_weights(embedded, t
     save_file({"a.x": torch.zeros(1)}, str(tmp_path / "m" / FILE))  # no rank in its metadata
     with pytest.raises(ModelLoadError, match=f"{FILE}: no rank/alpha"):
         load_model(str(tmp_path / "m"))
+
+
+# Who reaches the adapter, and for what: its one seam (jf_core/draft_adapter/__init__.py). A new caller is a test
+# failure until it is listed here with what it needs, so the adapter's knowledge does not spread unnoticed.
+SEAM = {
+    "jf_core/training/config.py": "the profile's `training.draft_lora` section (DraftLora)",
+    "jf_core/training/packing.py": "the training gate, from the one rule (drafted_slots -> draft_gate)",
+    "jf_core/training/losses.py": "the training forward, gated",
+    "jf_core/round/training.py": "what trains (for_training) and what a directory keeps (directory_parts)",
+    "jf_core/models.py": "loading (load_draft_adapter)",
+    "jf_core/planning.py": "the projections a rank-r adapter adds to (target_projections)",
+    "jf_core/decoding/drafters.py": "decoding's drafter: the adapter's chain, gated by the same rule",
+    "jf_core/evaluation/tune.py": "an adapter model's tune grid has the chain's span",
+    "jf_vllm/launch.py": "the file's name: vLLM does not run the adapter, and says so",
+    "bench/gpu_check.py": "a random adapter for the GPU check's timing",
+}
+
+
+def test_the_adapter_is_reached_through_its_seam():
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    callers = set()
+    for pkg in ("jf_core", "tasks", "flows", "jf_cli", "infra", "bench", "jf_vllm"):
+        for path in (root / pkg).rglob("*.py"):
+            where = path.relative_to(root).as_posix()
+            if where.startswith("jf_core/draft_adapter/"):
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("jf_core.draft_adapter"):
+                    callers.add(where)
+    assert callers == set(SEAM), {"unlisted": callers - set(SEAM), "no longer calling": set(SEAM) - callers}
+
+
+def test_decoding_and_training_gate_by_one_rule():
+    """The decoder's chain and training's noisy block: the root (slot 0) is the base's, the adapter acts from the
+    first drafted slot on, on exactly the slots `draft_gate` is given."""
+    from jf_core.decoding.drafters import AdapterDrafter
+    from jf_core.decoding.layout import Layout
+    from jf_core.draft_adapter.adapter import draft_gate, drafted_slots
+
+    assert list(drafted_slots(range(10, 14))) == [11, 12, 13]
+    assert list(drafted_slots(range(10, 14), first_drafted=0)) == [11, 12, 13]  # the root never
+    assert list(drafted_slots(range(10, 14), first_drafted=2)) == [12, 13]
+    lay = AdapterDrafter().extend(Layout([5, 6, 7, 8], [[0, 1, 2, 3]]), window=4)
+    assert lay.tokens == [5, 6, 7, 8, 6, 7] and lay.drafts == [[0, 4, 5]]  # 2n - 2 tokens
+    assert draft_gate([drafted_slots(lay.drafts[0])], 6).tolist() == [[0, 0, 0, 0, 1, 1]]

@@ -1,0 +1,35 @@
+"""What a sequence puts into one forward (`Layout`): its window as a chain from the known-correct token, the
+branches verified beside it (recycled candidates) and the draft chains computed but never verified (a draft
+adapter's); and the relative positions and ancestor mask of such tree-shaped layouts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class Layout:
+    """A sequence's part of one forward: `tokens`, and `branches`, chains of indices into `tokens` that all start
+    at index 0 (the known-correct token). Branch 0 is the window; others (recycled candidates) share its root and
+    see only their own chain, so each is verified exactly as if it were the window."""
+
+    tokens: list[int]
+    branches: list[list[int]]
+    # Chains computed in the same forward but never verified: the draft adapter's, whose picks are the next guesses.
+    drafts: list[list[int]] = field(default_factory=list)
+
+
+def tree_positions_and_mask(layouts: list[Layout], width: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Relative positions (depth in the chain) and the [B, W, W] ancestor mask of tree-shaped layouts; padding
+    slots get neither (KVState lets them see themselves)."""
+    rel = torch.zeros((len(layouts), width), dtype=torch.long)
+    mask = torch.zeros((len(layouts), width, width), dtype=torch.bool)
+    for row, lay in enumerate(layouts):
+        for branch in lay.branches + lay.drafts:
+            idx = torch.tensor(branch, dtype=torch.long)
+            rel[row, idx] = torch.arange(len(branch))
+            sub = torch.tril(torch.ones(len(branch), len(branch), dtype=torch.bool))
+            mask[row, idx[:, None], idx[None, :]] |= sub
+    return rel.to(device), mask.to(device)

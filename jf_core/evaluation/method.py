@@ -1,0 +1,68 @@
+"""What a table row is: a decoding method's identity as typed fields (whose model, which kind, which block size),
+and the one place its label is written (`Method.label`). Builders key their decoders by `Method`, rows carry it,
+readers ask by it (`Evaluation.row(jacobi(16))`) or read its fields (the plots): a label is written for people and
+JSON keys, and nothing reads one back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+MethodKind = Literal[
+    "hf_generate",  # HF's greedy search
+    "hf_prompt_lookup",  # HF's prompt lookup decoding (batch 1)
+    "ar",  # our AR: every speedup's baseline and every greedy method's reference
+    "jacobi",  # plain Jacobi at `block_size`
+    "recycling",  # Jacobi Forcing decoding: rejection recycling with seeded drafts
+    "multiblock",  # two blocks in flight
+    "recycling_multiblock",  # both
+    "tuned",  # the model's stored decode config, dispatched by its stored crossover
+    "autotuned",  # the same for a second model in a bench (the trained model beside a base)
+]
+
+_HF = ("hf_generate", "hf_prompt_lookup")
+
+
+@dataclass(frozen=True)
+class Method:
+    kind: MethodKind
+    block_size: int | None = None  # plain Jacobi's n; the other kinds' widths are their decode configs'
+    model: str | None = None  # None: the model under evaluation; else a second model's tag ("jf": the trained one)
+    full_width: bool = False  # a tuned config with its adaptive width turned off (what adaptive width brings)
+
+    def __post_init__(self) -> None:
+        if (self.kind == "jacobi") != (self.block_size is not None):
+            raise ValueError(f"method {self.kind}: a block size is plain Jacobi's and only plain Jacobi's")
+        if self.full_width and self.kind not in ("tuned", "autotuned"):
+            raise ValueError(f"method {self.kind}: full_width applies to a tuned config")
+        if self.model is not None and not self.model.isidentifier():
+            raise ValueError(f"method model tag {self.model!r}: letters, digits and underscores")
+
+    @property
+    def label(self) -> str:
+        """The row's name in tables, JSON keys and MLflow metrics (`jacobi_n16`, `jf_ar`, `tuned_full_width`)."""
+        name = f"jacobi_n{self.block_size}" if self.kind == "jacobi" else self.kind
+        lead = f"{self.model}_" if self.model else ""
+        return f"{lead}{name}{'_full_width' if self.full_width else ''}"
+
+    @property
+    def ours(self) -> bool:
+        """One of the project's decoders (the fp32 contract covers it); HF's methods are rows to compare with."""
+        return self.kind not in _HF
+
+    def of(self, model: str | None) -> Method:
+        """The same method on another model's row."""
+        return Method(self.kind, self.block_size, model, self.full_width)
+
+    def __str__(self) -> str:
+        return self.label
+
+
+AR = Method("ar")
+TUNED = Method("tuned")
+HF_GENERATE = Method("hf_generate")
+HF_PROMPT_LOOKUP = Method("hf_prompt_lookup")
+
+
+def jacobi(n: int, model: str | None = None) -> Method:
+    return Method("jacobi", block_size=n, model=model)
