@@ -80,6 +80,19 @@ class JFTrainConfig(BaseModel):
     tpf_probe_tokens: int = Field(64, ge=1)
     tpf_probe_block_sizes: list[Annotated[int, Field(ge=1)]] = []
 
+    @model_validator(mode="before")
+    @classmethod
+    def _draft_lora_was_two_keys(cls, data):
+        """A profile or override written before the adapter had a section of its own is refused with the new
+        spelling, not only as an unknown key."""
+        if isinstance(data, dict) and {"draft_lora_rank", "draft_lora_alpha"} & set(data):
+            rank, alpha = data.get("draft_lora_rank"), data.get("draft_lora_alpha")
+            new = "null (the whole model trains)" if not rank else f"{{rank: {rank}, alpha: {alpha or rank}}}"
+            raise ValueError(
+                f"training.draft_lora_rank / draft_lora_alpha are one section now: training.draft_lora: {new}"
+            )
+        return data
+
     @model_validator(mode="after")
     def _probe_in_one_process(self) -> JFTrainConfig:
         if self.tpf_probe_every is not None and self.strategy != "single":

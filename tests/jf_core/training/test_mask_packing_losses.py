@@ -436,6 +436,8 @@ def test_a_draft_adapter_refuses_what_would_train_it_wrong_by_name(fields, named
     JFTrainConfig(draft_lora={"rank": 8}, mask="clean_context")
     with pytest.raises(ValueError, match=r"draft_lora\.rank"):  # the section's own fields are checked by name
         JFTrainConfig(draft_lora={"rank": 0}, mask="clean_context")
+    with pytest.raises(ValueError, match=r"one section now: training\.draft_lora: \{rank: 16, alpha: 32\}"):
+        JFTrainConfig(draft_lora_rank=16, draft_lora_alpha=32, mask="clean_context")  # the old spelling
 
 
 def test_the_trainer_steps_the_adapter_alone_under_bf16_autocast():
