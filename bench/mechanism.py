@@ -1,18 +1,22 @@
-"""The mechanism check on a real model (jf_core/round/mechanism.py): train on a few questions' own trajectories,
-one variant at a time, and report TPF on those questions and on held-out ones beside the text's identity with the
-base model and its repetition.
+"""The mechanism check on a real model, and any experiment of the same shape (jf_core/experiment.py): variants of a
+round's data and training from one model, each trained through the round's own stages, reported as TPF on the
+trained questions and on held-out ones beside the text's identity with the base model and its repetition.
 
     .venv/bin/python bench/mechanism.py --profile smollm2-135m \
         --set prompts.source=../shared/benchmarks/gsm8k_test.jsonl --train 8 --held-out 8 --max-new-tokens 96 \
         --variant 'fixed:{}' \
         --variant 'each_visit:{"state_pick": "each_visit"}' \
+        --variant 'synthetic:{"trajectory": {"kind": "synthetic"}, "training": {"state_pick": "each_visit"}}' \
         --out mechanism.json
 
-Each `--variant NAME:JSON` is a set of `training` overrides on top of the profile (and `--set training.*`). Rows go
-to `--out` as they finish (JSON lines, with each variant's training history), so a long run can be read while it
-goes. With `--resume-dir DIR` a run that dies (a session's end) is taken up by the same command again: the
-trajectories and finished rows are read back and a variant in training resumes from its last checkpoint
-(`training.checkpoint_every`). Threads: `--threads` (default 2; run it alone, or with 1 beside other work).
+Each `--variant NAME:JSON` is a set of overrides on top of the profile (and `--set`): `{"training": {...},
+"trajectory": {...}}`, or training's fields alone (`{"lr": 1e-3}`). Every variant is a round's stages in its own
+directory under the profile's runs directory (`storage.runs_dir`, default `$JF_HOME/runs`), its trajectories shared
+with every variant of the same trajectory settings, so the same command run again reads back what is done and goes
+on where it died (a training that died resumes from its last checkpoint, `training.checkpoint_every`); each row
+names its trained model's directory. Rows go to `--out` as they finish (JSON lines, with each variant's training
+history), so a long run can be read while it goes. Trajectories are collected in this process, one model (no Ray);
+threads: `--threads` (default 2; run it alone, or with 1 beside other work).
 
 The same round at a GPU's budget (no network there: the model comes as a copied .gguf file, imported next to it
 on first use; the prompt file as a copied path), every GSM8K train-split question (1,055), TPF measured on 64 of
@@ -46,116 +50,32 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from functools import partial
 from pathlib import Path
 
 import torch
 
 from jf_cli.common import named_overrides
 from jf_core.config import load_profile, parse_overrides
+from jf_core.experiment import SECTIONS, ExperimentRow, Measure, Questions, run_experiment, table
 from jf_core.model_ref import resolve_model
 from jf_core.models import load_model
-from jf_core.round.mechanism import MechanismRow, run_mechanism, table
+from jf_core.round.collection import collect_in_process
 from jf_core.trajectory.prompts import load_prompts
-
-
-def log_to_mlflow(profile, rows: list[dict], plot: Path | None = None, source: str = "") -> list[str]:
-    """Each row as an MLflow run in the profile's store and experiment (tags `jf.kind: mechanism`): the variant's
-    overrides as params, its figures on the trained and held-out questions as metrics, its training history as
-    metrics by step (losses, `probe_tpf_n16`: the TPF-against-tokens curve, with `train_tokens` per step), and the
-    plot as an artifact. Returns the run ids."""
-    from jacobi_forcing.tasks.mlflow_runs import connect, mlflow_run
-    from jf_core.evaluation.plots import probe_curves
-
-    client, experiment = connect(profile)
-    ids = []
-    for row in rows:
-        tags = {"jf.kind": "mechanism", "jf.variant": row["variant"], "jf.source": source}
-        with mlflow_run(client, experiment, f"mechanism {row['variant']}", profile=profile, tags=tags) as run_id:
-            for key, value in row["overrides"].items():
-                client.log_param(run_id, key, json.dumps(value))
-            for part in ("trained", "held_out"):
-                for key, value in row[part].items():
-                    if isinstance(value, int | float):
-                        client.log_metric(run_id, f"{part}.{key}", float(value))
-            # A run stopped before its final measurement keeps its probes only (no seconds, no figures).
-            if "train_seconds" in row:
-                client.log_metric(run_id, "train_seconds", row["train_seconds"])
-            client.log_metric(run_id, "train_tokens", row["train_tokens"])
-            for h in row.get("history") or []:
-                for key, value in h.items():
-                    if key != "step" and isinstance(value, int | float):
-                        client.log_metric(run_id, key, float(value), step=int(h["step"]))
-            # Probed sizes share their steps: one `probe_tokens` series places them all.
-            for step, tokens, _ in next(iter(probe_curves(row).values()), []):
-                client.log_metric(run_id, "probe_tokens", tokens, step=step)
-            for fit in growth([row]):  # the fits behind the budgets, e.g. fit.log10.n16.tokens_tpf_2.0
-                name = f"fit.{fit['form']}.{fit['probe'].removeprefix('probe_tpf_')}"
-                client.log_metric(run_id, f"{name}.r2", fit["r2"])
-                client.log_metric(run_id, f"{name}.slope", fit["slope"])
-                for key, value in fit.items():
-                    if key.startswith("tpf_") and value is not None:
-                        client.log_metric(run_id, f"{name}.tokens_{key}", value[0])
-            if plot is not None and plot.is_file():
-                client.log_artifact(run_id, str(plot))
-            ids.append(run_id)
-    return ids
-
-
-def growth(rows: list[dict], targets=(1.5, 2.0)) -> list[dict]:
-    """Each probed curve of each row fitted in both forms (jf_core/evaluation/growth.py): R^2, the slope and its
-    standard error, and for each target TPF the tokens the fit reaches it at with a 90% interval, beside the
-    tokens of the first probe that measured it (None: no probe did)."""
-    from jf_core.evaluation.growth import FORMS, fit_growth
-    from jf_core.evaluation.plots import probe_curves
-
-    out = []
-    for row in rows:
-        for key, points in probe_curves(row).items():
-            if len(points) < 3:
-                continue
-            tokens, tpf = [t for _, t, _ in points], [v for _, _, v in points]
-            for form in FORMS:
-                fit = fit_growth(tokens, tpf, form)
-                entry = {"variant": row["variant"], "probe": key, "form": form, "r2": fit.r2, "slope": fit.b,
-                         "slope_se": fit.b_se, "points": fit.points}  # fmt: skip
-                for target in targets:
-                    entry[f"tpf_{target}"] = fit.tokens_for(target)
-                    reached = [t for t, v in zip(tokens, tpf, strict=True) if v >= target]
-                    entry[f"measured_{target}"] = reached[0] if reached else None
-                out.append(entry)
-    return out
-
-
-def format_growth(fits: list[dict], targets=(1.5, 2.0)) -> str:
-    def crossing(value) -> str:
-        return "never (slope <= 0)" if value is None else f"{value[0]:.2g} ({value[1]:.2g}-{value[2]:.2g})"
-
-    head = ["variant", "probe", "form", "R^2", "slope (+- SE)"]
-    head += [f"tokens to TPF {t} (90%)" for t in targets] + [f"measured TPF {t} at" for t in targets]
-    cells = [
-        [f["variant"], f["probe"].removeprefix("probe_tpf_"), f["form"], f"{f['r2']:.3f}",
-         f"{f['slope']:.3f} +- {f['slope_se']:.3f} a {'decade' if f['form'] == 'log10' else '1e6 tokens'}"]
-        + [crossing(f[f"tpf_{t}"]) for t in targets]
-        + ["-" if f[f"measured_{t}"] is None else f"{f[f'measured_{t}']:.2g}" for t in targets]
-        for f in fits
-    ]  # fmt: skip
-    from jf_core.evaluation.tables import markdown
-
-    return markdown(head, cells)
 
 
 def _scoring(profile, tokenizer, train, held):
     """References and a scorer for the questions' answers, where the profile's benchmark scores the prompt file's
-    own rows (GSM8K: the final number of `answer`): accuracy beside TPF. (None, None) otherwise."""
+    own rows (GSM8K: the final number of `answer`): ((trained rows, held-out rows), scorer), accuracy beside TPF;
+    ((None, None), None) otherwise."""
     from jf_core.evaluation.benchmarks import BenchmarkItem, score
     from jf_core.trajectory.prompts import rows_by_prompt_id
 
     benchmark = profile.evaluation.benchmark
     if benchmark not in ("gsm8k", "math", "embedded"):
-        return None, None
-    held_split = profile.evaluation.split or "test"
+        return (None, None), None
     train_rows = rows_by_prompt_id(profile.prompts.model_copy(update={"split": "train", "limit": None}))
-    held_rows = rows_by_prompt_id(profile.prompts.model_copy(update={"split": held_split, "limit": None}))
+    held_rows = rows_by_prompt_id(held_out_source(profile).model_copy(update={"limit": None}))
     trained = [train_rows[p.prompt_id] for p in train]
     # A question written by `prompts.number_variants` has no reference answer: the trained set is then not scored.
     references = (None if any("variant_of" in r for r in trained) else trained, [held_rows[p.prompt_id] for p in held])
@@ -171,6 +91,16 @@ def _scoring(profile, tokenizer, train, held):
         return score(benchmark, BenchmarkItem(uid="", prompt="", record=row), text)
 
     return references, correct
+
+
+def held_out_source(profile):
+    """Where the held-out questions come from: `evaluation.source` whole where it names another file than the
+    prompts (GSM8K's test split beside its train split), else the prompt file's held-out hash split
+    (`evaluation.split`, default test)."""
+    e, prompts = profile.evaluation, profile.prompts
+    if e.source and e.source != prompts.source:
+        return prompts.model_copy(update={"source": e.source, "hash_splits": None, "number_variants": 0})
+    return prompts.model_copy(update={"split": e.split or "test"})
 
 
 def _model_dir(model: str | None, profile, threads: int) -> str:
@@ -233,13 +163,6 @@ def main() -> int:
     ap.add_argument(
         "--from-json", type=Path, nargs="+", help="no run: read the rows of earlier --out files (for --mlflow, --plot)"
     )
-    ap.add_argument("--keep", type=Path, help="keep each variant's trained model as KEEP/<variant> (default: deleted)")
-    ap.add_argument(
-        "--resume-dir",
-        type=Path,
-        help="keep the run's state here; the same command run again goes on where it died (trajectories, base row, "
-        "finished variants read back; a variant in training resumes from its last checkpoint)",
-    )
     args = ap.parse_args()
     if args.from_json is None and not (args.variant and args.out):
         ap.error("--variant and --out are required (or --from-json FILE to plot or log an earlier run's rows)")
@@ -252,49 +175,67 @@ def main() -> int:
     model_dir = _model_dir(args.model, profile, args.threads)
     if args.random_weights:
         model_dir = _random_weights(model_dir)
+    profile = experiment_profile(profile, args)
     _, tok = load_model(model_dir, dtype="float32")
-    held_split = profile.evaluation.split or "test"
-    train = load_prompts(profile.prompts.model_copy(update={"split": "train", "limit": args.train}), tok).items
-    held = load_prompts(profile.prompts.model_copy(update={"split": held_split, "limit": args.held_out}), tok).items
-    references, score = _scoring(profile, tok, train, held)
+    train = load_prompts(profile.prompts, tok).items
+    held = load_prompts(held_out_source(profile).model_copy(update={"limit": args.held_out}), tok).items
+    (train_refs, held_refs), score = _scoring(profile, tok, train, held)
+    sample = slice(0, args.measure_trained)
+    measure = Measure(
+        trained=Questions([p.token_ids for p in train[sample]], None if train_refs is None else train_refs[sample]),
+        held_out=Questions([p.token_ids for p in held], held_refs),
+        block_size=profile.trajectory.block_size,
+        max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size,
+        draft_init=profile.trajectory.draft_init,
+        score=score,
+    )
     out = Path(args.out)
     out.write_text("")
 
-    def on_row(row: MechanismRow) -> None:
+    def on_row(row: ExperimentRow) -> None:
         with out.open("a") as f:
             f.write(json.dumps(row.summary()) + "\n")
         print(table([row]).splitlines()[-1], flush=True)
 
     print(table([]), flush=True)
-    rows = run_mechanism(
-        profile,
-        model_dir,
-        dict(args.variant),
-        train=[p.token_ids for p in train],
-        held_out=[p.token_ids for p in held],
-        max_new_tokens=args.max_new_tokens,
-        batch_size=args.batch_size,
-        collect_batch_size=args.collect_batch_size,
-        measure_trained=args.measure_trained,
-        device=args.device,
-        keep=args.keep,
-        resume_dir=args.resume_dir,
-        references=references,
-        score=score,
-        on_row=on_row,
-        progress=True,
-    )
+    collect = partial(collect_in_process, say=lambda line: print(line, flush=True))
+    variants = {name: sectioned(overrides) for name, overrides in args.variant}
+    rows = run_experiment(profile, model_dir, variants, measure, collect=collect, on_row=on_row, progress=True)
     print("\n" + table(rows))
     _publish(profile, [r.summary() for r in rows], args.plot, args.mlflow, " ".join(sys.argv[1:]))
     return 0
 
 
+def experiment_profile(profile, args):
+    """The profile the command's flags describe: the trained questions are the prompt file's train split (`--train`
+    of them), their trajectories run to `--max-new-tokens` in batches of `--collect-batch-size` (a shard each, so
+    the batch is whole), and every model decodes and trains on `--device` with `--threads`."""
+    collect = args.collect_batch_size or args.batch_size
+    updates = {
+        "prompts": {"split": "train", "limit": args.train},
+        "trajectory": {"max_new_tokens": args.max_new_tokens, "batch_size": collect, "shard_size": collect},
+        "model": {"device": args.device},
+        "compute": {"threads": args.threads},
+    }
+    return profile.model_copy(
+        update={section: getattr(profile, section).model_copy(update=fields) for section, fields in updates.items()}
+    )
+
+
+def sectioned(overrides: dict) -> dict:
+    """A variant's overrides by section: training's fields alone are the shorthand (`{"lr": 1e-3}`)."""
+    return overrides if overrides and set(overrides) <= set(SECTIONS) else {"training": overrides}
+
+
 def _publish(profile, rows: list[dict], plot: Path | None, mlflow: bool, source: str) -> None:
     """The curve's fits (printed where any run was probed 3 times or more), the curve as a PNG (`--plot`) and the
     rows in MLflow (`--mlflow`)."""
-    fits = growth(rows)
+    from jf_core.evaluation.growth import curve_fits, fits_table
+
+    fits = curve_fits(rows)
     if fits:
-        print("\nTPF against training tokens, fitted (jf_core/evaluation/growth.py):\n" + format_growth(fits))
+        print("\nTPF against training tokens, fitted (jf_core/evaluation/growth.py):\n" + fits_table(fits))
     if plot is not None:
         from jf_core.evaluation.plots import tpf_against_tokens
 
@@ -305,7 +246,9 @@ def _publish(profile, rows: list[dict], plot: Path | None, mlflow: bool, source:
         else:
             fig.savefig(plot, dpi=120)
     if mlflow:
-        ids = log_to_mlflow(profile, rows, plot, source)
+        from jacobi_forcing.tasks.experiment_runs import log_experiment
+
+        ids = log_experiment(profile, rows, plot, source)
         print(f"logged {len(ids)} runs to MLflow: {', '.join(ids)}")
 
 

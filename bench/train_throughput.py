@@ -26,15 +26,16 @@ import shutil
 import statistics
 import sys
 import tempfile
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
 from jf_cli.common import named_overrides
 from jf_core.config import load_profile, parse_overrides
+from jf_core.experiment import variant_profile
 from jf_core.model_ref import resolve_model
 from jf_core.models import load_model
-from jf_core.round.mechanism import train_on_records, variant_profile
 from jf_core.trajectory.collect import collect
 from jf_core.trajectory.prompts import load_prompts
 
@@ -48,6 +49,24 @@ def step_seconds(history: list[dict]) -> float:
     return statistics.median(gaps)
 
 
+def train_on_records(profile, model_dir: str, records: list[dict], where: Path):
+    """The round's packing and driver on `records`, in `where`, logging every step: (training's summary, the packed
+    examples)."""
+    import pyarrow as pa
+
+    from jf_core.atomic import write_parquet_atomic
+    from jf_core.round.training import train_round
+    from jf_core.training.noise import NoiseSchedule
+    from jf_core.training.packing import pack_records
+
+    t = profile.training
+    packed, _ = pack_records(records, NoiseSchedule.of(t), t.max_length)
+    write_parquet_atomic(where / "examples.parquet", pa.Table.from_pylist([asdict(e) for e in packed]))
+    summary = train_round(profile, model_dir, where / "examples.parquet", where / "checkpoints", where / "model",
+                          device=torch.device("cpu"), log_every=1)  # fmt: skip
+    return summary, packed
+
+
 def measure(profile, model_dir: str, records: list[dict], overrides: dict, steps: int, where: Path) -> dict:
     overrides = {
         **overrides,
@@ -57,8 +76,8 @@ def measure(profile, model_dir: str, records: list[dict], overrides: dict, steps
         "tpf_probe_every": None,  # probes and on-policy decodes are not training steps
         "onpolicy_every": None,
     }
-    p = variant_profile(profile, overrides)
-    summary, packed = train_on_records(p, model_dir, records, where, device="cpu", log_every=1)
+    p = variant_profile(profile, {"training": overrides})
+    summary, packed = train_on_records(p, model_dir, records, where)
     seconds = step_seconds(summary.history)
     tokens = statistics.fmean(e.total_length for e in packed) * p.training.batch_size * p.training.grad_accum
     return {"step_seconds": seconds, "tokens_per_step": tokens, "tokens_per_s": tokens / seconds}

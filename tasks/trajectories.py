@@ -1,10 +1,11 @@
 """Trajectory generation over a Ray actor pool.
 
 One actor per GPU (`gpus_per_worker=1`) or per CPU slot loads the model once and takes prompt shards as they come.
-A shard's key hashes (model hash, the shard's prompts, block size, seed, generation settings), and its file is
-named by the key and written atomically, so an actor that dies mid-shard (Ray restarts it and retries the call), a
-retried call, or a re-run of the whole job can never add a second copy of a shard or lose one; a re-run skips
-shards the manifest lists with an unchanged hash. Only this driver writes the manifest.
+A shard's key hashes (model hash, the shard's prompts, block size, seed, generation settings;
+jf_core/round/collection.py, the plan the in-process collector shares), and its file is named by the key and
+written atomically, so an actor that dies mid-shard (Ray restarts it and retries the call), a retried call, or a
+re-run of the whole job can never add a second copy of a shard or lose one; a re-run skips shards the manifest
+lists with an unchanged hash. Only this driver writes the manifest.
 
 A private loopback-only Ray with token auth by default; a cluster via `compute.ray_address` or RAY_ADDRESS, joined
 with token auth (infra/ray_cluster.py).
@@ -12,8 +13,6 @@ with token auth (infra/ray_cluster.py).
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
 import time
@@ -25,23 +24,16 @@ from tqdm.auto import tqdm
 
 from jacobi_forcing.infra.ray_cluster import ray_session
 from jf_core.config import Profile
+from jf_core.round.collection import plan_shards
 from jf_core.round.paths import model_identity
 from jf_core.round.results import TrajectoriesResult
 from jf_core.trajectory.collect import CollectConfig
-from jf_core.trajectory.prompts import PromptItem, load_prompts
+from jf_core.trajectory.prompts import PromptItem
 from jf_core.trajectory.store import ShardInfo, TrajectoryStore
 
 log = logging.getLogger("jf.stages")
 
 CHAOS_ENV = "JF_CHAOS_DIE_ONCE"  # test hook: path of a marker file; the first shard call that creates it dies
-
-
-def shard_key(model_hash: str, items: list[PromptItem], cfg: CollectConfig) -> str:
-    blob = json.dumps(
-        {"model": model_hash, "collect": asdict(cfg), "prompts": [(p.prompt_id, p.token_ids) for p in items]},
-        sort_keys=True,
-    )
-    return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
 class TrajectoryWorker:
@@ -70,26 +62,18 @@ class TrajectoryWorker:
         return True
 
     def run_shard(self, key: str, items: list[tuple[str, list[int]]]) -> dict:
-        from jf_core.trajectory.collect import collect
-        from jf_core.trajectory.store import write_shard
+        from jf_core.round.collection import make_shard
+
+        def chaos() -> None:
+            if self.chaos_marker is not None and not os.path.exists(self.chaos_marker):
+                # Die as badly as possible: mid-write, leaving a partial temporary file behind.
+                Path(self.chaos_marker).write_text(key)
+                (self.out / f".shard-{key}.parquet.partial.tmp").write_bytes(b"PAR1 half a shard")
+                os._exit(1)
 
         prompts = [PromptItem(prompt_id=i, token_ids=ids) for i, ids in items]
-        result = collect(self.model, self.tokenizer, prompts, self.cfg, model_hash=self.model_hash)
-        if self.chaos_marker is not None and not os.path.exists(self.chaos_marker):
-            # Die as badly as possible: mid-write, leaving a partial temporary file behind.
-            Path(self.chaos_marker).write_text(key)
-            (self.out / f".shard-{key}.parquet.partial.tmp").write_bytes(b"PAR1 half a shard")
-            os._exit(1)
-        meta = {"jf.model_id": self.model_path, "jf.generation_config": json.dumps(asdict(self.cfg), sort_keys=True)}
-        info = write_shard(
-            self.out,
-            key,
-            result.records,
-            meta,
-            prompts=len(prompts),
-            new_tokens=result.new_tokens,
-            seconds=result.seconds,
-        )
+        info = make_shard(self.model, self.tokenizer, self.cfg, self.out, key, prompts,
+                          model_hash=self.model_hash, model_path=self.model_path, before_write=chaos)  # fmt: skip
         return asdict(info)
 
 
@@ -100,69 +84,30 @@ def generate_trajectories(
     progress: bool = True,
     on_shard: Callable[[int, int], None] | None = None,
 ) -> TrajectoriesResult:
-    """`on_shard(done, total)` is called as shards are committed (Prefect progress artifacts use it)."""
-    from transformers import AutoConfig, AutoTokenizer
-
+    """`on_shard(done, total)` is called as shards are committed (Prefect progress artifacts use it). The shards
+    are jf_core/round/collection.py's plan, which the in-process collector shares."""
     from jacobi_forcing.tasks.model_package import resolve_model
-    from jf_core.models import check_tokenizer
+    from jf_core.models import ModelSpec
 
     started = time.perf_counter()
     model_path = resolve_model(profile.model.path, profile)
-    tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=profile.model.trust_remote_code)
-    check_tokenizer(tokenizer, model_path)
-    context = getattr(
-        AutoConfig.from_pretrained(model_path, trust_remote_code=profile.model.trust_remote_code),
-        "max_position_embeddings",
-        None,
-    )
-    cfg = profile.trajectory.collect_config()
-    prompt_set = load_prompts(
-        profile.prompts, tokenizer, context_length=context, max_new_tokens=cfg.jacobi().max_new_tokens
-    )
-    model_hash = model_identity(model_path)
-    size = profile.trajectory.shard_size
-    shards = [prompt_set.items[i : i + size] for i in range(0, len(prompt_set.items), size)]
-    keyed = [(shard_key(model_hash, s, cfg), s) for s in shards]
-
-    from jf_core.models import ModelSpec
-
-    store = TrajectoryStore(out)
     spec = ModelSpec(model_path, dtype=profile.model.dtype, device=profile.worker_device())
     dtype = str(spec.resolved_dtype()).removeprefix("torch.")
-    store.set_meta(
-        profile=profile.name,
-        model=model_path,
-        model_hash=model_hash,
-        dtype=dtype,  # the numerics the fixed points were computed in (jf trajectories verify holds them to it)
-        collect=asdict(cfg),
-        prompts=prompt_set.summary(),
-    )
-    todo = [(k, s) for k, s in keyed if not store.is_done(k)]
+    plan = plan_shards(profile, model_path, model_identity(model_path), out, dtype)
     generated_tokens, pool_seconds = 0, 0.0
-    if todo:
+    if plan.todo:
         generated_tokens, pool_seconds = _run_pool(
             profile,
             model_path,
-            model_hash,
-            cfg,
-            store,
-            todo,
+            plan.model_hash,
+            plan.cfg,
+            plan.store,
+            plan.todo,
             progress,
             on_shard=on_shard,
-            already=len(keyed) - len(todo),
+            already=len(plan.keyed) - len(plan.todo),
         )
-    manifest = store.manifest()["shards"]
-    return TrajectoriesResult(
-        out=str(out),
-        prompts=len(prompt_set.items),
-        skipped=dict(prompt_set.skipped),
-        shards=len(keyed),
-        shards_generated=len(todo),
-        rows=sum(manifest[k]["rows"] for k, _ in keyed),
-        new_tokens_generated=generated_tokens,
-        seconds=time.perf_counter() - started,
-        pool_seconds=pool_seconds,
-    )
+    return plan.result(generated_tokens, time.perf_counter() - started, pool_seconds)
 
 
 def _run_pool(

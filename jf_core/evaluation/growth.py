@@ -1,5 +1,6 @@
-"""How TPF grows with training tokens: least-squares fits of a run's probes (`plots.probe_curves`) and the tokens at
-which a fit reaches a target TPF, with an interval.
+"""How TPF grows with training tokens: a run's probes (`probe_curves`), least-squares fits of them and the tokens at
+which a fit reaches a target TPF, with an interval; `curve_fits` and `fits_table` for an experiment's rows
+(jf_core/experiment.py's summaries, or JSON lines a GPU run wrote).
 
 Two forms, since a curve that bends can sit between them: `log10` (TPF = a + b log10 tokens) and `linear` (TPF =
 a + b tokens / 10^6). Each fit keeps its coefficients' covariance (ordinary least squares, the residual variance
@@ -55,6 +56,61 @@ class GrowthFit:
             crossings = np.maximum(_tokens(self.form, (tpf - draws[:, 0]) / draws[:, 1]), 0.0)
         low, high = np.quantile(crossings, [(1 - level) / 2, (1 + level) / 2])
         return float(estimate), float(low), float(high)
+
+
+def probe_curves(run: dict) -> dict[str, list[tuple[int, float, float]]]:
+    """An experiment row's probes (`ExperimentRow.summary()`: `train_tokens`, `history` with the training probe's
+    `probe_tpf_n<N>`) as {key: [(step, packed tokens by then, TPF)]}: the run's tokens per step times the
+    steps done."""
+    history = run.get("history") or []
+    steps = max((row["step"] for row in history), default=-1) + 1
+    keys = sorted({k for row in history for k in row if k.startswith("probe_tpf_n")})
+    per_step = run["train_tokens"] / steps if steps else 0.0
+    return {
+        key: [(int(row["step"]), (row["step"] + 1) * per_step, row[key]) for row in history if key in row]
+        for key in keys
+    }
+
+
+def curve_fits(rows: Sequence[dict], targets: Sequence[float] = (1.5, 2.0)) -> list[dict]:
+    """Each probed curve of each row fitted in both forms: R^2, the slope and its standard error, and for each
+    target TPF the tokens the fit reaches it at with a 90% interval, beside the tokens of the first probe that
+    measured it (None: no probe did). A curve probed fewer than 3 times is not fitted."""
+    out = []
+    for row in rows:
+        for key, points in probe_curves(row).items():
+            if len(points) < 3:
+                continue
+            tokens, tpf = [t for _, t, _ in points], [v for _, _, v in points]
+            for form in FORMS:
+                fit = fit_growth(tokens, tpf, form)
+                entry = {"variant": row["variant"], "probe": key, "form": form, "r2": fit.r2, "slope": fit.b,
+                         "slope_se": fit.b_se, "points": fit.points}  # fmt: skip
+                for target in targets:
+                    entry[f"tpf_{target}"] = fit.tokens_for(target)
+                    reached = [t for t, v in zip(tokens, tpf, strict=True) if v >= target]
+                    entry[f"measured_{target}"] = reached[0] if reached else None
+                out.append(entry)
+    return out
+
+
+def fits_table(fits: Sequence[dict], targets: Sequence[float] = (1.5, 2.0)) -> str:
+    """`curve_fits`' entries as a Markdown table: the budget for each target with its interval."""
+    from jf_core.evaluation.tables import markdown
+
+    def crossing(value) -> str:
+        return "never (slope <= 0)" if value is None else f"{value[0]:.2g} ({value[1]:.2g}-{value[2]:.2g})"
+
+    head = ["variant", "probe", "form", "R^2", "slope (+- SE)"]
+    head += [f"tokens to TPF {t} (90%)" for t in targets] + [f"measured TPF {t} at" for t in targets]
+    cells = [
+        [f["variant"], f["probe"].removeprefix("probe_tpf_"), f["form"], f"{f['r2']:.3f}",
+         f"{f['slope']:.3f} +- {f['slope_se']:.3f} a {'decade' if f['form'] == 'log10' else '1e6 tokens'}"]
+        + [crossing(f[f"tpf_{t}"]) for t in targets]
+        + ["-" if f[f"measured_{t}"] is None else f"{f[f'measured_{t}']:.2g}" for t in targets]
+        for f in fits
+    ]  # fmt: skip
+    return markdown(head, cells)
 
 
 def fit_growth(tokens: Sequence[float], tpf: Sequence[float], form: str) -> GrowthFit:

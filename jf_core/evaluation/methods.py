@@ -20,6 +20,7 @@ import torch
 
 from jf_core.decoding import DecodeOutput, JacobiConfig, JFDecodeConfig, Sampling, StopTokens, ar_decode, decode
 from jf_core.decoding.common import finish, left_pad
+from jf_core.decoding.draft import DraftInitName
 from jf_core.decoding.stats import DecodeStats, SequenceStats, Timer
 from jf_core.evaluation.method import AR, HF_GENERATE, HF_PROMPT_LOOKUP, Method, jacobi
 from jf_core.evaluation.speed import Decoder
@@ -129,6 +130,7 @@ def build_methods(
     hf: bool = False,
     prompt_lookup_tokens: int = 10,
     model_tag: str | None = None,
+    draft_init: DraftInitName = "prompt_sample",
 ) -> dict[Method, Decoder]:
     """One model's methods, in table order, each its `Method` on `model_tag`'s rows (a second model's: "jf"):
 
@@ -142,7 +144,8 @@ def build_methods(
       the same config at full width (what adaptive width brings).
 
     With `sampling` every row but HF's samples, each prompt with a seed of its own tokens (the same in every method
-    and batch), so "identical" checks that sampled decoding is lossless."""
+    and batch), so "identical" checks that sampled decoding is lossless. `draft_init`: how plain Jacobi's rows make
+    each block's first draft (an experiment drafts as its trajectories were collected)."""
 
     def seeds(prompts: list[list[int]]) -> list[int] | None:
         return prompt_seeds(prompts) if sampling else None
@@ -161,7 +164,9 @@ def build_methods(
             model, ps, max_new_tokens=max_new_tokens, stop=stop, sampling=sampling, seeds=seeds(ps)
         )
     for n in dict.fromkeys(block_sizes):
-        methods[jacobi(n, model_tag)] = run(JacobiConfig(block_size=n, max_new_tokens=max_new_tokens))
+        methods[jacobi(n, model_tag)] = run(
+            JacobiConfig(block_size=n, max_new_tokens=max_new_tokens, draft_init=draft_init)
+        )
     if variants_at is not None:
         n, new = variants_at, max_new_tokens
         variants = {

@@ -16,6 +16,7 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
 from jf_core.atomic import atomic_path
+from jf_core.evaluation.growth import probe_curves
 
 if TYPE_CHECKING:
     from jf_core.evaluation.method import Method
@@ -73,20 +74,6 @@ def tpf_during_training(history: Sequence[dict]) -> Figure | None:
     ax.legend()
     fig.tight_layout()
     return fig
-
-
-def probe_curves(run: dict) -> dict[str, list[tuple[int, float, float]]]:
-    """A mechanism row's probes (`bench/mechanism.py`'s summaries: `train_tokens`, `history` with the training
-    probe's `probe_tpf_n<N>`) as {key: [(step, packed tokens by then, TPF)]}: the run's tokens per step times the
-    steps done."""
-    history = run.get("history") or []
-    steps = max((row["step"] for row in history), default=-1) + 1
-    keys = sorted({k for row in history for k in row if k.startswith("probe_tpf_n")})
-    per_step = run["train_tokens"] / steps if steps else 0.0
-    return {
-        key: [(int(row["step"]), (row["step"] + 1) * per_step, row[key]) for row in history if key in row]
-        for key in keys
-    }
 
 
 def tpf_against_tokens(runs: Sequence[dict]) -> Figure | None:

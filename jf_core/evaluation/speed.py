@@ -43,6 +43,7 @@ class MethodResult:
     accepted_histogram: dict[int, int] = field(default_factory=dict)
     first_divergence: list[int | None] = field(default_factory=list)  # per prompt: None when identical
     output_stats: dict[str, float] = field(default_factory=dict)  # `describe` of the outputs (degeneracy.py)
+    outputs: list[list[int]] = field(default_factory=list)  # the new tokens per prompt, where `bench` kept them
 
     @property
     def name(self) -> str:
@@ -126,12 +127,14 @@ def bench(
     progress: Callable[[str], None] | None = None,
     same_output_as: dict[Method, Method] | None = None,
     describe: Callable[[list[list[int]]], dict[str, float]] | None = None,
+    keep_outputs: bool = False,
 ) -> list[MethodResult]:
     """Speedups are against `reference` (HF generate, when it is among the methods) and `baseline_ar` (our AR on
-    the same model: the headline). `describe` summarises each method's outputs (e.g. `degeneracy.output_stats`).
-    Identity compares each method with `same_output_as[method]` (default
-    `baseline_ar`), e.g. a fine-tuned model's methods with that model's own greedy AR: the fraction of identical
-    outputs and, per prompt, the first position where they diverge. Timing: `run_interleaved`."""
+        the same model: the headline). `describe` summarises each method's outputs (e.g. `degeneracy.output_stats`).
+        Identity compares each method with `same_output_as[method]` (default
+        `baseline_ar`), e.g. a fine-tuned model's methods with that model's own greedy AR: the fraction of identical
+        outputs and, per prompt, the first position where they diverge. `keep_outputs`: each row keeps its outputs (to
+    compare them with another model's). Timing: `run_interleaved`."""
     for name in filter(None, (reference, baseline_ar)):
         if name not in methods and not (name == reference == HF_GENERATE):  # HF's row is optional
             raise ValueError(f"the reference method {name} is not among {sorted(m.label for m in methods)}")
@@ -166,6 +169,7 @@ def bench(
                 accepted_histogram=s.accepted_histogram(),
                 first_divergence=diverged,
                 output_stats={} if describe is None else describe(out.sequences),
+                outputs=[list(seq) for seq in out.sequences] if keep_outputs else [],
             )
         )
     return results

@@ -1,5 +1,5 @@
-"""bench/mechanism.py's model doors: a GPU round's timing rehearsal builds the model's shape with random weights from
-its config and tokenizer alone."""
+"""bench/mechanism.py's doors: a GPU round's timing rehearsal builds the model's shape with random weights from its
+config and tokenizer alone; answers are scored against their own rows; a variant's shorthand is training's."""
 
 from __future__ import annotations
 
@@ -43,33 +43,6 @@ def test_tpf_against_tokens_puts_each_probe_at_its_training_tokens():
     assert tpf_against_tokens([{"variant": "x", "train_tokens": 10, "history": history[:1]}]) is None
 
 
-def test_mechanism_rows_go_to_mlflow_with_the_curve_by_step(profile, tmp_path, monkeypatch):
-    """`--mlflow` (or `--from-json FILE --mlflow` for rows a GPU machine wrote): a run per row in a real MLflow
-    store, its figures as metrics, its probes as a curve by step with the packed tokens at each, the plot attached."""
-    from mlflow.tracking import MlflowClient
-
-    from bench.mechanism import log_to_mlflow
-
-    monkeypatch.setenv("JF_HOME", str(tmp_path / "home"))
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    p = profile.model_copy(update={"registry": profile.registry.model_copy(update={"tracking_uri": uri})})
-    figures = {"tpf": 1.3, "identical_to_own_ar": 1.0, "identical_to_base": 0.5, "repetition": 0.2, "mean_length": 9}
-    history = [{"step": 0.0, "loss": 3.0}, {"step": 1.0, "probe_tpf_n16": 1.1}, {"step": 3.0, "probe_tpf_n16": 1.4}]
-    row = {"variant": "both", "overrides": {"mask": "clean_context"}, "trained": figures, "held_out": figures,
-           "train_seconds": 5.0, "train_tokens": 4000, "history": history}  # fmt: skip
-    plot = tmp_path / "curve.png"
-    plot.write_bytes(b"png")
-    (run_id,) = log_to_mlflow(p, [row], plot, source="test")
-    client = MlflowClient(uri)
-    run = client.get_run(run_id)
-    assert run.info.status == "FINISHED" and run.data.tags["jf.kind"] == "mechanism"
-    assert run.data.params["mask"] == '"clean_context"' and run.data.metrics["held_out.tpf"] == 1.3
-    curve = client.get_metric_history(run_id, "probe_tpf_n16")
-    assert [(m.step, m.value) for m in curve] == [(1, 1.1), (3, 1.4)]
-    assert [m.value for m in client.get_metric_history(run_id, "probe_tokens")] == [2000.0, 4000.0]
-    assert [a.path for a in client.list_artifacts(run_id)] == ["curve.png"]
-
-
 def test_mechanism_answers_are_scored_against_their_own_rows(profile, tmp_path):
     """Accuracy beside TPF: each trained and held-out question's answer is scored against its own row of the
     prompt file (GSM8K: the final number), found by the prompt id the questions were loaded under."""
@@ -104,7 +77,7 @@ def test_mechanism_answers_are_scored_against_their_own_rows(profile, tmp_path):
         assert correct(tok(f"The answer is {n}.")["input_ids"], row)
         assert not correct(tok(f"The answer is {n + 1}.")["input_ids"], row)
     assert _scoring(p.model_copy(update={"evaluation": p.evaluation.model_copy(update={"benchmark": "humaneval"})}),
-                    tok, train, held) == (None, None)  # fmt: skip
+                    tok, train, held) == ((None, None), None)  # fmt: skip
     # Questions written by prompts.number_variants have no reference: the trained set goes unscored, not misscored.
     grown = p.model_copy(update={"prompts": prompts.model_copy(update={"number_variants": 2})})
     variants = load_prompts(grown.prompts.model_copy(update={"limit": 6}), tok).items
@@ -112,18 +85,23 @@ def test_mechanism_answers_are_scored_against_their_own_rows(profile, tmp_path):
     assert train_refs is None and len(held_refs) == 3
 
 
-def test_the_curves_fits_name_the_budget_for_each_target_beside_what_a_probe_measured():
-    """`--from-json FILE` prints each probed curve fitted in both forms: the tokens to TPF 1.5 and 2.0 with an
-    interval, beside the first probe that measured them (the fits are jf_core/evaluation/growth.py's)."""
-    from bench.mechanism import format_growth, growth
+def test_a_variant_is_training_fields_or_sections():
+    from bench.mechanism import sectioned
 
-    history = [{"step": float(s - 1), "probe_tpf_n16": 1.0 + 0.5 * s / 8} for s in range(1, 9)]  # 1 per 8e3 tokens
-    fits = growth([{"variant": "v", "train_tokens": 8000, "history": history}])
-    assert [(f["probe"], f["form"]) for f in fits] == [("probe_tpf_n16", "log10"), ("probe_tpf_n16", "linear")]
-    line = fits[1]
-    assert line["r2"] > 0.999 and abs(line["slope"] - 62.5) < 1e-6  # 0.5 TPF per 8e3 tokens, per 1e6
-    assert line["measured_1.5"] == 8000 and line["measured_2.0"] is None
-    estimate, low, high = line["tpf_2.0"]
-    assert abs(estimate - 16000) < 1e-3 and low <= estimate <= high
-    assert "| v | n16 | linear |" in format_growth(fits)
-    assert growth([{"variant": "v", "train_tokens": 8000, "history": history[:2]}]) == []  # 2 probes: no fit
+    assert sectioned({"lr": 1e-3}) == {"training": {"lr": 1e-3}}
+    assert sectioned({"draft_lora": {"rank": 8}}) == {"training": {"draft_lora": {"rank": 8}}}
+    both = {"training": {"lr": 1e-3}, "trajectory": {"kind": "synthetic"}}
+    assert sectioned(both) == both and sectioned({}) == {"training": {}}
+
+
+def test_held_out_questions_come_from_the_evaluation_file_where_it_names_another(profile, tmp_path):
+    """GSM8K's train split trained on, its test split held out: `evaluation.source` read whole; with no other file,
+    the prompt file's held-out hash split."""
+    from bench.mechanism import held_out_source
+
+    prompts = profile.prompts.model_copy(update={"source": "train.jsonl", "hash_splits": {"train": 0.8, "test": 0.2}})
+    other = profile.evaluation.model_copy(update={"source": "test.jsonl"})
+    held = held_out_source(profile.model_copy(update={"prompts": prompts, "evaluation": other}))
+    assert held.source == "test.jsonl" and held.hash_splits is None
+    same = held_out_source(profile.model_copy(update={"prompts": prompts}))
+    assert same.source == "train.jsonl" and same.split == "test" and same.hash_splits == prompts.hash_splits

@@ -21,7 +21,6 @@ DIRECTORY_SWAPS = {
     "jf_core/model_dir.py": "a model directory (save_checkpoint)",
     "jf_core/training/parallel.py": "a sharded checkpoint directory, written by every worker",
     "jf_core/trajectory/prepare.py": "a prepared prompt store (train, calib and manifest together)",
-    "jf_core/round/mechanism.py": "a kept model directory moved across file systems",
     "tasks/model_package.py": "a registry model downloaded into the model cache",
 }
 

@@ -30,7 +30,8 @@ LAYERS = [
     "evaluation",
     "planning",
     "ablation",
-    "round",  # the stages, the report, the mechanism check: the top
+    "round",  # the stages and the report
+    "experiment",  # variants of a round, each its stages, measured side by side: the top
 ]
 
 

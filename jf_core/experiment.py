@@ -1,0 +1,309 @@
+"""An experiment: variants of a round's data and training from one input model, each measured on the questions it
+trained on and on held-out ones. The mechanism check (does training on questions' own trajectories make the model
+decode them in parallel, and what does it cost the text?) is one; the data and loss recipes of the adapter are others.
+
+Every variant is a round of the round's own stages (jf_core/round/stages.py), nothing of its own:
+
+- its profile is the experiment's with the variant's overrides (`training`, and `trajectory` for a data recipe);
+- the trajectories stage, shared by every variant with the same trajectory settings (the store is keyed by model,
+  prompts and trajectory config), collected by whatever the caller passes (the Ray actor pool, or
+  `collect_in_process`, one model here);
+- `stage_pack` and `stage_train` in the variant's own round directory (keyed by its training config), so a run that
+  died goes on where it stopped by `run_stage`'s rule (checkpoints inside a training that died) and a variant
+  trained before is read back, not trained again;
+- the measurement, a stage too (`Measured`, a marker in the round directory made from the trained model's): plain
+  Jacobi at the trajectories' block size against our AR, through `build_methods` and the one timer (`speed.bench`),
+  on the trained questions and the held-out ones: TPF (each block's first draft made as the trajectories' were:
+  `trajectory.draft_init`), identity with its own greedy AR (the decoder's promise: 1.0 in fp32), identity with the
+  input model's greedy AR and the tokens kept before the text departs, the repeated-4-gram rate, and accuracy where
+  the questions' rows can be scored. A TPF that comes with changed or degenerate text is not a result: the table
+  puts them side by side. The input model's row is measured once per question set, under the experiments' directory.
+
+A variant with `training.draft_lora` trains a draft-only adapter (jf_core/draft_adapter/): the base verifies, so
+"= base text" is 1.0 by construction, and measured.
+
+Where the experiments live: this module (the run, its rows, the measurement); `bench/mechanism.py`, the command;
+`tasks/experiment_runs.py`, the rows in MLflow; `jf_core/evaluation/growth.py`, the fits of TPF against training
+tokens; its sibling `jf_core/ablation.py` (the `jf-ablate` flow): variants at equal compute over seeds, scored on
+the profile's benchmark.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from jf_core.config import Profile, merge_overrides
+from jf_core.evaluation.tables import markdown
+from jf_core.round.paths import model_identity, round_paths
+from jf_core.round.results import StageResult, TrajectoriesResult, run_stage
+from jf_core.round.stages import stage_pack, stage_train, stage_trajectories
+
+Collect = Callable[[Profile, Path], TrajectoriesResult]
+Score = Callable[[list[int], dict], bool]  # (an answer's new tokens, its question's row) -> correct
+SECTIONS = ("training", "trajectory")  # what a variant may change: the model it trains and the data it trains on
+
+
+class SetFigures(BaseModel):
+    """One model on one question set."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tpf: float
+    identical_to_own_ar: float
+    identical_to_base: float
+    repetition: float
+    mean_length: float
+    # How far the text stays the input model's before it departs: the median tokens in common from the start (an
+    # unchanged answer counts its whole length). "= base" alone is all or nothing.
+    base_prefix: float = 0.0
+    accuracy: float | None = None  # the answers scored against the questions' rows (None: not scored)
+    outputs: list[list[int]] = []  # greedy AR's new tokens, per question
+
+
+class Measured(StageResult):
+    """The measurement stage: one model on both question sets."""
+
+    trained: SetFigures
+    held_out: SetFigures
+
+
+class ExperimentRow(BaseModel):
+    """A row of the experiment's table: the input model ("base") or one variant's trained model."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    variant: str
+    overrides: dict = {}
+    trained: SetFigures
+    held_out: SetFigures
+    train_seconds: float = 0.0
+    train_tokens: int = 0  # tokens in the packed sequences trained on (both copies of every block, prompts)
+    final: dict = {}  # the last logged training metrics
+    trajectories: dict = {}  # the data trained on: its kind, blocks, tokens generated, seconds, tokens/s
+    history: list[dict] = []  # training's logged rows (losses, on-policy TPF, probes)
+    model: str | None = None  # where the model is (a variant's: its round's model/)
+
+    def summary(self) -> dict:
+        """The row as JSON lines hold it (plots, fits, MLflow read these): without the outputs."""
+        return self.model_dump(mode="json", exclude={"trained": {"outputs"}, "held_out": {"outputs"}})
+
+
+@dataclass(frozen=True)
+class Questions:
+    """A question set, tokenized as the prompts are, with each question's row to score its answer by (None: the
+    set is not scored)."""
+
+    prompts: list[list[int]]
+    references: list[dict] | None = None
+
+
+@dataclass(frozen=True)
+class Measure:
+    """How every model of an experiment is measured (see the module docstring); `score(answer tokens, row)` scores
+    a set that has references."""
+
+    trained: Questions
+    held_out: Questions
+    block_size: int
+    max_new_tokens: int
+    batch_size: int = 4
+    draft_init: str = "prompt_sample"
+    score: Score | None = None
+
+    def key(self) -> str:
+        """What the figures depend on (the batch size changes no output and no TPF)."""
+        what = {
+            "sets": [(q.prompts, q.references) for q in (self.trained, self.held_out)],
+            "scored": self.score is not None,
+            "block_size": self.block_size,
+            "max_new_tokens": self.max_new_tokens,
+            "draft_init": self.draft_init,
+        }
+        return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+    def model(self, model_path: str, device: str, base: Measured | None) -> Measured:
+        """The model at `model_path` decoded in fp32 on `device`, each set's text against the input model's
+        (`base`; None: this is the input model)."""
+        import torch
+
+        from jf_core.models import load_model, stop_tokens
+
+        model, tok = load_model(model_path, dtype="float32", device=device)
+        stop = stop_tokens(model, tok)
+        with torch.no_grad():
+            trained = self._set(model, stop, self.trained, base.trained.outputs if base else None)
+            held = self._set(model, stop, self.held_out, base.held_out.outputs if base else None)
+        return Measured(trained=trained, held_out=held)
+
+    def _set(self, model, stop, questions: Questions, base_outputs: list[list[int]] | None) -> SetFigures:
+        from jf_core.evaluation.degeneracy import output_stats
+        from jf_core.evaluation.method import AR, jacobi
+        from jf_core.evaluation.methods import build_methods
+        from jf_core.evaluation.speed import bench, first_divergence
+
+        n, new = self.block_size, self.max_new_tokens
+        methods = build_methods(model, stop, new, block_sizes=[n], draft_init=self.draft_init)
+        refs, score = questions.references, self.score
+        scorer = None if score is None or refs is None else (lambda i, seq: score(list(seq), refs[i]))
+        rows = bench(methods, questions.prompts, batch_size=self.batch_size, warmup_prompts=0, reference=None,
+                     scorer=scorer, keep_outputs=True)  # fmt: skip
+        ar, plain = (next(r for r in rows if r.method == m) for m in (AR, jacobi(n)))
+        outputs = ar.outputs
+        base = base_outputs if base_outputs is not None else outputs
+        kept = [len(a) if (d := first_divergence(b, a)) is None else d for a, b in zip(outputs, base, strict=True)]
+        stats = output_stats(outputs, new, stop.eos)
+        return SetFigures(
+            tpf=plain.tpf,
+            identical_to_own_ar=plain.identical_fraction,
+            identical_to_base=sum(a == b for a, b in zip(outputs, base, strict=True)) / len(outputs),
+            repetition=stats["repetition"],
+            mean_length=stats["mean_length"],
+            base_prefix=float(statistics.median(kept)),
+            accuracy=ar.accuracy,
+            outputs=outputs,
+        )
+
+
+def variant_profile(profile: Profile, overrides: dict) -> Profile:
+    """The profile with a variant's overrides ({section: {field: value}}, `SECTIONS` only), validated: a bad key or
+    value is refused by name."""
+    unknown = sorted(set(overrides) - set(SECTIONS))
+    if unknown:
+        raise ValueError(f"a variant overrides {SECTIONS} only, not {unknown}")
+    return Profile.model_validate(merge_overrides(profile.model_dump(), overrides))
+
+
+def run_experiment(
+    profile: Profile,
+    model_in: str,
+    variants: dict[str, dict],
+    measure: Measure,
+    *,
+    collect: Collect,
+    on_row: Callable[[ExperimentRow], None] | None = None,
+    progress: bool = False,
+) -> list[ExperimentRow]:
+    """The input model's row, then one per variant (see the module docstring): each variant's profile is
+    `variant_profile(profile, overrides)`, trained from `model_in` on the trajectories of `profile.prompts` (the
+    trained questions: `measure.trained` is some or all of them). Every model is measured in fp32 on
+    `profile.model.device`; training computes in the profile's model dtype there. Rows go to `on_row` as they are
+    made; a run that died is taken up by the same call."""
+    device = profile.model.device
+    emit = on_row or (lambda _row: None)
+    base_marker = profile.runs_dir() / profile.name / "experiments" / f"{model_identity(model_in)}-{measure.key()}.json"
+    base = run_stage(
+        base_marker, Measured, lambda: measure.model(model_in, device, None), what="the input model's figures"
+    )
+    rows = [ExperimentRow(variant="base", trained=base.trained, held_out=base.held_out, model=model_in)]
+    emit(rows[0])
+    for name, overrides in variants.items():
+        try:
+            variant = variant_profile(profile, overrides)
+        except ValueError as err:
+            raise ValueError(f"variant {name!r}: {err}") from None
+        paths = round_paths(variant, model_in)
+        data = stage_trajectories(variant, model_in, paths, collect=collect)
+        packed = stage_pack(variant, paths, data)
+        trained = stage_train(variant, model_in, paths, packed, progress=progress)
+        figures = run_stage(
+            paths.root / f"measured-{measure.key()}.json",
+            Measured,
+            partial(measure.model, str(paths.model), device, base),
+            what=f"variant {name!r}'s figures",
+            inputs={"model": trained},
+        )
+        row = ExperimentRow(
+            variant=name,
+            overrides=overrides,
+            trained=figures.trained,
+            held_out=figures.held_out,
+            train_seconds=trained.train_seconds + _seconds_before(trained.history, trained.resumed_from_step),
+            train_tokens=_packed_tokens(variant, paths.examples),
+            final={k: v for k, v in (trained.history or [{}])[-1].items() if isinstance(v, float)},
+            trajectories=_data_figures(variant, data),
+            history=trained.history,
+            model=str(paths.model),
+        )
+        rows.append(row)
+        emit(row)
+    return rows
+
+
+def _packed_tokens(profile: Profile, examples: Path) -> int:
+    """About how many packed tokens training went through: the examples' mean length times the sequences a step
+    takes times the steps."""
+    from jf_core.training.jf_data import read_packed_share
+
+    lengths = [e.total_length for e in read_packed_share(examples, 0, 1)]
+    t = profile.training
+    return int(statistics.fmean(lengths) * t.steps * t.batch_size * t.grad_accum)
+
+
+def _data_figures(profile: Profile, data: TrajectoriesResult) -> dict:
+    """What the trajectory data was and what it cost (generation only: Ray and model start-up left out)."""
+    return {
+        "kind": profile.trajectory.kind,
+        "blocks": data.rows,
+        "tokens": data.new_tokens_generated,
+        "seconds": data.pool_seconds,
+        "tokens_per_s": data.tokens_per_second,
+    }
+
+
+def _seconds_before(history: list[dict], resumed_from: int) -> float:
+    """About how long the processes before a resumed one trained: each one's last logged `elapsed_s` (which
+    counts from its own start) before the checkpoint it was resumed from; 0 for a run that was not resumed."""
+    total, last = 0.0, 0.0
+    for row in history:
+        if row["step"] >= resumed_from or "elapsed_s" not in row:
+            continue
+        if row["elapsed_s"] < last:  # a new process began here
+            total += last
+        last = row["elapsed_s"]
+    return total + last
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def table(rows: Sequence[ExperimentRow]) -> str:
+    """The rows as a Markdown table: TPF beside identity, repetition and accuracy for both question sets, and what
+    the data and training cost."""
+    head = [
+        "variant",
+        "TPF trained",
+        "TPF held-out",
+        "= own AR (trained / held-out)",
+        "= base text (trained / held-out; median tokens kept)",
+        "repetition (trained / held-out)",
+        "accuracy (trained / held-out)",
+        "data tokens/s",
+        "train s",
+        "train tokens",
+    ]
+    cells = [
+        [
+            r.variant,
+            f"{r.trained.tpf:.3f}",
+            f"{r.held_out.tpf:.3f}",
+            f"{r.trained.identical_to_own_ar:.2f} / {r.held_out.identical_to_own_ar:.2f}",
+            f"{r.trained.identical_to_base:.2f} / {r.held_out.identical_to_base:.2f} "
+            f"({r.trained.base_prefix:.0f} / {r.held_out.base_prefix:.0f})",
+            f"{r.trained.repetition:.3f} / {r.held_out.repetition:.3f}",
+            f"{_share(r.trained.accuracy)} / {_share(r.held_out.accuracy)}",
+            f"{r.trajectories['tokens_per_s']:.0f}" if r.trajectories else "-",
+            f"{r.train_seconds:.0f}",
+            str(r.train_tokens),
+        ]
+        for r in rows
+    ]
+    return markdown(head, cells)
