@@ -38,7 +38,13 @@ class JFTrainConfig(BaseModel):
     ar_weight: float = Field(1.0, ge=0)  # lambda
     consistency_weight: float = Field(1.0, ge=0)
     temperature: float = Field(1.0, gt=0)  # tau
-    hard_targets: bool = False
+    # What pulls a noisy copy's predictions to its clean copy's (losses.py): kl, KL(clean || noisy) on the
+    # distributions (upstream's soft cross entropy, 0 when they agree); tv, their total variation (bounded, and
+    # blind to how the teacher ranks the tokens a draft will never pick: SGLang's UNO found it better for a draft
+    # adapter); fixed_point, cross entropy to the fixed point's tokens (hard targets: the base's greedy tokens
+    # where the data is its greedy text). With a draft adapter the clean copy is the frozen base's, so kl and tv
+    # measure the distance to the base's own distribution at no extra forward.
+    consistency: Literal["kl", "tv", "fixed_point"] = "kl"
     # Keeping the model's own text: weight of KL(base || model) on the next-token distributions at every answer
     # position the AR loss scores, against a frozen copy of the input model (one more forward a step, no backward).
     # 0: no base copy is loaded. The AR loss holds only the argmax on the trained text; this holds the whole
@@ -82,9 +88,12 @@ class JFTrainConfig(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _draft_lora_was_two_keys(cls, data):
-        """A profile or override written before the adapter had a section of its own is refused with the new
-        spelling, not only as an unknown key."""
+    def _renamed_keys(cls, data):
+        """A profile or override written with a field's old spelling is refused with the new one, not only as an
+        unknown key."""
+        if isinstance(data, dict) and "hard_targets" in data:
+            new = "fixed_point" if data["hard_targets"] else "kl"
+            raise ValueError(f"training.hard_targets is one choice of training.consistency now: consistency: {new}")
         if isinstance(data, dict) and {"draft_lora_rank", "draft_lora_alpha"} & set(data):
             rank, alpha = data.get("draft_lora_rank"), data.get("draft_lora_alpha")
             new = "null (the whole model trains)" if not rank else f"{{rank: {rank}, alpha: {alpha or rank}}}"

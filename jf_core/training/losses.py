@@ -2,10 +2,12 @@
 
 - AR loss: cross entropy on every clean-block token (through EOS), each predicted from the clean token before it.
 - Progressive consistency loss: self-distillation from the clean copy's logits (detached: the model is its own
-  teacher) to the noisy copy's, from each block's first unconverged position on, with temperature tau (scaled by
-  tau^2 to keep gradient size independent of tau). Written as KL(teacher || student): the same gradient as
-  upstream's soft cross entropy, but 0 when noisy and clean agree. `hard_targets` uses cross entropy against the
-  fixed-point tokens instead.
+  teacher) to the noisy copy's, from each block's first unconverged position on, with temperature tau
+  (`consistency`): `kl`, KL(teacher || student), scaled by tau^2 to keep gradient size independent of tau: the same
+  gradient as upstream's soft cross entropy, but 0 when noisy and clean agree; `tv`, the total variation
+  1/2 sum |p - q| between the two distributions (bounded by 1, so a position the student is far from weighs no
+  more than one it nearly has: SGLang's UNO trains its draft adapter so); `fixed_point`, cross entropy against the
+  fixed point's tokens.
 - Base KL (optional, `base_kl_weight`): KL(base || model) at the AR loss's positions, the base being a frozen copy
   of the input model run on the same packed batch. The AR loss keeps the argmax of the trained text; this keeps
   the whole next-token distribution there, near-ties included, which is what decides the text the model writes
@@ -30,7 +32,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import torch
 import torch.nn.functional as F
@@ -50,12 +52,14 @@ class JFLossConfig:
     ar_weight: float = 1.0  # lambda
     consistency_weight: float = 1.0
     temperature: float = 1.0  # tau
-    hard_targets: bool = False
+    consistency: Literal["kl", "tv", "fixed_point"] = "kl"  # what pulls the noisy copy to the clean one
     mixed_ar_weight: float = 1.0  # weight of plain AR batches of ground-truth data, when mixed in
     chunk: int = 1024  # LM-head rows per checkpointed chunk
     base_kl_weight: float = 0.0  # KL(base || model) at the AR positions; needs the objective's `base` model
 
     def __post_init__(self) -> None:
+        if self.consistency not in ("kl", "tv", "fixed_point"):
+            raise ValueError(f"consistency must be kl, tv or fixed_point, got {self.consistency!r}")
         if self.temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
         if self.ar_weight < 0 or self.consistency_weight < 0 or self.base_kl_weight < 0:
@@ -130,7 +134,8 @@ def _pick(hidden: torch.Tensor, index: torch.Tensor, valid: torch.Tensor) -> tor
 
 def loss_counts(batch: Batch, cfg: JFLossConfig) -> dict[str, int]:
     """Positions each loss term is averaged over: the step's normaliser sums these over micro-batches and workers."""
-    cons = batch["cons_valid"] & (batch["cons_hard"] != -100) if cfg.hard_targets else batch["cons_valid"]
+    hard = cfg.consistency == "fixed_point"
+    cons = batch["cons_valid"] & (batch["cons_hard"] != -100) if hard else batch["cons_valid"]
     return {"ar": int((batch["ar_tgt"] != -100).sum()), "consistency": int(cons.sum())}
 
 
@@ -154,7 +159,7 @@ def jf_losses(
         chunk=cfg.chunk,
     )
     valid = batch["cons_valid"]
-    if cfg.hard_targets:
+    if cfg.consistency == "fixed_point":
         valid = valid & (batch["cons_hard"] != -100)
         cons = _chunked(
             lambda rows, targets: F.cross_entropy(head(rows), targets, reduction="sum"),
@@ -163,15 +168,17 @@ def jf_losses(
             chunk=cfg.chunk,
         )
     else:
-        tau = cfg.temperature
+        tau, tv = cfg.temperature, cfg.consistency == "tv"
 
-        def kl_sum(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
+        def divergence_sum(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
             log_teacher = F.log_softmax(head(teacher).detach() / tau, dim=-1)  # the model is its own fixed teacher
             log_student = F.log_softmax(head(student) / tau, dim=-1)
+            if tv:
+                return 0.5 * (log_student.exp() - log_teacher.exp()).abs().sum()
             return F.kl_div(log_student, log_teacher, log_target=True, reduction="sum") * tau * tau
 
         cons = _chunked(
-            kl_sum,
+            divergence_sum,
             _pick(hidden, batch["cons_student"], valid),
             _pick(hidden, batch["cons_teacher"], valid).detach(),
             chunk=cfg.chunk,
@@ -260,7 +267,7 @@ class JacobiForcingObjective:
             ar_weight=t.ar_weight,
             consistency_weight=t.consistency_weight,
             temperature=t.temperature,
-            hard_targets=t.hard_targets,
+            consistency=t.consistency,
             chunk=t.loss_chunk,
             base_kl_weight=t.base_kl_weight,
         )

@@ -188,7 +188,7 @@ def test_consistency_is_zero_when_noisy_equals_clean():
     logits = model(
         input_ids=batch["input_ids"], position_ids=batch["position_ids"], attention_mask=batch["attention_mask"]
     ).logits
-    for cfg in (JFLossConfig(), JFLossConfig(hard_targets=True)):
+    for cfg in (JFLossConfig(), JFLossConfig(consistency="tv"), JFLossConfig(consistency="fixed_point")):
         _, m = jf_losses(logits, lambda rows: rows, batch, cfg)
         assert m["consistency_loss"] == 0.0 and m["consistency_positions"] == 0.0
     # a noisy copy whose history is identical but whose own tokens agree gives KL exactly 0 at kept positions too
@@ -198,6 +198,37 @@ def test_consistency_is_zero_when_noisy_equals_clean():
     forced["cons_valid"] = torch.tensor([[True]])
     _, m = jf_losses(logits, lambda rows: rows, forced, JFLossConfig())
     assert m["consistency_loss"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_total_variation_is_half_the_l1_distance_between_the_copies_distributions():
+    """`consistency: tv`: at each position the loss scores, 1/2 sum |p - q| of the clean copy's (teacher) and the
+    noisy copy's (student) next-token distributions, averaged over the positions; its gradient reaches the student
+    only."""
+    model = TINY_MODELS["qwen2"]()
+    clean = [[11, 12, 13, 14], [15, 16, 17, 18]]
+    noisy = [[11, 30, 31, 32], [15, 33, 34, 35]]
+    batch = collate([PackedExample("s", [5, 6], 4, noisy=noisy, clean=clean, lengths=[4, 4])], PAD)
+    logits = model(
+        input_ids=batch["input_ids"], position_ids=batch["position_ids"], attention_mask=batch["attention_mask"]
+    ).logits
+    loss, m = jf_losses(logits, lambda rows: rows, batch, JFLossConfig(consistency="tv", ar_weight=0.0))
+    valid = batch["cons_valid"][0]
+    student = logits[0, batch["cons_student"][0][valid]].softmax(-1)
+    teacher = logits[0, batch["cons_teacher"][0][valid]].softmax(-1)
+    per_position = 0.5 * (student - teacher).abs().sum(-1)
+    assert m["consistency_positions"] == valid.sum() > 0 and (per_position > 0).all() and (per_position <= 1).all()
+    assert m["consistency_loss"] == pytest.approx(float(per_position.mean()), rel=1e-5)
+    (grad,) = torch.autograd.grad(loss, logits)
+    at = grad[0].abs().sum(-1)
+    assert (at[batch["cons_student"][0][valid]] > 0).all() and (at[batch["cons_teacher"][0][valid]] == 0).all()
+
+
+def test_the_old_hard_targets_key_is_refused_with_its_new_spelling():
+    from jf_core.training.config import JFTrainConfig
+
+    with pytest.raises(ValueError, match="consistency: fixed_point"):
+        JFTrainConfig.model_validate({"hard_targets": True})
+    assert JFTrainConfig(consistency="tv").consistency == "tv"
 
 
 @pytest.mark.parametrize("variant", ["shipped", "clean_context"])
