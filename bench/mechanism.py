@@ -10,7 +10,9 @@ trained questions and on held-out ones beside the text's identity with the base 
         --out mechanism.json
 
 Each `--variant NAME:JSON` is a set of overrides on top of the profile (and `--set`): `{"training": {...},
-"trajectory": {...}}`, or training's fields alone (`{"lr": 1e-3}`). Every variant is a round's stages in its own
+"trajectory": {...}}`, or training's fields alone (`{"lr": 1e-3}`); `"from": "NAME"` starts it from an earlier
+variant's trained model (the seed's progressive rounds: round 2 collects its trajectories with round 1's model, an
+adapter drafting, and trains on from it). Every variant is a round's stages in its own
 directory under the profile's runs directory (`storage.runs_dir`, default `$JF_HOME/runs`), its trajectories shared
 with every variant of the same trajectory settings, so the same command run again reads back what is done and goes
 on where it died (a training that died resumes from its last checkpoint, `training.checkpoint_every`); each row
@@ -57,7 +59,7 @@ import torch
 
 from jf_cli.common import named_overrides
 from jf_core.config import load_profile, parse_overrides
-from jf_core.experiment import SECTIONS, ExperimentRow, Measure, Questions, run_experiment, table
+from jf_core.experiment import VARIANT_KEYS, ExperimentRow, Measure, Questions, run_experiment, table
 from jf_core.model_ref import resolve_model
 from jf_core.models import load_model
 from jf_core.round.collection import collect_in_process
@@ -143,6 +145,9 @@ def main() -> int:
     ap.add_argument("--held-out", type=int, default=8, help="questions never trained on (the test split)")
     ap.add_argument("--measure-trained", type=int, help="TPF on the first N trained questions (default: all)")
     ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument(
+        "--more-block-sizes", type=int, nargs="+", default=[], help="plain Jacobi measured at these too (e.g. 32)"
+    )
     ap.add_argument("--batch-size", type=int, default=4, help="decode batch (TPF is per sequence)")
     ap.add_argument("--collect-batch-size", type=int, help="trajectory batch (default: --batch-size)")
     ap.add_argument("--device", default="cpu", help="where every model decodes and trains (cpu, cuda)")
@@ -189,6 +194,7 @@ def main() -> int:
         batch_size=args.batch_size,
         draft_init=profile.trajectory.draft_init,
         score=score,
+        more_block_sizes=tuple(args.more_block_sizes),
     )
     out = Path(args.out)
     out.write_text("")
@@ -224,8 +230,8 @@ def experiment_profile(profile, args):
 
 
 def sectioned(overrides: dict) -> dict:
-    """A variant's overrides by section: training's fields alone are the shorthand (`{"lr": 1e-3}`)."""
-    return overrides if overrides and set(overrides) <= set(SECTIONS) else {"training": overrides}
+    """A variant's overrides by section (and `from`): training's fields alone are the shorthand (`{"lr": 1e-3}`)."""
+    return overrides if overrides and set(overrides) <= set(VARIANT_KEYS) else {"training": overrides}
 
 
 def _publish(profile, rows: list[dict], plot: Path | None, mlflow: bool, source: str) -> None:

@@ -49,6 +49,9 @@ from jf_core.round.stages import stage_pack, stage_train, stage_trajectories
 Collect = Callable[[Profile, Path], TrajectoriesResult]
 Score = Callable[[list[int], dict], bool]  # (an answer's new tokens, its question's row) -> correct
 SECTIONS = ("training", "trajectory")  # what a variant may change: the model it trains and the data it trains on
+# A variant's keys: its sections, and `from`, an earlier variant whose trained model it starts from (the seed's
+# progressive rounds: its trajectories collected by that model, its training going on from it).
+VARIANT_KEYS = (*SECTIONS, "from")
 
 
 class SetFigures(BaseModel):
@@ -56,8 +59,8 @@ class SetFigures(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    tpf: float
-    identical_to_own_ar: float
+    tpf: float  # plain Jacobi's at the measurement's first block size
+    identical_to_own_ar: float  # every block size's outputs against greedy AR: the lowest share
     identical_to_base: float
     repetition: float
     mean_length: float
@@ -66,6 +69,7 @@ class SetFigures(BaseModel):
     base_prefix: float = 0.0
     accuracy: float | None = None  # the answers scored against the questions' rows (None: not scored)
     outputs: list[list[int]] = []  # greedy AR's new tokens, per question
+    tpf_by_block_size: dict[str, float] = {}  # plain Jacobi's at every block size measured (more than one)
 
 
 class Measured(StageResult):
@@ -117,6 +121,11 @@ class Measure:
     batch_size: int = 4
     draft_init: str = "prompt_sample"
     score: Score | None = None
+    more_block_sizes: tuple[int, ...] = ()  # plain Jacobi at these too (`SetFigures.tpf_by_block_size`)
+
+    @property
+    def block_sizes(self) -> list[int]:
+        return list(dict.fromkeys((self.block_size, *self.more_block_sizes)))
 
     def key(self) -> str:
         """What the figures depend on (the batch size changes no output and no TPF)."""
@@ -127,6 +136,8 @@ class Measure:
             "max_new_tokens": self.max_new_tokens,
             "draft_init": self.draft_init,
         }
+        if len(self.block_sizes) > 1:  # a measurement of one size keeps the key it had before sizes were added
+            what["block_sizes"] = self.block_sizes
         return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
     def model(self, model_path: str, device: str, base: Measured | None) -> Measured:
@@ -150,25 +161,27 @@ class Measure:
         from jf_core.evaluation.speed import bench, first_divergence
 
         n, new = self.block_size, self.max_new_tokens
-        methods = build_methods(model, stop, new, block_sizes=[n], draft_init=self.draft_init)
+        methods = build_methods(model, stop, new, block_sizes=self.block_sizes, draft_init=self.draft_init)
         refs, score = questions.references, self.score
         scorer = None if score is None or refs is None else (lambda i, seq: score(list(seq), refs[i]))
         rows = bench(methods, questions.prompts, batch_size=self.batch_size, warmup_prompts=0, reference=None,
                      scorer=scorer, keep_outputs=True)  # fmt: skip
-        ar, plain = (next(r for r in rows if r.method == m) for m in (AR, jacobi(n)))
+        by_method = {r.method: r for r in rows}
+        ar, plain = by_method[AR], {size: by_method[jacobi(size)] for size in self.block_sizes}
         outputs = ar.outputs
         base = base_outputs if base_outputs is not None else outputs
         kept = [len(a) if (d := first_divergence(b, a)) is None else d for a, b in zip(outputs, base, strict=True)]
         stats = output_stats(outputs, new, stop.eos)
         return SetFigures(
-            tpf=plain.tpf,
-            identical_to_own_ar=plain.identical_fraction,
+            tpf=plain[n].tpf,
+            identical_to_own_ar=min(r.identical_fraction for r in plain.values()),
             identical_to_base=sum(a == b for a, b in zip(outputs, base, strict=True)) / len(outputs),
             repetition=stats["repetition"],
             mean_length=stats["mean_length"],
             base_prefix=float(statistics.median(kept)),
             accuracy=ar.accuracy,
             outputs=outputs,
+            tpf_by_block_size={str(size): r.tpf for size, r in plain.items()} if len(plain) > 1 else {},
         )
 
 
@@ -195,7 +208,8 @@ def run_experiment(
     `variant_profile(profile, overrides)`, trained from `model_in` on the trajectories of `profile.prompts` (the
     trained questions: `measure.trained` is some or all of them). Every model is measured in fp32 on
     `profile.model.device`; training computes in the profile's model dtype there. Rows go to `on_row` as they are
-    made; a run that died is taken up by the same call."""
+    made; a run that died is taken up by the same call. A variant with `from` starts from that earlier variant's
+    trained model instead of `model_in` (its trajectories are that model's: an adapter's, drafted by the adapter)."""
     device = profile.model.device
     emit = on_row or (lambda _row: None)
     base_marker = profile.runs_dir() / profile.name / "experiments" / f"{model_identity(model_in)}-{measure.key()}.json"
@@ -204,15 +218,18 @@ def run_experiment(
     )
     rows = [ExperimentRow(variant="base", trained=base.trained, held_out=base.held_out, model=model_in)]
     emit(rows[0])
+    trained_models: dict[str, str] = {}
     for name, overrides in variants.items():
+        start = _start(name, overrides, model_in, trained_models)
         try:
-            variant = variant_profile(profile, overrides)
+            variant = variant_profile(profile, {k: v for k, v in overrides.items() if k != "from"})
         except ValueError as err:
             raise ValueError(f"variant {name!r}: {err}") from None
-        paths = round_paths(variant, model_in)
-        data = stage_trajectories(variant, model_in, paths, collect=collect)
+        paths = round_paths(variant, start)
+        data = stage_trajectories(variant, start, paths, collect=collect)
         packed = stage_pack(variant, paths, data)
-        trained = stage_train(variant, model_in, paths, packed, progress=progress)
+        trained = stage_train(variant, start, paths, packed, progress=progress)
+        trained_models[name] = str(paths.model)
         figures = run_stage(
             paths.root / f"measured-{measure.key()}.json",
             Measured,
@@ -235,6 +252,16 @@ def run_experiment(
         rows.append(row)
         emit(row)
     return rows
+
+
+def _start(name: str, overrides: dict, model_in: str, trained: dict[str, str]) -> str:
+    """The model a variant trains from: `model_in`, or the model of the earlier variant its `from` names."""
+    source = overrides.get("from")
+    if source is None:
+        return model_in
+    if source not in trained:
+        raise ValueError(f"variant {name!r} starts from {source!r}, which is not an earlier variant: {sorted(trained)}")
+    return trained[source]
 
 
 def _packed_tokens(profile: Profile, examples: Path) -> int:
@@ -271,6 +298,12 @@ def _seconds_before(history: list[dict], resumed_from: int) -> float:
     return total + last
 
 
+def _tpf(figures: SetFigures) -> str:
+    """The first block size's TPF, the others' after it: `1.578 (n32 1.688)`."""
+    first, *more = figures.tpf_by_block_size.items() or [("", figures.tpf)]
+    return f"{first[1]:.3f}" + (" (" + ", ".join(f"n{n} {v:.3f}" for n, v in more) + ")" if more else "")
+
+
 def _share(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
@@ -293,8 +326,8 @@ def table(rows: Sequence[ExperimentRow]) -> str:
     cells = [
         [
             r.variant,
-            f"{r.trained.tpf:.3f}",
-            f"{r.held_out.tpf:.3f}",
+            _tpf(r.trained),
+            _tpf(r.held_out),
             f"{r.trained.identical_to_own_ar:.2f} / {r.held_out.identical_to_own_ar:.2f}",
             f"{r.trained.identical_to_base:.2f} / {r.held_out.identical_to_base:.2f} "
             f"({r.trained.base_prefix:.0f} / {r.held_out.base_prefix:.0f})",
