@@ -216,6 +216,15 @@ class Profile(StrictModel):
         return self
 
     @model_validator(mode="after")
+    def _text_needs_answers(self) -> Profile:
+        if self.trajectory.kind == "text" and self.prompts.answer_field is None:
+            raise ValueError(
+                "trajectory.kind text trains on the prompt file's reference answers: name their field in "
+                "prompts.answer_field (GSM8K: answer)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _training_workers(self) -> Profile:
         if self.training.cpu_offload and self.training.strategy != "fsdp2":
             raise ValueError("training.cpu_offload needs training.strategy fsdp2 (FSDP2's CPUOffloadPolicy)")

@@ -61,7 +61,7 @@ class TrajectoryWorker:
     def ready(self) -> bool:
         return True
 
-    def run_shard(self, key: str, items: list[tuple[str, list[int]]]) -> dict:
+    def run_shard(self, key: str, prompts: list[PromptItem]) -> dict:
         from jf_core.round.collection import make_shard
 
         def chaos() -> None:
@@ -71,7 +71,6 @@ class TrajectoryWorker:
                 (self.out / f".shard-{key}.parquet.partial.tmp").write_bytes(b"PAR1 half a shard")
                 os._exit(1)
 
-        prompts = [PromptItem(prompt_id=i, token_ids=ids) for i, ids in items]
         info = make_shard(self.model, self.tokenizer, self.cfg, self.out, key, prompts,
                           model_hash=self.model_hash, model_path=self.model_path, before_write=chaos)  # fmt: skip
         return asdict(info)
@@ -149,7 +148,7 @@ def _run_pool(
         ]
         ray.get([w.ready.remote() for w in workers])  # model loads are start-up, not generation time
         pool = ActorPool(workers)
-        payloads = [(key, [(p.prompt_id, p.token_ids) for p in items]) for key, items in todo]
+        payloads = list(todo)  # (key, the shard's PromptItems)
         tokens, t0 = 0, time.perf_counter()
         bar = tqdm(
             total=len(payloads), desc="trajectory shards", unit="shard", disable=not progress, dynamic_ncols=True

@@ -25,10 +25,16 @@ from jf_core.trajectory.store import ShardInfo, TrajectoryStore, write_shard
 
 def shard_key(model_hash: str, items: list[PromptItem], cfg: CollectConfig) -> str:
     blob = json.dumps(
-        {"model": model_hash, "collect": asdict(cfg), "prompts": [(p.prompt_id, p.token_ids) for p in items]},
+        {"model": model_hash, "collect": asdict(cfg), "prompts": [_identity(p) for p in items]},
         sort_keys=True,
     )
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def _identity(item: PromptItem) -> tuple:
+    """A prompt as a shard's key sees it: its id and tokens, and its reference answer where it has one (a store made
+    before answers were read keeps its keys)."""
+    return (item.prompt_id, item.token_ids) if item.answer is None else (item.prompt_id, item.token_ids, item.answer)
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """Collect Jacobi trajectories with the decoding engine's recorder: one record per prompt x converged block; or,
-with `kind: synthetic`, the cheaper synthetic ones (synthetic.py) in the same records.
+with `kind: synthetic` or `text`, the cheaper synthetic ones (synthetic.py) in the same records.
 
 There is no second copy of the Jacobi step: the recorder sees exactly what `JacobiDecoder` iterates. Generation
 runs to EOS or to `max_new_tokens` rounded up to a whole number of blocks, so every block but one ending at EOS
@@ -31,7 +31,8 @@ class CollectConfig:
     batch_size: int = 16
     draft_init: DraftInitName = "prompt_sample"
     round_id: str = "round-0"
-    kind: Literal["jacobi", "synthetic"] = "jacobi"  # synthetic: greedy AR + corrupted tails (synthetic.py)
+    # synthetic: greedy AR + corrupted tails (synthetic.py); text: the prompts' reference answers + corrupted tails
+    kind: Literal["jacobi", "synthetic", "text"] = "jacobi"
     corruption: Corruption = "context"  # synthetic only: what replaces a state's tail
 
     def __post_init__(self) -> None:
@@ -57,7 +58,7 @@ def collect(
     model: torch.nn.Module, tokenizer, prompts: list[PromptItem], cfg: CollectConfig, *, model_hash: str
 ) -> CollectResult:
     start = time.perf_counter()
-    if cfg.kind == "synthetic":
+    if cfg.kind in ("synthetic", "text"):
         records, new_tokens = synthesize(model, tokenizer, prompts, cfg, model_hash=model_hash)
         return CollectResult(records=records, new_tokens=new_tokens, seconds=time.perf_counter() - start)
     jacobi = cfg.jacobi()

@@ -25,8 +25,10 @@ class TrajectoryConfig(BaseModel):
     round_id: str = "round-0"
     # jacobi: every block's states recorded by Jacobi decoding; synthetic: the fixed points from greedy AR (batched,
     # far cheaper) and each block's states made by corrupting its tail with `corruption` noise, as upstream's
-    # masking-based first round does (jf_core/trajectory/synthetic.py). Same records, `kind` on each row.
-    kind: Literal["jacobi", "synthetic"] = "jacobi"
+    # masking-based first round does (jf_core/trajectory/synthetic.py); text: the same, on the prompt file's
+    # reference answers (`prompts.answer_field`) instead of greedy AR's: no forward at all. Same records, `kind` on
+    # each row.
+    kind: Literal["jacobi", "synthetic", "text"] = "jacobi"
     corruption: Literal["context", "vocab"] = "context"
 
     def collect_config(self) -> CollectConfig:

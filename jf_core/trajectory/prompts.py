@@ -53,11 +53,19 @@ class PromptSourceConfig(BaseModel):
     # training prompt as its source; it inherits its source's split, so no held-out question's variant is trained
     # on. `limit` counts variants too. Text fields only.
     number_variants: int = Field(0, ge=0)
+    # Each row's reference answer (GSM8K: `answer`): the text `trajectory.kind: text` trains on, read with the prompt
+    # (a row without one is skipped as `no_answer`). None: prompts only.
+    answer_field: str | None = None
 
     @model_validator(mode="after")
     def _variants_of_text(self) -> PromptSourceConfig:
         if self.number_variants and self.messages_field is not None:
             raise ValueError("prompts.number_variants rewrites a text field; this source gives chat messages")
+        if self.number_variants and self.answer_field is not None:
+            raise ValueError(
+                "prompts.number_variants writes questions with new numbers, whose answers are not in the file: "
+                "drop number_variants, or answer_field"
+            )
         return self
 
     @field_validator("hash_splits")
@@ -120,6 +128,7 @@ def split_key(row: dict, cfg: PromptSourceConfig) -> str:
 class PromptItem:
     prompt_id: str
     token_ids: list[int]
+    answer: str | None = None  # the row's reference answer, where `answer_field` names it
 
 
 @dataclass
@@ -340,7 +349,12 @@ def load_prompts(
         usable = usable_rows(source, read_rows(source), tokenizer, skipped, context_length, max_new_tokens)
         for row_id, row, _, ids in usable:
             prompt_id = str(row[cfg.id_field]) if cfg.id_field and cfg.id_field in row else row_id
-            items.append(PromptItem(prompt_id=f"{prefix}/{prompt_id}" if prefix else prompt_id, token_ids=ids))
+            answer = row.get(cfg.answer_field) if cfg.answer_field else None
+            if cfg.answer_field and (not isinstance(answer, str) or not answer.strip()):
+                skipped["no_answer"] += 1
+                continue
+            item_id = f"{prefix}/{prompt_id}" if prefix else prompt_id
+            items.append(PromptItem(prompt_id=item_id, token_ids=ids, answer=answer))
     ids_seen = [i.prompt_id for i in items]
     if len(set(ids_seen)) != len(ids_seen):
         raise PromptSourceError(f"{cfg.source}: prompt ids are not unique (id_field={cfg.id_field!r})")

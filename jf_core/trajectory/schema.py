@@ -17,7 +17,8 @@
 | seed          | int64               | draft seed                                                                  |
 | kind          | string              | `jacobi`: states recorded by Jacobi decoding; `synthetic`: the fixed point  |
 |               |                     | from greedy AR and its states made by corrupting the block's tail           |
-|               |                     | (synthetic.py), `iterations` then counting the corrupted states             |
+|               |                     | (synthetic.py), `iterations` then counting the corrupted states; `text`:    |
+|               |                     | the same on the prompt file's reference answer                              |
 
 Shard-level key/value metadata carries `jf.schema_version`, `jf.model_id` and `jf.generation_config` (JSON).
 """
@@ -27,7 +28,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 SCHEMA_VERSION = "2"  # 2: the `kind` column
-KINDS = ("jacobi", "synthetic")
+KINDS = ("jacobi", "synthetic", "text")
 
 TRAJECTORY_SCHEMA = pa.schema(
     [

@@ -92,3 +92,56 @@ def test_synthetic_records_are_greedy_blocks_with_corrupted_tails(tiny_model, co
         tmp_path, "k", result.records, {}, prompts=3, new_tokens=result.new_tokens, seconds=result.seconds
     )
     assert read_shard(tmp_path / info.file).column("kind").to_pylist() == ["synthetic"] * len(result.records)
+
+
+def test_text_records_are_the_reference_answers_blocks_with_no_forward(profile, tmp_path):
+    """kind text: the fixed points are the prompt file's reference answers, tokenized as the model would write them
+    after the prompt with the end of turn after them, cut at the trajectories' length; the states corrupted as
+    synthetic ones are; the model never runs a forward. A prompt without an answer is refused by name."""
+    from jf_core.models import load_model
+    from jf_core.trajectory.schema import validate_record
+
+    model, tok = load_model(profile.model.path)
+
+    def no_forward(*_):
+        raise AssertionError("kind text ran the model")
+
+    model.register_forward_pre_hook(no_forward)
+    answers = ["a=1+2=3", "b=4*5=20 so the answer is 20"]
+    ids = [tok(f"q{i}?", add_special_tokens=False)["input_ids"] for i in range(len(answers))]
+    prompts = [PromptItem(f"q{i}", ids[i], a) for i, a in enumerate(answers)]
+    cfg = CollectConfig(block_size=4, max_new_tokens=10, batch_size=2, kind="text")
+    result = collect(model, tok, prompts, cfg, model_hash="h")
+    for p, answer in zip(prompts, answers, strict=True):
+        expected = (tok(answer, add_special_tokens=False)["input_ids"] + [tok.eos_token_id])[:12]
+        rows = [r for r in result.records if r["prompt_id"] == p.prompt_id]
+        assert [t for r in rows for t in r["fixed_point"][: r["length"]]] == expected
+        for r in rows:
+            validate_record(r, "text")
+            assert r["kind"] == "text" and r["states"][-1] == r["fixed_point"]
+    assert result.new_tokens == sum(min(12, len(tok(a, add_special_tokens=False)["input_ids"]) + 1) for a in answers)
+    with pytest.raises(ValueError, match=r"'q9' has no reference answer.*answer_field"):
+        collect(model, tok, [PromptItem("q9", prompts[0].token_ids)], cfg, model_hash="h")
+
+
+def test_a_prompt_file_gives_its_answers_where_asked(profile, tmp_path):
+    """`prompts.answer_field`: each item carries its row's answer, a row without one is skipped as no_answer; the
+    text kind is refused without the field, and the field with number variants (their answers are unknown)."""
+    import json
+
+    from jf_core.config import Profile, TrajectoryConfig
+    from jf_core.models import load_model
+    from jf_core.trajectory.prompts import load_prompts
+
+    rows = [{"question": f"What is {i} plus 2?", "answer": f"{i + 2}"} for i in range(4)] + [{"question": "x?"}]
+    (tmp_path / "q.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = profile.prompts.model_copy(update={"source": str(tmp_path / "q.jsonl"), "text_field": "question",
+                                             "id_field": None, "answer_field": "answer"})  # fmt: skip
+    _, tok = load_model(profile.model.path)
+    loaded = load_prompts(cfg, tok)
+    assert sorted(i.answer for i in loaded.items) == ["2", "3", "4", "5"] and loaded.skipped["no_answer"] == 1
+    data = profile.model_dump() | {"trajectory": TrajectoryConfig(kind="text").model_dump()}
+    with pytest.raises(ValueError, match=r"prompts\.answer_field"):
+        Profile.model_validate(data)
+    with pytest.raises(ValueError, match="number_variants"):
+        cfg.model_validate(cfg.model_dump() | {"number_variants": 2})
