@@ -79,10 +79,10 @@ class PromptSourceConfig(BaseModel):
 
     def identity(self, *, exclude: set[str] = frozenset()) -> dict:
         """This config as cache keys see it: fields added after keys existed (extra_sources, hash_splits,
-        number_variants) only
-        while they are set, so the keys of profiles that do not use them are unchanged."""
+        number_variants, answer_field) only while they are set, so the keys of profiles that do not use them are
+        unchanged."""
         data = self.model_dump(exclude=set(exclude))
-        for name in ("extra_sources", "hash_splits", "number_variants"):
+        for name in ("extra_sources", "hash_splits", "number_variants", "answer_field"):
             if name in data and not data[name]:
                 del data[name]
         return data
