@@ -4,7 +4,8 @@ decode them in parallel, and what does it cost the text?) is one; the data and l
 
 Every variant is a round of the round's own stages (jf_core/round/stages.py), nothing of its own:
 
-- its profile is the experiment's with the variant's overrides (`training`, and `trajectory` for a data recipe);
+- its profile is the experiment's with the variant's overrides (`training`; `trajectory` and `prompts` for a data
+  recipe);
 - the trajectories stage, shared by every variant with the same trajectory settings (the store is keyed by model,
   prompts and trajectory config), collected by whatever the caller passes (the Ray actor pool, or
   `collect_in_process`, one model here);
@@ -48,7 +49,10 @@ from jf_core.round.stages import stage_pack, stage_train, stage_trajectories
 
 Collect = Callable[[Profile, Path], TrajectoriesResult]
 Score = Callable[[list[int], dict], bool]  # (an answer's new tokens, its question's row) -> correct
-SECTIONS = ("training", "trajectory")  # what a variant may change: the model it trains and the data it trains on
+# What a variant may change: the model it trains and the data it trains on (its questions, e.g. their answers for
+# `trajectory.kind: text`, through `prompts`); the model it starts from, the measurement and the machine are the
+# experiment's.
+SECTIONS = ("training", "trajectory", "prompts")
 # A variant's keys: its sections, and `from`, an earlier variant whose trained model it starts from (the seed's
 # progressive rounds: its trajectories collected by that model, its training going on from it).
 VARIANT_KEYS = (*SECTIONS, "from")
