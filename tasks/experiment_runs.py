@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from mlflow import MlflowClient
+
 from jacobi_forcing.tasks.mlflow_runs import connect, mlflow_run
 from jf_core.config import Profile
 from jf_core.evaluation.growth import curve_fits, probe_curves
@@ -20,6 +22,7 @@ from jf_core.experiment import SECTIONS
 
 def log_experiment(profile: Profile, rows: list[dict], plot: Path | None = None, source: str = "") -> list[str]:
     """Each row as an MLflow run (see the module docstring); `source` says what made them. Returns the run ids."""
+    client: MlflowClient
     client, experiment = connect(profile)
     ids = []
     for row in rows:

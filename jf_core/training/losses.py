@@ -25,6 +25,9 @@ packed length. The final hidden state is taken at the LM head's input (a pre-hoo
 call zero positions), so the forward still goes through the whole wrapped model (DDP, FSDP2) and only the head
 moves out; the logits post-processing some architectures apply after the head (Gemma2's final softcapping,
 Granite's scaling) is applied the same way, and `check_lean_head` compares against the model's own logits once.
+
+Why over 350 lines: the three consistency targets, the base KL and the lean head share one forward's hidden states
+and one chunked loop; split apart, each would repeat the position picking and the chunking.
 """
 
 from __future__ import annotations

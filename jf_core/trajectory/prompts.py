@@ -8,6 +8,10 @@ never collapsed (upstream's bucketing destroys code indentation that way).
 
 Rows that cannot be used are skipped and counted by reason (missing field, empty, too long); a file that cannot be
 parsed is an error naming the file and line.
+
+Why over 350 lines: every prompt source (JSONL, Parquet, a datasets directory, the embedded task, extra files),
+its hash splits, number variants and reference answers read through one path, so training, calibration and
+evaluation see the same prompts under the same ids.
 """
 
 from __future__ import annotations
