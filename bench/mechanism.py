@@ -63,7 +63,7 @@ from jf_core.experiment import VARIANT_KEYS, ExperimentRow, Measure, Questions, 
 from jf_core.model_ref import resolve_model
 from jf_core.models import load_model
 from jf_core.round.collection import collect_in_process
-from jf_core.trajectory.prompts import load_prompts
+from jf_core.trajectory.prompts import held_out_source, load_prompts
 
 
 def _scoring(profile, tokenizer, train, held):
@@ -77,7 +77,9 @@ def _scoring(profile, tokenizer, train, held):
     if benchmark not in ("gsm8k", "math", "embedded"):
         return (None, None), None
     train_rows = rows_by_prompt_id(profile.prompts.model_copy(update={"split": "train", "limit": None}))
-    held_rows = rows_by_prompt_id(held_out_source(profile).model_copy(update={"limit": None}))
+    e = profile.evaluation
+    held_source = held_out_source(profile.prompts, e.source, e.split)
+    held_rows = rows_by_prompt_id(held_source.model_copy(update={"limit": None}))
     trained = [train_rows[p.prompt_id] for p in train]
     # A question written by `prompts.number_variants` has no reference answer: the trained set is then not scored.
     references = (None if any("variant_of" in r for r in trained) else trained, [held_rows[p.prompt_id] for p in held])
@@ -93,16 +95,6 @@ def _scoring(profile, tokenizer, train, held):
         return score(benchmark, BenchmarkItem(uid="", prompt="", record=row), text)
 
     return references, correct
-
-
-def held_out_source(profile):
-    """Where the held-out questions come from: `evaluation.source` whole where it names another file than the
-    prompts (GSM8K's test split beside its train split), else the prompt file's held-out hash split
-    (`evaluation.split`, default test)."""
-    e, prompts = profile.evaluation, profile.prompts
-    if e.source and e.source != prompts.source:
-        return prompts.model_copy(update={"source": e.source, "hash_splits": None, "number_variants": 0})
-    return prompts.model_copy(update={"split": e.split or "test"})
 
 
 def _model_dir(model: str | None, profile, threads: int) -> str:
@@ -183,7 +175,9 @@ def main() -> int:
     profile = experiment_profile(profile, args)
     _, tok = load_model(model_dir, dtype="float32")
     train = load_prompts(profile.prompts, tok).items
-    held = load_prompts(held_out_source(profile).model_copy(update={"limit": args.held_out}), tok).items
+    e = profile.evaluation
+    held_prompts = held_out_source(profile.prompts, e.source, e.split).model_copy(update={"limit": args.held_out})
+    held = load_prompts(held_prompts, tok).items
     (train_refs, held_refs), score = _scoring(profile, tok, train, held)
     sample = slice(0, args.measure_trained)
     measure = Measure(

@@ -47,8 +47,10 @@ def train_round(
     t = profile.training
     distributed = t.strategy != "single"
     attention = training_attention(device)
-    compute = ModelSpec(model_in, dtype=profile.model.dtype, device=device.type).resolved_dtype()
-    # fp32 master weights: the optimizer never steps bf16 weights; compute runs in the model's dtype (autocast).
+    dtype = ModelSpec(model_in, dtype=profile.model.dtype, device=device.type).resolved_dtype()
+    # fp32 master weights: the optimizer never steps bf16 weights; compute runs in training.compute_dtype (autocast)
+    # and the trained model is written in the model's dtype.
+    compute = dtype if t.compute_dtype == "model" else getattr(torch, t.compute_dtype)
     # Sharded strategies load on the CPU: fully_shard moves each worker's shard to its device.
     model, tok = load_model(
         model_in, dtype="float32", device="cpu" if distributed else str(device), attn_implementation=attention
@@ -77,7 +79,7 @@ def train_round(
     state = parallel.full_state_dict(wrapped) if parallel is not None else None  # every worker takes part
     summary = result.model_copy(update={"model_in": model_in, "strategy": t.strategy, "workers": world})
     if rank == 0:
-        _save(model, tok, out, state=state, adapter=adapter is not None, compute=compute, model_in=model_in)
+        _save(model, tok, out, state=state, adapter=adapter is not None, dtype=dtype, model_in=model_in)
     return summary
 
 
@@ -114,10 +116,10 @@ def _batches(profile: Profile, examples, tok, rank: int, *, dense_mask: bool):
     )
 
 
-def _save(model, tok, out: Path, *, state, adapter: bool, compute: torch.dtype, model_in: str) -> None:
-    """The trained model directory, written atomically: the whole model in its compute dtype (from the gathered
+def _save(model, tok, out: Path, *, state, adapter: bool, dtype: torch.dtype, model_in: str) -> None:
+    """The trained model directory, written atomically: the whole model in the model's dtype (from the gathered
     `state` when sharded), or what the draft adapter's module says a model with an adapter keeps."""
-    parts = {"state_dict": state, "dtype": compute, "extra_tensors": None}
+    parts = {"state_dict": state, "dtype": dtype, "extra_tensors": None}
     if adapter:
         parts = directory_parts(model)
     save_model_dir(
@@ -164,23 +166,40 @@ def _frozen_base(model_in: str, device: torch.device, attention: str) -> torch.n
     return base.requires_grad_(False)
 
 
+def probe_prompts(profile: Profile, tokenizer) -> list[list[int]]:
+    """The TPF probe's prompts (`training.tpf_probe_questions`): the first `tpf_probe_prompts` of the calibration
+    split, or of the evaluation's held-out questions, rendered like the training prompts."""
+    from jf_core.trajectory.prompts import calibration_prompts, held_out_source, load_prompts
+
+    t, e = profile.training, profile.evaluation
+    if t.tpf_probe_questions == "calibration":
+        return calibration_prompts(profile.prompts, tokenizer, t.tpf_probe_prompts, e.calibration_split)
+    source = held_out_source(profile.prompts, e.source, e.split).model_copy(update={"limit": t.tpf_probe_prompts})
+    return [p.token_ids for p in load_prompts(source, tokenizer).items]
+
+
 def tpf_probe(profile: Profile, model, tokenizer) -> Callable:
-    """TPF of the model being trained: plain Jacobi at the round's block size and `tpf_probe_block_sizes` on a few
-    calibration prompts (never the test set), greedy, fp32 (training's masters; no autocast)."""
+    """TPF of the model being trained: plain Jacobi at the round's block size and `tpf_probe_block_sizes` on
+    `tpf_probe_prompts` calibration or held-out prompts (`tpf_probe_questions`), greedy, fp32 (training's masters; no
+    autocast), in batches of the evaluation's batch size; TPF over all of them (tokens over forwards)."""
     from jf_core.decoding import JacobiConfig, jacobi_decode
     from jf_core.decoding.kv import decoding_attention
     from jf_core.models import stop_tokens
-    from jf_core.trajectory.prompts import calibration_prompts
 
-    t = profile.training
-    prompts = calibration_prompts(profile.prompts, tokenizer, t.tpf_probe_prompts, profile.evaluation.calibration_split)
+    t, e = profile.training, profile.evaluation
+    prompts = probe_prompts(profile, tokenizer)
+    batches = [prompts[i : i + e.batch_size] for i in range(0, len(prompts), e.batch_size)]
     sizes = sorted({profile.trajectory.block_size, *t.tpf_probe_block_sizes})
     cfgs = [JacobiConfig(block_size=n, max_new_tokens=t.tpf_probe_tokens) for n in sizes]
     stop = stop_tokens(model, tokenizer)
 
+    def tpf(m, cfg: JacobiConfig) -> float:
+        stats = [jacobi_decode(m, batch, cfg, stop=stop).stats for batch in batches]
+        return sum(s.new_tokens for s in stats) / sum(s.forwards for s in stats)
+
     def probe(m) -> dict[str, float]:
         with torch.no_grad(), decoding_attention(m):
-            return {f"probe_tpf_n{cfg.block_size}": jacobi_decode(m, prompts, cfg, stop=stop).stats.tpf for cfg in cfgs}
+            return {f"probe_tpf_n{cfg.block_size}": tpf(m, cfg) for cfg in cfgs}
 
     return probe
 

@@ -21,9 +21,15 @@ class JFTrainConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     # single: this process; ddp: a full replica per Ray Train worker; fsdp2: parameters, gradients and optimizer
-    # state sharded over the workers (compute.train_workers). Weights are fp32 masters always; compute runs in the
-    # model's dtype (model.dtype). See tasks/train_distributed.py and `jf plan`.
+    # state sharded over the workers (compute.train_workers). Weights are fp32 masters always; compute runs in
+    # `compute_dtype`. See tasks/train_distributed.py and `jf plan`.
     strategy: Literal["single", "ddp", "fsdp2"] = "single"
+    # What training's matmuls run in (autocast, or FSDP2's MixedPrecisionPolicy); model: the model's dtype
+    # (model.dtype). bfloat16 under an fp32 model trains faster where bf16 matmuls are (a GPU; a CPU with
+    # AVX512-BF16 or AMX: about 2x fp32's on this project's EPYC) while the optimizer still steps fp32 weights and
+    # the model directory keeps the model's dtype, so the decoders stay fp32 and exact. A draft adapter keeps the
+    # base's greedy text whatever its training's numerics (the base verifies).
+    compute_dtype: Literal["model", "float32", "bfloat16"] = "model"
     activation_checkpointing: bool = False  # recompute each layer's activations in backward (non-reentrant)
     cpu_offload: bool = False  # fsdp2: fp32 masters, gradients and AdamW state in host memory (one small GPU)
     checkpoint_every: int | None = Field(None, ge=1)  # steps between resumable checkpoints; None: a tenth of the run
@@ -82,6 +88,10 @@ class JFTrainConfig(BaseModel):
     # `tpf_probe_tokens` new tokens each (one-process training only). It reads the model and changes nothing in it:
     # rounds with and without it train the same weights.
     tpf_probe_every: int | None = Field(None, ge=1)
+    # calibration: the prompt source's calibration split; held_out: the evaluation's held-out questions (its own
+    # file where evaluation.source names another, e.g. GSM8K's test split; else the held-out hash split), for a
+    # learning curve on the questions the round is judged on. Nothing is chosen by the probe: it only reports.
+    tpf_probe_questions: Literal["calibration", "held_out"] = "calibration"
     tpf_probe_prompts: int = Field(4, ge=1)
     tpf_probe_tokens: int = Field(64, ge=1)
     tpf_probe_block_sizes: list[Annotated[int, Field(ge=1)]] = []

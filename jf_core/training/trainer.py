@@ -79,8 +79,8 @@ class TrainConfig:
 
     @classmethod
     def of(cls, t: JFTrainConfig, *, log_every: int = 10, compute_dtype: str = "float32") -> TrainConfig:
-        """The loop of the profile's training section; `compute_dtype` is the model's (a profile's model.dtype,
-        "auto" meaning fp32 on CPU and bf16 on CUDA)."""
+        """The loop of the profile's training section; `compute_dtype` as the round resolved it (training.compute_dtype,
+        or the model's dtype: "auto" meaning fp32 on CPU and bf16 on CUDA)."""
         return cls(
             compute_dtype=getattr(torch, compute_dtype),
             steps=t.steps,

@@ -294,6 +294,15 @@ def _render(cfg: PromptSourceConfig, row: dict, tokenizer) -> tuple[str | None, 
     return format_prompt(messages, tokenizer, chat_template=cfg.chat_template, system_prompt=cfg.system_prompt), None
 
 
+def held_out_source(prompts: PromptSourceConfig, source: str | None, split: str | None) -> PromptSourceConfig:
+    """Where held-out questions come from, rendered like the training prompts: `source` read whole where it names
+    another file than the prompts' (GSM8K's test split beside its train split: the dataset's own split, no hash),
+    else the prompt file's held-out hash `split` (default test). `source` and `split` are the evaluation's."""
+    if source and source != prompts.source:
+        return prompts.model_copy(update={"source": source, "hash_splits": None, "number_variants": 0})
+    return prompts.model_copy(update={"split": split or "test"})
+
+
 def calibration_prompts(source: PromptSourceConfig, tokenizer, n: int, split: str | None = None) -> list[list[int]]:
     """`n` calibration prompts (choosing n, autotuning) from the profile's prompt source, rendered like its training
     prompts: the `split` ("calib" for the embedded task, whose splits are disjoint; a file source has none and

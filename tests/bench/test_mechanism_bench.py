@@ -92,16 +92,3 @@ def test_a_variant_is_training_fields_or_sections():
     assert sectioned({"draft_lora": {"rank": 8}}) == {"training": {"draft_lora": {"rank": 8}}}
     both = {"training": {"lr": 1e-3}, "trajectory": {"kind": "synthetic"}}
     assert sectioned(both) == both and sectioned({}) == {"training": {}}
-
-
-def test_held_out_questions_come_from_the_evaluation_file_where_it_names_another(profile, tmp_path):
-    """GSM8K's train split trained on, its test split held out: `evaluation.source` read whole; with no other file,
-    the prompt file's held-out hash split."""
-    from bench.mechanism import held_out_source
-
-    prompts = profile.prompts.model_copy(update={"source": "train.jsonl", "hash_splits": {"train": 0.8, "test": 0.2}})
-    other = profile.evaluation.model_copy(update={"source": "test.jsonl"})
-    held = held_out_source(profile.model_copy(update={"prompts": prompts, "evaluation": other}))
-    assert held.source == "test.jsonl" and held.hash_splits is None
-    same = held_out_source(profile.model_copy(update={"prompts": prompts}))
-    assert same.source == "train.jsonl" and same.split == "test" and same.hash_splits == prompts.hash_splits

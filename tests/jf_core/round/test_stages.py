@@ -226,3 +226,63 @@ def test_a_rerun_reuses_every_stage_and_a_stage_made_again_remakes_the_ones_afte
     data = json.loads(markers["model"].read_text())  # a marker another version wrote: that stage and the rest
     markers["model"].write_text(json.dumps({**data, "field_of_another_version": 1}))
     assert made_again(third, run_round()) == ["model", "tune"]
+
+
+def test_training_computes_in_its_compute_dtype_and_writes_the_models(profile, tmp_path):
+    """`training.compute_dtype: bfloat16` under an fp32 model: training's matmuls run in bf16 (autocast), while the
+    model directory keeps the model's fp32 weights (the decoders stay exact). Unset ("model") it stays out of the
+    round's key, so rounds trained before it existed keep theirs."""
+    import torch
+    from safetensors.torch import load_file
+
+    from jf_core.round.collection import collect_in_process
+    from jf_core.round.paths import training_identity
+    from jf_core.round.stages import stage_pack, stage_train, stage_trajectories
+
+    storage = profile.storage.model_copy(update={"runs_dir": str(tmp_path)})
+    training = JFTrainConfig(steps=2, warmup_steps=1, batch_size=2, checkpoint_every=100)
+    p = profile.model_copy(update={"training": training, "storage": storage})
+    bf16 = p.model_copy(update={"training": training.model_copy(update={"compute_dtype": "bfloat16"})})
+    assert "compute_dtype" not in training_identity(p) and training_identity(bf16)["compute_dtype"] == "bfloat16"
+    assert round_paths(p, p.model.path).root != round_paths(bf16, p.model.path).root
+
+    def trained_in(prof) -> tuple[set, dict]:
+        seen: set = set()
+
+        def record(module, _args, output):
+            if isinstance(module, torch.nn.Linear) and torch.is_grad_enabled():  # training's forward, not probes'
+                seen.add(output.dtype)
+
+        paths = round_paths(prof, prof.model.path)
+        packed = stage_pack(prof, paths, stage_trajectories(prof, prof.model.path, paths, collect=collect_in_process))
+        handle = torch.nn.modules.module.register_module_forward_hook(record)
+        try:
+            stage_train(prof, prof.model.path, paths, packed, progress=False)
+        finally:
+            handle.remove()
+        return seen, load_file(str(paths.model / "model.safetensors"))
+
+    seen, weights = trained_in(bf16)
+    assert seen == {torch.bfloat16}
+    assert {w.dtype for w in weights.values()} == {torch.float32}
+    seen, weights = trained_in(p)
+    assert seen == {torch.float32} and {w.dtype for w in weights.values()} == {torch.float32}
+
+
+def test_the_tpf_probe_reads_the_held_out_questions_where_asked(profile, tmp_path):
+    """`training.tpf_probe_questions: held_out`: the probe's prompts are the evaluation's own file where it names one
+    (GSM8K's test split beside its train split), rendered like the training prompts; by default the calibration
+    split's."""
+    from jf_core.models import load_model
+    from jf_core.round.training import probe_prompts
+    from jf_core.toy.task import make_split
+
+    _, tok = load_model(profile.model.path)
+    rows = [{"id": e.uid, "prompt": e.prompt} for e in make_split("test", 6)]
+    (tmp_path / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    training = JFTrainConfig(tpf_probe_prompts=4, tpf_probe_questions="held_out")
+    evaluation = profile.evaluation.model_copy(update={"source": str(tmp_path / "test.jsonl")})
+    held = probe_prompts(profile.model_copy(update={"training": training, "evaluation": evaluation}), tok)
+    assert held == [tok(r["prompt"])["input_ids"] for r in rows[:4]]
+    calibration = probe_prompts(profile.model_copy(update={"training": JFTrainConfig(tpf_probe_prompts=4)}), tok)
+    assert len(calibration) == 4 and not set(map(tuple, calibration)) & set(map(tuple, held))

@@ -196,3 +196,16 @@ def test_number_variants_grow_the_train_split_only_and_inherit_their_source_spli
     assert "number_variants" not in base.identity() and grown.identity()["number_variants"] == 3
     with pytest.raises(ValueError, match="number_variants rewrites a text field"):
         PromptSourceConfig(source=str(FIXTURE), messages_field="messages", number_variants=2)
+
+
+def test_held_out_questions_come_from_the_evaluation_file_where_it_names_another():
+    """GSM8K's train split trained on, its test split held out: the evaluation's file read whole (no hash split,
+    no number variants); with no other file, the prompt file's held-out hash split."""
+    from jf_core.trajectory.prompts import held_out_source
+
+    prompts = PromptSourceConfig(source="train.jsonl", hash_splits={"train": 0.8, "test": 0.2}, number_variants=2)
+    held = held_out_source(prompts, "test.jsonl", None)
+    assert held.source == "test.jsonl" and held.hash_splits is None and held.number_variants == 0
+    same = held_out_source(prompts, None, None)
+    assert same.source == "train.jsonl" and same.split == "test" and same.hash_splits == prompts.hash_splits
+    assert held_out_source(prompts, "train.jsonl", "calib").split == "calib"
