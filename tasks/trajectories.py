@@ -25,7 +25,6 @@ from tqdm.auto import tqdm
 from jacobi_forcing.infra.ray_cluster import ray_session
 from jf_core.config import Profile
 from jf_core.round.collection import plan_shards
-from jf_core.round.paths import model_identity
 from jf_core.round.results import TrajectoriesResult
 from jf_core.trajectory.collect import CollectConfig
 from jf_core.trajectory.prompts import PromptItem
@@ -86,13 +85,10 @@ def generate_trajectories(
     """`on_shard(done, total)` is called as shards are committed (Prefect progress artifacts use it). The shards
     are jf_core/round/collection.py's plan, which the in-process collector shares."""
     from jacobi_forcing.tasks.model_package import resolve_model
-    from jf_core.models import ModelSpec
 
     started = time.perf_counter()
     model_path = resolve_model(profile.model.path, profile)
-    spec = ModelSpec(model_path, dtype=profile.model.dtype, device=profile.worker_device())
-    dtype = str(spec.resolved_dtype()).removeprefix("torch.")
-    plan = plan_shards(profile, model_path, model_identity(model_path), out, dtype)
+    plan = plan_shards(profile, model_path, out)
     generated_tokens, pool_seconds = 0, 0.0
     if plan.todo:
         generated_tokens, pool_seconds = _run_pool(

@@ -64,13 +64,17 @@ class ShardPlan:
         )
 
 
-def plan_shards(profile: Profile, model_path: str, model_hash: str, out: str | Path, dtype: str) -> ShardPlan:
-    """The profile's prompts in shards of `trajectory.shard_size`, each keyed; the store's meta written (the
-    numerics the fixed points are computed in, `dtype`, is what `jf trajectories verify` holds them to)."""
+def plan_shards(profile: Profile, model_path: str, out: str | Path) -> ShardPlan:
+    """The prompts of `profile` in shards of `trajectory.shard_size`, each keyed by the model at `model_path` (a
+    directory); the store's meta written (the dtype the profile computes the fixed points in on its worker device
+    is what `jf trajectories verify` holds them to)."""
     from transformers import AutoConfig, AutoTokenizer
 
-    from jf_core.models import check_tokenizer
+    from jf_core.models import ModelSpec, check_tokenizer
 
+    model_hash = model_identity(model_path)
+    spec = ModelSpec(model_path, dtype=profile.model.dtype, device=profile.worker_device())
+    dtype = str(spec.resolved_dtype()).removeprefix("torch.")
     trust = profile.model.trust_remote_code
     tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust)
     check_tokenizer(tokenizer, model_path)
@@ -122,12 +126,11 @@ def collect_in_process(
 ) -> TrajectoriesResult:
     """The store of `profile.model.path` (a directory) over the profile's prompts, made here with one model, shard
     after shard; a store left half made (a process that died) is finished, not begun again."""
-    from jf_core.models import ModelSpec, load_model
+    from jf_core.models import load_model
 
     started = time.perf_counter()
     path = profile.model.path
-    spec = ModelSpec(path, dtype=profile.model.dtype, device=profile.worker_device())
-    plan = plan_shards(profile, path, model_identity(path), out, str(spec.resolved_dtype()).removeprefix("torch."))
+    plan = plan_shards(profile, path, out)
     tokens, pool_started = 0, time.perf_counter()
     if plan.todo:
         model, tokenizer = load_model(path, **{**profile.model.decode_kwargs(), "device": profile.worker_device()})
