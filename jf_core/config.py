@@ -300,6 +300,11 @@ def parse_overrides(items: list[str]) -> dict[str, dict]:
             value = json.loads(raw)
         except json.JSONDecodeError:
             value = raw
+        if value is None:  # merge_overrides reads None as "not given": refused, not silently dropped
+            raise ValueError(
+                f"--set {item!r}: null cannot be set from the command line (an override of None leaves the field as "
+                "it is); set the field in a profile file instead"
+            )
         node = out
         for depth, key in enumerate(keys[:-1]):
             node = node.setdefault(key, {})

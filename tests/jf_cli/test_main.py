@@ -133,6 +133,8 @@ def test_set_overrides_parse_json_values_and_name_bad_ones():
         parse_overrides(["evaluation..prompts=4"])
     with pytest.raises(ValueError, match=r"evaluation\.tune was set to a value"):
         parse_overrides(["evaluation.tune=3", "evaluation.tune.prompts=4"])
+    with pytest.raises(ValueError, match=r"prompts\.hash_splits=null.*leaves the field as it is"):
+        parse_overrides(["prompts.hash_splits=null"])  # would be dropped by merge_overrides without a word
 
 
 def test_ablate_lists_its_catalog_and_refuses_bad_choices_before_any_work(capsys, tmp_path, monkeypatch):
