@@ -26,7 +26,6 @@ import shutil
 import statistics
 import sys
 import tempfile
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -52,16 +51,10 @@ def step_seconds(history: list[dict]) -> float:
 def train_on_records(profile, model_dir: str, records: list[dict], where: Path):
     """The round's packing and driver on `records`, in `where`, logging every step: (training's summary, the packed
     examples)."""
-    import pyarrow as pa
-
-    from jf_core.atomic import write_parquet_atomic
+    from jf_core.round.stages import pack_to
     from jf_core.round.training import train_round
-    from jf_core.training.noise import NoiseSchedule
-    from jf_core.training.packing import pack_records
 
-    t = profile.training
-    packed, _ = pack_records(records, NoiseSchedule.of(t), t.max_length)
-    write_parquet_atomic(where / "examples.parquet", pa.Table.from_pylist([asdict(e) for e in packed]))
+    packed, _ = pack_to(profile, records, where / "examples.parquet")
     summary = train_round(profile, model_dir, where / "examples.parquet", where / "checkpoints", where / "model",
                           device=torch.device("cpu"), log_every=1)  # fmt: skip
     return summary, packed

@@ -76,21 +76,29 @@ def stage_pack(
     )
 
 
-def _pack(profile: Profile, paths: RoundPaths) -> PackResult:
+def pack_to(profile: Profile, records: list[dict], out: Path, source: str = "the trajectories"):
+    """`records` packed as the profile's training packs them (its noise schedule, max length) and written to `out`
+    atomically: (the packed examples, the packing's stats). Packing nothing is an error naming `source`."""
     import pyarrow as pa
 
     from jf_core.atomic import write_parquet_atomic
-    from jf_core.training.noise import NoiseSchedule, ratio_profile
+    from jf_core.training.noise import NoiseSchedule
     from jf_core.training.packing import pack_records
+
+    packed, stats = pack_records(records, NoiseSchedule.of(profile.training), profile.training.max_length)
+    if not packed:
+        raise ValueError(f"packing {source} produced no examples (dropped: {dict(stats.dropped_blocks)})")
+    write_parquet_atomic(out, pa.Table.from_pylist([asdict(e) for e in packed]))
+    return packed, stats
+
+
+def _pack(profile: Profile, paths: RoundPaths) -> PackResult:
+    from jf_core.training.noise import NoiseSchedule, ratio_profile
     from jf_core.trajectory.store import TrajectoryStore
 
-    t = profile.training
     records = TrajectoryStore(paths.trajectories).read().to_pylist()
-    schedule = NoiseSchedule.of(t)
-    packed, stats = pack_records(records, schedule, t.max_length)
-    if not packed:
-        raise ValueError(f"packing {paths.trajectories} produced no examples (dropped: {dict(stats.dropped_blocks)})")
-    write_parquet_atomic(paths.examples, pa.Table.from_pylist([asdict(e) for e in packed]))
+    _, stats = pack_to(profile, records, paths.examples, str(paths.trajectories))
+    schedule = NoiseSchedule.of(profile.training)
     return PackResult(
         examples=stats.examples,
         blocks=stats.blocks,
