@@ -301,10 +301,7 @@ def parse_overrides(items: list[str]) -> dict[str, dict]:
         except json.JSONDecodeError:
             value = raw
         if value is None:  # merge_overrides reads None as "not given": refused, not silently dropped
-            raise ValueError(
-                f"--set {item!r}: null cannot be set from the command line (an override of None leaves the field as "
-                "it is); set the field in a profile file instead"
-            )
+            raise ValueError(f"--set {item!r}: null cannot be set here (an override of None leaves the field as it is)")
         node = out
         for depth, key in enumerate(keys[:-1]):
             node = node.setdefault(key, {})
