@@ -8,6 +8,7 @@ bottom: the model in fp32 masters, its examples, the wrapping for the strategy, 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
 
@@ -184,6 +185,7 @@ def tpf_probe(profile: Profile, model, tokenizer) -> Callable:
     autocast), in batches of the evaluation's batch size; TPF over all of them (tokens over forwards)."""
     from jf_core.decoding import JacobiConfig, jacobi_decode
     from jf_core.decoding.kv import decoding_attention
+    from jf_core.decoding.stats import DecodeStats
     from jf_core.models import stop_tokens
 
     t, e = profile.training, profile.evaluation
@@ -195,7 +197,7 @@ def tpf_probe(profile: Profile, model, tokenizer) -> Callable:
 
     def tpf(m, cfg: JacobiConfig) -> float:
         stats = [jacobi_decode(m, batch, cfg, stop=stop).stats for batch in batches]
-        return sum(s.new_tokens for s in stats) / sum(s.forwards for s in stats)
+        return functools.reduce(DecodeStats.merge, stats).tpf
 
     def probe(m) -> dict[str, float]:
         with torch.no_grad(), decoding_attention(m):
