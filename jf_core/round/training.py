@@ -141,7 +141,7 @@ def _hooks(profile: Profile, examples, model, tok, checkpoints: Path, distribute
         hooks.append(Measure(tpf_probe(profile, model, tok), Every(t.tpf_probe_every)))
     if t.onpolicy_every:  # draws new states into the pools; not after the last step, where nothing would use them
         hooks.append(Measure(on_policy(profile, examples, model, tok), Every(t.onpolicy_every, at_end=False)))
-    return [*hooks, Checkpoints(checkpoints, Every(t.every()))]
+    return [*hooks, Checkpoints(checkpoints, Every(t.every()), keep=t.keep_checkpoints)]
 
 
 def _ddp(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:

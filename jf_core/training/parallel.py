@@ -29,6 +29,11 @@ from jf_core.model_dir import save_checkpoint
 STATE = "trainer_state.json"
 
 
+def _complete(root: Path) -> list[Path]:
+    """The complete checkpoints under `root`, oldest first (step numbers are zero-padded: names sort as steps)."""
+    return sorted(p for p in Path(root).glob("step-*") if (p / STATE).is_file())
+
+
 class Parallel:
     """One process: nothing to reduce, checkpoints as safetensors + optimizer state."""
 
@@ -59,8 +64,13 @@ class Parallel:
 
     def latest_checkpoint(self, root: Path) -> Path | None:
         """The newest complete checkpoint (an incomplete one never has its final name)."""
-        done = sorted(p for p in Path(root).glob("step-*") if (p / STATE).is_file())
+        done = _complete(root)
         return done[-1] if done else None
+
+    def prune_checkpoints(self, root: Path, keep: int) -> None:
+        """All but the newest `keep` complete checkpoints deleted (one being written is not complete yet)."""
+        for old in _complete(root)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
 
     def save_checkpoint(
         self,

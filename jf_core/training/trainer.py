@@ -202,12 +202,14 @@ class Measure:
 class Checkpoints:
     """Weights, optimizer state, step and history under `directory`, written atomically when due; with `resume`,
     a run restarts from the latest complete one, its data stream fast-forwarded, so it reaches the same weights as
-    an uninterrupted run. `save_model`: how the checkpoint's model is written (a draft adapter's own file)."""
+    an uninterrupted run. `save_model`: how the checkpoint's model is written (a draft adapter's own file); `keep`:
+    the newest complete checkpoints kept, older ones deleted once a new one is complete (None: all)."""
 
     directory: Path
     when: Every
     save_model: Callable[[Path], None] | None = None
     resume: bool = True
+    keep: int | None = None
 
     def start(self, loop: Loop) -> None:
         found = loop.parallel.latest_checkpoint(self.directory) if self.resume else None
@@ -220,6 +222,8 @@ class Checkpoints:
         loop.parallel.save_checkpoint(
             self.directory, loop.step, loop.model, loop.optimizer, loop.history, self.save_model
         )
+        if self.keep is not None and loop.parallel.rank == 0:  # every worker's save is complete by now
+            loop.parallel.prune_checkpoints(self.directory, self.keep)
 
 
 # -- the loop -------------------------------------------------------------------------------------------------------

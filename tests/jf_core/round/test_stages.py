@@ -160,6 +160,8 @@ def test_the_train_stage_probes_tpf_against_steps_into_its_history_and_plot(prof
         update={"training": training.model_copy(update={"tpf_probe_every": None, "tpf_probe_block_sizes": []})}
     )
     assert round_dir(p, p.model.path) == round_dir(unprobed, p.model.path)
+    kept = p.model_copy(update={"training": training.model_copy(update={"keep_checkpoints": 5})})
+    assert round_dir(kept, p.model.path) == round_dir(p, p.model.path)  # how many checkpoints stay is not the model
     paths = RoundPaths(tmp_path / "round")
     collect = partial(generate_trajectories, progress=False)
     packed = stage_pack(p, paths, stage_trajectories(p, p.model.path, paths, collect=collect))
