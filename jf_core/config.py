@@ -125,7 +125,7 @@ class EvalConfig(StrictModel):
     # task and for hash-split files; other file sources have no splits: their first prompts); `tune.prompts` of them.
     calibration_split: str | None = None
     # With prompts.hash_splits: evaluate on the benchmark rows of the prompt file in this hash split only (held out
-    # from training and calibration by construction); `source` defaults to the prompt file.
+    # from training and calibration by construction); `source` defaults to the prompt file (another is read whole).
     split: str | None = None
     _splits: tuple[dict[str, float], str] | None = PrivateAttr(default=None)  # (fractions, text field), set by Profile
 
@@ -212,7 +212,8 @@ class Profile(StrictModel):
             raise ValueError(f"evaluation.split {e.split!r} is the training split (prompts.split): hold one out")
         if e.source is None:
             e.source = p.source
-        e._splits = (dict(p.hash_splits), p.text_field)
+        if e.source == p.source:  # another file is held out whole, as experiments read it (held_out_source)
+            e._splits = (dict(p.hash_splits), p.text_field)
         return self
 
     @model_validator(mode="after")

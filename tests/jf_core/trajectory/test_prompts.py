@@ -140,6 +140,7 @@ def test_the_evaluation_holds_out_its_hash_split_of_the_prompt_file(tok):
     a training or calibration prompt."""
     from jf_core.config import load_profile
     from jf_core.evaluation.evaluate import eval_set
+    from jf_core.evaluation.evaluate import held_out as held_out_filter
     from jf_core.trajectory.prompts import PromptFormat
 
     profile = load_profile(
@@ -152,6 +153,9 @@ def test_the_evaluation_holds_out_its_hash_split_of_the_prompt_file(tok):
     questions = {item.record["question"] for item in held_out.items}
     assert questions == _split(tok, "test")
     assert not questions & (_split(tok, "train") | _split(tok, "calib"))
+    # GSM8K's test file beside its train file: every row of it is held out, not only its "test" hash split.
+    other = load_profile("smollm2-135m", prompts={"source": str(FIXTURE)}, evaluation={"source": "test.jsonl"})
+    assert other.evaluation.split == "test" and held_out_filter(other.evaluation) is None
     with pytest.raises(ValueError, match="is the training split"):
         load_profile("smollm2-135m", evaluation={"split": "train"})
     with pytest.raises(ValueError, match=r"needs prompts\.hash_splits naming it"):
