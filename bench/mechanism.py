@@ -135,10 +135,18 @@ def main() -> int:
     ap.add_argument("--model", help="a model directory or a .gguf file (default: the profile's model)")
     ap.add_argument("--train", type=int, default=8, help="questions trained on (the prompts' train split)")
     ap.add_argument("--held-out", type=int, default=8, help="questions never trained on (the test split)")
+    ap.add_argument(
+        "--held-out-field",
+        help="the held-out file's text field, where it is not prompts.text_field (HumanEval's: prompt): questions of "
+        "another kind than the trained ones",
+    )
     ap.add_argument("--measure-trained", type=int, help="TPF on the first N trained questions (default: all)")
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument(
         "--more-block-sizes", type=int, nargs="+", default=[], help="plain Jacobi measured at these too (e.g. 32)"
+    )
+    ap.add_argument(
+        "--multiblock", action="store_true", help="multi-block decoding (K = 2, no recycling) measured at n too"
     )
     ap.add_argument("--batch-size", type=int, default=4, help="decode batch (TPF is per sequence)")
     ap.add_argument("--collect-batch-size", type=int, help="trajectory batch (default: --batch-size)")
@@ -176,7 +184,10 @@ def main() -> int:
     _, tok = load_model(model_dir, dtype="float32")
     train = load_prompts(profile.prompts, tok).items
     e = profile.evaluation
-    held_prompts = held_out_source(profile.prompts, e.source, e.split).model_copy(update={"limit": args.held_out})
+    field = {"text_field": args.held_out_field} if args.held_out_field else {}
+    held_prompts = held_out_source(profile.prompts, e.source, e.split).model_copy(
+        update={"limit": args.held_out, **field}
+    )
     held = load_prompts(held_prompts, tok).items
     (train_refs, held_refs), score = _scoring(profile, tok, train, held)
     sample = slice(0, args.measure_trained)
@@ -189,6 +200,7 @@ def main() -> int:
         draft_init=profile.trajectory.draft_init,
         score=score,
         more_block_sizes=tuple(args.more_block_sizes),
+        multiblock=args.multiblock,
     )
     out = Path(args.out)
     out.write_text("")

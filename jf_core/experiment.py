@@ -74,6 +74,7 @@ class SetFigures(BaseModel):
     accuracy: float | None = None  # the answers scored against the questions' rows (None: not scored)
     outputs: list[list[int]] = []  # greedy AR's new tokens, per question
     tpf_by_block_size: dict[str, float] = {}  # plain Jacobi's at every block size measured (more than one)
+    tpf_multiblock: float | None = None  # two blocks in flight (K = 2) at the first block size, where measured
 
 
 class Measured(StageResult):
@@ -126,6 +127,7 @@ class Measure:
     draft_init: str = "prompt_sample"
     score: Score | None = None
     more_block_sizes: tuple[int, ...] = ()  # plain Jacobi at these too (`SetFigures.tpf_by_block_size`)
+    multiblock: bool = False  # K = 2 at `block_size` too, no recycling (`SetFigures.tpf_multiblock`)
 
     @property
     def block_sizes(self) -> list[int]:
@@ -142,6 +144,8 @@ class Measure:
         }
         if len(self.block_sizes) > 1:  # a measurement of one size keeps the key it had before sizes were added
             what["block_sizes"] = self.block_sizes
+        if self.multiblock:  # likewise for one without K = 2
+            what["multiblock"] = True
         return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
     def model(self, model_path: str, device: str, base: Measured | None) -> Measured:
@@ -160,25 +164,29 @@ class Measure:
 
     def _set(self, model, stop, questions: Questions, base_outputs: list[list[int]] | None) -> SetFigures:
         from jf_core.evaluation.degeneracy import output_stats
-        from jf_core.evaluation.method import AR, jacobi
+        from jf_core.evaluation.method import AR, MULTIBLOCK, jacobi
         from jf_core.evaluation.methods import build_methods
         from jf_core.evaluation.speed import bench, first_divergence
 
         n, new = self.block_size, self.max_new_tokens
-        methods = build_methods(model, stop, new, block_sizes=self.block_sizes, draft_init=self.draft_init)
+        methods = build_methods(
+            model, stop, new, block_sizes=self.block_sizes, draft_init=self.draft_init,
+            variants_at=n if self.multiblock else None, variant_kinds=(MULTIBLOCK.kind,),
+        )  # fmt: skip
         refs, score = questions.references, self.score
         scorer = None if score is None or refs is None else (lambda i, seq: score(list(seq), refs[i]))
         rows = bench(methods, questions.prompts, batch_size=self.batch_size, warmup_prompts=0, reference=None,
                      scorer=scorer, keep_outputs=True)  # fmt: skip
         by_method = {r.method: r for r in rows}
         ar, plain = by_method[AR], {size: by_method[jacobi(size)] for size in self.block_sizes}
+        multi = by_method.get(MULTIBLOCK)
         outputs = ar.outputs
         base = base_outputs if base_outputs is not None else outputs
         kept = [len(a) if (d := first_divergence(b, a)) is None else d for a, b in zip(outputs, base, strict=True)]
         stats = output_stats(outputs, new, stop.eos)
         return SetFigures(
             tpf=plain[n].tpf,
-            identical_to_own_ar=min(r.identical_fraction for r in plain.values()),
+            identical_to_own_ar=min(r.identical_fraction for r in [*plain.values(), *([multi] if multi else [])]),
             identical_to_base=sum(a == b for a, b in zip(outputs, base, strict=True)) / len(outputs),
             repetition=stats["repetition"],
             mean_length=stats["mean_length"],
@@ -186,6 +194,7 @@ class Measure:
             accuracy=ar.accuracy,
             outputs=outputs,
             tpf_by_block_size={str(size): r.tpf for size, r in plain.items()} if len(plain) > 1 else {},
+            tpf_multiblock=multi.tpf if multi else None,
         )
 
 
@@ -303,9 +312,12 @@ def _seconds_before(history: list[dict], resumed_from: int) -> float:
 
 
 def _tpf(figures: SetFigures) -> str:
-    """The first block size's TPF, the others' after it: `1.578 (n32 1.688)`."""
+    """The first block size's TPF, the others' and K = 2's after it: `1.578 (n32 1.688, K2 1.602)`."""
     first, *more = figures.tpf_by_block_size.items() or [("", figures.tpf)]
-    return f"{first[1]:.3f}" + (" (" + ", ".join(f"n{n} {v:.3f}" for n, v in more) + ")" if more else "")
+    extra = [f"n{n} {v:.3f}" for n, v in more]
+    if figures.tpf_multiblock is not None:
+        extra.append(f"K2 {figures.tpf_multiblock:.3f}")
+    return f"{first[1]:.3f}" + (" (" + ", ".join(extra) + ")" if extra else "")
 
 
 def _share(value: float | None) -> str:

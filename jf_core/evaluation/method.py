@@ -62,6 +62,7 @@ AR = Method("ar")
 TUNED = Method("tuned")
 HF_GENERATE = Method("hf_generate")
 HF_PROMPT_LOOKUP = Method("hf_prompt_lookup")
+MULTIBLOCK = Method("multiblock")
 
 
 def jacobi(n: int, model: str | None = None) -> Method:

@@ -114,6 +114,10 @@ def prompt_seeds(prompts: Sequence[Sequence[int]]) -> list[int]:
     return [zlib.crc32(",".join(map(str, p)).encode()) for p in prompts]
 
 
+# Jacobi Forcing's decoding variants `build_methods` adds at one block size, in table order.
+VARIANT_KINDS = ("recycling", "multiblock", "recycling_multiblock")
+
+
 def build_methods(
     model: torch.nn.Module,
     stop: StopTokens,
@@ -131,14 +135,16 @@ def build_methods(
     prompt_lookup_tokens: int = 10,
     model_tag: str | None = None,
     draft_init: DraftInitName = "prompt_sample",
+    variant_kinds: Sequence[str] = VARIANT_KINDS,
 ) -> dict[Method, Decoder]:
     """One model's methods, in table order, each its `Method` on `model_tag`'s rows (a second model's: "jf"):
 
     - `hf_generate`, `hf_prompt_lookup` (with `hf`): HF's greedy search, and its prompt lookup (batch 1 only);
     - `ar` (unless `ar` is False): our AR, the baseline;
     - `jacobi` at each of `block_sizes`: plain Jacobi;
-    - `recycling`, `multiblock`, `recycling_multiblock` (with `variants_at` = n): Jacobi Forcing's decoding at n,
-      rejection recycling with seeded drafts, two blocks in flight, and both;
+    - `recycling`, `multiblock`, `recycling_multiblock` (with `variants_at` = n; those of them in
+      `variant_kinds`): Jacobi Forcing's decoding at n, rejection recycling with seeded drafts, two blocks in
+      flight, and both;
     - `tuned_kind` (with `tuned`): the model's tuned config, the model's default decode path: above
       `ar_above_batch` (its stored crossover) it runs AR; with `full_width` and an adaptive-width config, also
       the same config at full width (what adaptive width brings).
@@ -174,8 +180,8 @@ def build_methods(
             "multiblock": JFDecodeConfig(block_size=n, num_blocks=2, pool_size=0, max_new_tokens=new),
             "recycling_multiblock": JFDecodeConfig(block_size=n, seed_drafts=True, max_new_tokens=new),
         }
-        for kind, cfg in variants.items():
-            methods[Method(kind, model=model_tag)] = run(cfg)
+        for kind in variant_kinds:
+            methods[Method(kind, model=model_tag)] = run(variants[kind])
     if tuned is not None:
         own = replace(tuned, max_new_tokens=max_new_tokens)
         methods[Method(tuned_kind, model=model_tag)] = run(own, ar_above_batch)

@@ -70,6 +70,9 @@ class JFTrainConfig(BaseModel):
     window: int = Field(16, ge=1)  # w: blocks per noise window
     min_ratio: float = Field(0.0, ge=0, le=1)
     max_ratio: float = Field(1.0, ge=0, le=1)
+    # With a draft adapter either mask fits a decoder: clean_context is plain Jacobi's (the drafted block sees the
+    # base's committed cache), shipped is multi-block's (the next block is drafted on the chain of a block still in
+    # flight, which the adapter computed: in training the earlier noisy blocks, gated the same way).
     mask: Literal["shipped", "clean_context"] = "shipped"
     # Which draft state a block's noisy copy is: at_packing, the one state the schedule picked when packing (every
     # visit sees the same); each_visit, drawn again from all the block's recorded states each time its example is
@@ -163,7 +166,6 @@ class JFTrainConfig(BaseModel):
         if self.draft_lora is None:
             return self
         refused = {
-            "mask": (self.mask != "clean_context", "the adapter drafts on the base's clean cache: use clean_context"),
             "strategy": (self.strategy != "single", "the adapter trains in one process (strategy single)"),
             "activation_checkpointing": (
                 self.activation_checkpointing,

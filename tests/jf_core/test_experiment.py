@@ -116,9 +116,10 @@ def test_a_draft_adapter_raises_tpf_and_keeps_the_base_text_by_construction(prof
     assert written.keys() == given.keys() and all(torch.equal(written[k], given[k]) for k in given)
 
     # The seed's progressive round on the adapter: round 2 collects its trajectories with round 1's model (the adapter
-    # drafting) at another block size and trains on from it; measured at both sizes, its text still the base's.
+    # drafting) at another block size and trains on from it; measured at both sizes and with two blocks in flight
+    # (the adapter drafting the next block on the chain of one still in flight), its text still the base's.
     two = Measure(trained=Questions(trained), held_out=Questions(held), block_size=8, max_new_tokens=16,
-                  more_block_sizes=(4,))  # fmt: skip
+                  more_block_sizes=(4,), multiblock=True)  # fmt: skip
     progressive = {"r1": {"training": lora}, "r2": {"from": "r1", "training": lora, "trajectory": {"block_size": 4}}}
     _, r1, r2 = run_experiment(bf16, p.model.path, progressive, two, collect=collect_in_process)
     assert r1.model == drafted.model  # the same round as above: read back, not trained again
@@ -128,6 +129,7 @@ def test_a_draft_adapter_raises_tpf_and_keeps_the_base_text_by_construction(prof
     for part in (r2.trained, r2.held_out):
         assert part.identical_to_base == 1.0 and part.identical_to_own_ar == 1.0
     assert r2.trajectories["blocks"] > 0 and "| r2 | " in table([r1, r2]) and "(n4 " in table([r2])
+    assert r2.held_out.tpf_multiblock >= 1.0 and ", K2 " in table([r2]) and measure.key() != two.key()
     with pytest.raises(ValueError, match="'r0', which is not an earlier variant"):
         run_experiment(bf16, p.model.path, {"r2": {"from": "r0", "training": lora}}, two, collect=collect_in_process)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -407,11 +408,13 @@ def test_base_kl_needs_its_base_and_one_process():
     )
 
 
-def test_a_draft_adapter_sees_in_one_pass_what_it_drafts_on_in_decoding():
-    """Under clean_context with the packed draft gate, each noisy block's logits are those of a separate forward over
-    [prompt][fixed points before it][its state] with the adapter on the state's drafted tokens only (the decoder's
-    draft chain: the base's cache and window root, the adapter on the rest); the clean copies are the base's. Only
-    the adapter learns."""
+@pytest.mark.parametrize("mask", ["clean_context", "shipped"])
+def test_a_draft_adapter_sees_in_one_pass_what_it_drafts_on_in_decoding(mask):
+    """With the packed draft gate, each noisy block's logits are those of a separate forward over [prompt][what
+    comes before it][its state], the adapter on the drafted tokens only: under clean_context the fixed points before
+    it (plain Jacobi's chain: the base's cache and window root, the adapter on the rest); under the shipped mask the
+    noisy states before it, drafted by the adapter too (multi-block's chain, whose next block is drafted on a block
+    still in flight). The clean copies are the base's. Only the adapter learns."""
     from jf_core.draft_adapter.adapter import attach_draft_adapter, gated
     from jf_core.training.losses import _forward_kwargs
     from jf_core.training.packing import draft_positions
@@ -426,16 +429,17 @@ def test_a_draft_adapter_sees_in_one_pass_what_it_drafts_on_in_decoding():
     ex.noisy[1][1] = ex.clean[1][1]  # block 1 agrees with its fixed point through offset 1
     n0, n1 = ex.noisy_start(0), ex.noisy_start(1)
     assert draft_positions(ex) == [n0 + 1, n0 + 2, n0 + 3, n1 + 2, n1 + 3]
-    batch = collate([ex], PAD, "clean_context")
+    batch = collate([ex], PAD, mask)
     with torch.no_grad(), gated(model, batch["draft_gate"]):
-        one_pass = model(**_forward_kwargs(model, batch, "clean_context")).logits[0]
+        one_pass = model(**_forward_kwargs(model, batch, mask)).logits[0]
     p = len(ex.prompt)
     for j in range(ex.num_blocks):
-        seq = ex.prompt + [t for c in ex.clean[:j] for t in c] + ex.noisy[j]
+        before, drafted = (ex.clean[:j], [j]) if mask == "clean_context" else (ex.noisy[:j], range(j + 1))
+        seq = ex.prompt + [t for c in before for t in c] + ex.noisy[j]
         gate = torch.zeros(1, len(seq))
-        for pos in draft_positions(ex):
-            if ex.noisy_start(j) <= pos < ex.noisy_start(j) + ex.n:
-                gate[0, p + j * ex.n + pos - ex.noisy_start(j)] = 1.0
+        for pos, i in itertools.product(draft_positions(ex), drafted):
+            if ex.noisy_start(i) <= pos < ex.noisy_start(i) + ex.n:
+                gate[0, p + i * ex.n + pos - ex.noisy_start(i)] = 1.0
         with torch.no_grad(), gated(model, gate):
             alone = model(input_ids=torch.tensor([seq])).logits[0]
         torch.testing.assert_close(one_pass[ex.noisy_start(j) : ex.noisy_start(j) + ex.n], alone[-ex.n :])
@@ -444,7 +448,7 @@ def test_a_draft_adapter_sees_in_one_pass_what_it_drafts_on_in_decoding():
             clean_alone = base(input_ids=torch.tensor([clean_seq])).logits[0]
         torch.testing.assert_close(one_pass[ex.clean_start(j) : ex.clean_start(j) + ex.n], clean_alone[-ex.n :])
 
-    loss, _ = JacobiForcingObjective(JFLossConfig(), "clean_context", lean=True)(model, batch)
+    loss, _ = JacobiForcingObjective(JFLossConfig(), mask, lean=True)(model, batch)
     loss.backward()
     assert all(p.grad is None for name, p in model.named_parameters() if not name.startswith("jf_draft_adapter."))
     assert all(b.grad is not None and b.grad.abs().sum() > 0 for b in adapter.b.values())
@@ -453,7 +457,6 @@ def test_a_draft_adapter_sees_in_one_pass_what_it_drafts_on_in_decoding():
 @pytest.mark.parametrize(
     ("fields", "named"),
     [
-        ({"mask": "shipped"}, "training.mask"),
         ({"mask": "clean_context", "strategy": "ddp"}, "training.strategy"),
         ({"mask": "clean_context", "activation_checkpointing": True}, "training.activation_checkpointing"),
         ({"mask": "clean_context", "base_kl_weight": 1.0}, "training.base_kl_weight"),
@@ -465,6 +468,7 @@ def test_a_draft_adapter_refuses_what_would_train_it_wrong_by_name(fields, named
     with pytest.raises(ValueError, match=f"training.draft_lora with {named}"):
         JFTrainConfig(draft_lora={"rank": 8}, **fields)
     JFTrainConfig(draft_lora={"rank": 8}, mask="clean_context")
+    JFTrainConfig(draft_lora={"rank": 8}, mask="shipped")  # multi-block's mask (issue 50, item 5)
     with pytest.raises(ValueError, match=r"draft_lora\.rank"):  # the section's own fields are checked by name
         JFTrainConfig(draft_lora={"rank": 0}, mask="clean_context")
     with pytest.raises(ValueError, match=r"one section now: training\.draft_lora: \{rank: 16, alpha: 32\}"):
