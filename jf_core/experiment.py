@@ -27,6 +27,9 @@ Where the experiments live: this module (the run, its rows, the measurement); `b
 `tasks/experiment_runs.py`, the rows in MLflow; `jf_core/evaluation/growth.py`, the fits of TPF against training
 tokens; its sibling `jf_core/ablation.py` (the `jf-ablate` flow): variants at equal compute over seeds, scored on
 the profile's benchmark.
+
+Why one module of 360 lines: a variant's run, its measurement and its row are keyed by one identity (the variant's
+round directory and the measurement's marker in it); the table is the rows' only reader.
 """
 
 from __future__ import annotations
