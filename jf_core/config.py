@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, create_model, fi
 from jf_core.paths import jf_home
 from jf_core.training.config import JFTrainConfig
 from jf_core.trajectory.config import TrajectoryConfig
-from jf_core.trajectory.prompts import PromptSourceConfig
+from jf_core.trajectory.prompts import PromptSourceConfig, held_out_whole
 
 PROFILES_DIR = Path(__file__).parent / "profiles"
 
@@ -212,7 +212,7 @@ class Profile(StrictModel):
             raise ValueError(f"evaluation.split {e.split!r} is the training split (prompts.split): hold one out")
         if e.source is None:
             e.source = p.source
-        if e.source == p.source:  # another file is held out whole, as experiments read it (held_out_source)
+        if not held_out_whole(p, e.source):
             e._splits = (dict(p.hash_splits), p.text_field)
         return self
 

@@ -183,13 +183,14 @@ class Measure:
         by_method = {r.method: r for r in rows}
         ar, plain = by_method[AR], {size: by_method[jacobi(size)] for size in self.block_sizes}
         multi = by_method.get(MULTIBLOCK)
+        parallel = [*plain.values(), *([multi] if multi else [])]  # every decoder that must give AR's text
         outputs = ar.outputs
         base = base_outputs if base_outputs is not None else outputs
         kept = [len(a) if (d := first_divergence(b, a)) is None else d for a, b in zip(outputs, base, strict=True)]
         stats = output_stats(outputs, new, stop.eos)
         return SetFigures(
             tpf=plain[n].tpf,
-            identical_to_own_ar=min(r.identical_fraction for r in [*plain.values(), *([multi] if multi else [])]),
+            identical_to_own_ar=min(r.identical_fraction for r in parallel),
             identical_to_base=sum(a == b for a, b in zip(outputs, base, strict=True)) / len(outputs),
             repetition=stats["repetition"],
             mean_length=stats["mean_length"],

@@ -294,11 +294,16 @@ def _render(cfg: PromptSourceConfig, row: dict, tokenizer) -> tuple[str | None, 
     return format_prompt(messages, tokenizer, chat_template=cfg.chat_template, system_prompt=cfg.system_prompt), None
 
 
+def held_out_whole(prompts: PromptSourceConfig, source: str | None) -> bool:
+    """Whether the held-out `source` is read whole: it names another file than the prompts' (GSM8K's test split
+    beside its train split: the dataset's own split, no hash). Else the prompt file's held-out hash split is."""
+    return bool(source) and source != prompts.source
+
+
 def held_out_source(prompts: PromptSourceConfig, source: str | None, split: str | None) -> PromptSourceConfig:
-    """Where held-out questions come from, rendered like the training prompts: `source` read whole where it names
-    another file than the prompts' (GSM8K's test split beside its train split: the dataset's own split, no hash),
+    """Where held-out questions come from, rendered like the training prompts: `source` whole (`held_out_whole`),
     else the prompt file's held-out hash `split` (default test). `source` and `split` are the evaluation's."""
-    if source and source != prompts.source:
+    if held_out_whole(prompts, source):
         return prompts.model_copy(update={"source": source, "hash_splits": None, "number_variants": 0})
     return prompts.model_copy(update={"split": split or "test"})
 
