@@ -3,9 +3,10 @@ DDP or FSDP2 over torch.distributed). The loop (trainer.py) is the same; these s
 reduced across workers, when gradients synchronise, how the gradient norm is taken, and how checkpoints are kept.
 
 Checkpoints are directories `step-<N>` under the checkpoint root, written under a temporary name and renamed, so a
-reader never sees half of one. One process: safetensors weights + the optimizer state. Distributed:
-torch.distributed.checkpoint (each worker writes its own shards; a resumed run may even have another worker count),
-plus `trainer_state.json` written by rank 0 last.
+reader never sees half of one. One process: the weights training changes as safetensors (a draft adapter's own,
+not the frozen base it drafts for: that is the run's input model, loaded before a resume) + the optimizer state.
+Distributed: torch.distributed.checkpoint (each worker writes its own shards; a resumed run may even have another
+worker count), plus `trainer_state.json` written by rank 0 last.
 
 Launch (Ray Train does this in tasks/train_distributed.py; by hand for a quick look):
 
@@ -18,7 +19,7 @@ import contextlib
 import json
 import os
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -27,6 +28,22 @@ from jf_core.checksums import verify, write_manifest
 from jf_core.model_dir import save_checkpoint
 
 STATE = "trainer_state.json"
+WEIGHTS = "model.safetensors"
+
+
+def _trained_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's state without its frozen parameters, each shared tensor once (tied embeddings: the LM head is
+    the embedding), on the CPU: what a checkpoint must hold to resume the run."""
+    frozen = {n for n, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
+    out: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for name, tensor in model.state_dict().items():
+        storage = tensor.data_ptr() if tensor.numel() else id(tensor)  # empty tensors share address 0
+        if name in frozen or storage in seen:
+            continue
+        seen.add(storage)
+        out[name] = tensor.detach().cpu().contiguous()
+    return out
 
 
 def _complete(root: Path) -> list[Path]:
@@ -73,19 +90,16 @@ class Parallel:
             shutil.rmtree(old, ignore_errors=True)
 
     def save_checkpoint(
-        self,
-        root: Path,
-        step: int,
-        model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
-        history: list[dict],
-        save_model: Callable[[Path], None] | None = None,
+        self, root: Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, history: list[dict]
     ) -> None:
+        from safetensors.torch import save_file
+
         extra = {STATE: json.dumps({"step": step, "history": history})}
+        weights = _trained_weights(model)
 
         class _WithOptimizer:
             def save_pretrained(self, path, **kwargs):
-                (save_model or (lambda p: model.save_pretrained(p, safe_serialization=True)))(Path(path))
+                save_file(weights, str(Path(path) / WEIGHTS))
                 torch.save(optimizer.state_dict(), Path(path) / "optimizer.pt")
 
         save_checkpoint(_WithOptimizer(), Path(root) / f"step-{step:08d}", extra_files=extra)
@@ -96,10 +110,12 @@ class Parallel:
         from safetensors.torch import load_file
 
         verify(path)  # a corrupted checkpoint is refused by name, never resumed from
-        weights = load_file(str(path / "model.safetensors"))
+        weights = load_file(str(path / WEIGHTS))
         missing, unexpected = model.load_state_dict(weights, strict=False)
-        # Tied embeddings are saved once; anything else missing means the checkpoint is not this model's.
-        if unexpected or any("lm_head" not in k for k in missing):
+        # Frozen weights are the input model's and tied embeddings are saved once (a checkpoint written whole, before
+        # checkpoints held the trained weights only, loads too); anything else missing means another model's.
+        frozen = {n for n, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
+        if unexpected or any(k not in frozen and "lm_head" not in k for k in missing):
             raise ValueError(f"checkpoint {path} does not match the model: missing {missing}, unexpected {unexpected}")
         optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
         state = json.loads((path / STATE).read_text())
@@ -150,7 +166,7 @@ class Distributed(Parallel):
 
         dist.barrier()
 
-    def save_checkpoint(self, root, step, model, optimizer, history, save_model=None) -> None:
+    def save_checkpoint(self, root, step, model, optimizer, history) -> None:
         import torch.distributed as dist
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict

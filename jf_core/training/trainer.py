@@ -202,12 +202,11 @@ class Measure:
 class Checkpoints:
     """Weights, optimizer state, step and history under `directory`, written atomically when due; with `resume`,
     a run restarts from the latest complete one, its data stream fast-forwarded, so it reaches the same weights as
-    an uninterrupted run. `save_model`: how the checkpoint's model is written (a draft adapter's own file); `keep`:
-    the newest complete checkpoints kept, older ones deleted once a new one is complete (None: all)."""
+    an uninterrupted run. `keep`: the newest complete checkpoints kept, older ones deleted once a new one is complete
+    (None: all)."""
 
     directory: Path
     when: Every
-    save_model: Callable[[Path], None] | None = None
     resume: bool = True
     keep: int | None = None
 
@@ -219,9 +218,7 @@ class Checkpoints:
                 next(loop.batches)
 
     def __call__(self, loop: Loop) -> None:
-        loop.parallel.save_checkpoint(
-            self.directory, loop.step, loop.model, loop.optimizer, loop.history, self.save_model
-        )
+        loop.parallel.save_checkpoint(self.directory, loop.step, loop.model, loop.optimizer, loop.history)
         if self.keep is not None and loop.parallel.rank == 0:  # every worker's save is complete by now
             loop.parallel.prune_checkpoints(self.directory, self.keep)
 

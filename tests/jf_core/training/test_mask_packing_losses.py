@@ -498,9 +498,13 @@ def test_the_trainer_steps_the_adapter_alone_under_bf16_autocast():
 
 
 def test_an_adapter_run_resumes_from_its_checkpoint_to_the_same_adapter(tmp_path):
-    """A checkpoint holds the adapter (and its optimizer state): a run that died resumes, on a fresh model with a
-    fresh adapter, to the adapter an uninterrupted run reaches."""
-    from jf_core.draft_adapter.adapter import attach_draft_adapter
+    """A checkpoint holds the adapter and its optimizer state, not the frozen base (the run's input model, loaded
+    before a resume; a 135M base made every checkpoint 570 MB): a run that died resumes, on a fresh model with a
+    fresh adapter, to the adapter an uninterrupted run reaches. A model that trains other weights is refused it."""
+    from safetensors.torch import load_file
+
+    from jf_core.draft_adapter.adapter import ATTRIBUTE, attach_draft_adapter
+    from jf_core.training.parallel import Parallel
     from jf_core.training.jf_data import jf_batches
     from jf_core.training.trainer import Checkpoints, Every, TrainConfig, train
 
@@ -523,6 +527,13 @@ def test_an_adapter_run_resumes_from_its_checkpoint_to_the_same_adapter(tmp_path
 
     with pytest.raises(KeyboardInterrupt):
         run(0, hooks=[Checkpoints(tmp_path, Every(3))], on_log=crash_after_5)
+    (checkpoint,) = tmp_path.glob("step-*")
+    held = load_file(str(checkpoint / "model.safetensors"))
+    trained = {n for n, p in straight.named_parameters() if p.requires_grad}
+    assert set(held) == trained and all(n.startswith(ATTRIBUTE) for n in held)
     resumed = run(1, hooks=[Checkpoints(tmp_path, Every(3))])
     for (name, a), (_, b) in zip(straight.state_dict().items(), resumed.state_dict().items(), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6, msg=name)
+    whole = TINY_MODELS["qwen2"]()  # trains every weight: the adapter's checkpoint lacks all of them
+    with pytest.raises(ValueError, match="does not match the model"):
+        Parallel().load_checkpoint(checkpoint, whole, torch.optim.AdamW(whole.parameters()))
