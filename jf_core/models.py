@@ -129,6 +129,8 @@ def load_model(path: str | ModelSpec, **overrides):
         raise ModelLoadError(f"{spec.path!r}: {err}") from err
     if spec.lm_head_fp32:
         upcast_lm_head(model)
+    else:
+        slice_lm_head(model)  # a window's logits by slices of the vocabulary on a CPU (head_logits)
     tokenizer = AutoTokenizer.from_pretrained(location, trust_remote_code=spec.trust_remote_code)
     check_tokenizer(tokenizer, spec.path)
     if tokenizer.pad_token_id is None:
@@ -143,6 +145,45 @@ def load_model(path: str | ModelSpec, **overrides):
     return model, tokenizer
 
 
+# A window's logits on a CPU: for a few rows against a large vocabulary MKL's sgemm is slow (SmolLM2's 49,152 x 576
+# head: 33 ms for 11 rows against 10 ms for one, 2026-11-29, 2 threads) where the same rows against 2,048-row slices
+# of the head, one after another, take 13-14 ms. Each logit is the same dot product either way (bit for bit: tests/
+# jf_core/test_models.py). From 2 to 64 rows the slices were faster at every count measured; past that MKL's own
+# blocking is as good, and one row (AR's step) is a matrix-vector product already at memory speed.
+VOCAB_SLICE = 2048
+SLICED_ROWS = 64
+
+
+def head_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`F.linear(hidden, weight, bias)`, by slices of the vocabulary where that is faster (above)."""
+    rows = hidden.numel() // hidden.shape[-1]
+    if hidden.device.type != "cpu" or not 1 < rows <= SLICED_ROWS or weight.shape[0] <= VOCAB_SLICE:
+        return torch.nn.functional.linear(hidden, weight, bias)
+    weights = weight.split(VOCAB_SLICE)
+    biases = bias.split(VOCAB_SLICE) if bias is not None else [None] * len(weights)
+    return torch.cat([torch.nn.functional.linear(hidden, w, b) for w, b in zip(weights, biases, strict=True)], -1)
+
+
+class SlicedLMHead(torch.nn.Module):
+    """The model's own LM head (its weight and bias: tied to the embedding where they were), by `head_logits`."""
+
+    def __init__(self, head: torch.nn.Module) -> None:
+        super().__init__()
+        self.weight = head.weight
+        self.bias = getattr(head, "bias", None)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return head_logits(hidden, self.weight, self.bias)
+
+
+def slice_lm_head(model: torch.nn.Module) -> torch.nn.Module:
+    """The model's LM head computing its logits by `head_logits` (a model on a CPU: `load_model` does it)."""
+    head = model.get_output_embeddings()
+    if isinstance(head, torch.nn.Linear):
+        model.set_output_embeddings(SlicedLMHead(head))
+    return model
+
+
 class Fp32LMHead(torch.nn.Module):
     """An LM head computing logits in fp32 from a low-precision model's last hidden state."""
 
@@ -153,7 +194,7 @@ class Fp32LMHead(torch.nn.Module):
         self.bias = None if bias is None else torch.nn.Parameter(bias.detach().float(), requires_grad=False)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.linear(hidden.float(), self.weight, self.bias)
+        return head_logits(hidden.float(), self.weight, self.bias)
 
 
 def upcast_lm_head(model: torch.nn.Module) -> torch.nn.Module:

@@ -148,3 +148,44 @@ def test_one_device_rule_for_a_process_and_one_for_a_ray_worker():
     assert tiny.worker_device() == ("cpu" if tiny.model.device == "auto" else tiny.model.device)
     gpus = load_profile("tiny", compute={"gpus_per_worker": 1})
     assert gpus.worker_device() == "cuda"
+
+
+def test_a_window_s_logits_on_a_cpu_come_by_slices_of_the_vocabulary_and_are_the_heads_own(tmp_path):
+    """`load_model` computes a window's logits against 2,048-row slices of the LM head on a CPU (MKL's one matmul is
+    up to 3x slower there for a few rows against a large vocabulary): each logit is the same dot product, so the
+    logits are the whole head's bit for bit at every row count, in batches, with the weight still tied to the
+    embedding, and a backward through the slices gives the whole head's gradients (to rounding)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from jf_core.models import VOCAB_SLICE, SlicedLMHead
+
+    tok = save_tiny(tmp_path)
+    config = Qwen2Config(vocab_size=5000, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)  # fmt: skip
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(config).save_pretrained(tmp_path)
+    model, _ = load_model(str(tmp_path))
+    head = model.get_output_embeddings()
+    assert isinstance(head, SlicedLMHead) and config.vocab_size > 2 * VOCAB_SLICE
+    assert head.weight is model.get_input_embeddings().weight  # still tied
+    hidden_states = []
+    model.model.register_forward_hook(lambda _m, _a, out: hidden_states.append(out.last_hidden_state))
+    for batch, rows in [(1, 1), (1, 2), (1, 11), (1, 31), (2, 16), (1, 64), (1, 65), (3, 40)]:
+        ids = torch.randint(2, len(tok), (batch, rows))
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits
+        whole = torch.nn.functional.linear(hidden_states[-1], head.weight)
+        assert torch.equal(logits, whole), (batch, rows)
+
+    linear = torch.nn.Linear(64, 5000)  # a head with a bias, trained through the slices: the whole head's gradients
+    sliced = SlicedLMHead(linear)  # the same parameters
+    hidden = torch.randn(11, 64, requires_grad=True)
+    grads = []
+    for form in (linear, sliced):
+        form(hidden).square().sum().backward()
+        grads.append([t.grad.clone() for t in (hidden, linear.weight, linear.bias)])
+        for t in (hidden, linear.weight, linear.bias):
+            t.grad = None
+    for got, want in zip(*grads, strict=True):  # the hidden state's sum over the vocabulary adds slice by slice
+        torch.testing.assert_close(got, want, rtol=2e-5, atol=1e-6)

@@ -504,8 +504,8 @@ def test_an_adapter_run_resumes_from_its_checkpoint_to_the_same_adapter(tmp_path
     from safetensors.torch import load_file
 
     from jf_core.draft_adapter.adapter import ATTRIBUTE, attach_draft_adapter
-    from jf_core.training.parallel import Parallel
     from jf_core.training.jf_data import jf_batches
+    from jf_core.training.parallel import Parallel
     from jf_core.training.trainer import Checkpoints, Every, TrainConfig, train
 
     examples = _random_examples(4, ((3, 2), (5, 3)))
