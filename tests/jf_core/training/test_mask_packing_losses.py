@@ -500,12 +500,16 @@ def test_the_trainer_steps_the_adapter_alone_under_bf16_autocast():
 def test_an_adapter_run_resumes_from_its_checkpoint_to_the_same_adapter(tmp_path):
     """A checkpoint holds the adapter and its optimizer state, not the frozen base (the run's input model, loaded
     before a resume; a 135M base made every checkpoint 570 MB): a run that died resumes, on a fresh model with a
-    fresh adapter, to the adapter an uninterrupted run reaches. A model that trains other weights is refused it."""
-    from safetensors.torch import load_file
+    fresh adapter, to the adapter an uninterrupted run reaches; so does one from a checkpoint written whole, as they
+    were before. A model that trains other weights is refused the adapter's."""
+    import shutil
 
+    from safetensors.torch import load_file, save_file
+
+    from jf_core.checksums import write_manifest
     from jf_core.draft_adapter.adapter import ATTRIBUTE, attach_draft_adapter
     from jf_core.training.jf_data import jf_batches
-    from jf_core.training.parallel import Parallel
+    from jf_core.training.parallel import Parallel, _trained_weights
     from jf_core.training.trainer import Checkpoints, Every, TrainConfig, train
 
     examples = _random_examples(4, ((3, 2), (5, 3)))
@@ -537,3 +541,12 @@ def test_an_adapter_run_resumes_from_its_checkpoint_to_the_same_adapter(tmp_path
     whole = TINY_MODELS["qwen2"]()  # trains every weight: the adapter's checkpoint lacks all of them
     with pytest.raises(ValueError, match="does not match the model"):
         Parallel().load_checkpoint(checkpoint, whole, torch.optim.AdamW(whole.parameters()))
+
+    # A checkpoint written whole, as they were before (the frozen base's weights beside the adapter's), resumes too.
+    old = tmp_path / "written_whole" / checkpoint.name
+    shutil.copytree(checkpoint, old)
+    save_file({**_trained_weights(TINY_MODELS["qwen2"]()), **held}, str(old / "model.safetensors"))
+    write_manifest(old)
+    again = run(1, hooks=[Checkpoints(old.parent, Every(3))])
+    for (name, a), (_, b) in zip(straight.state_dict().items(), again.state_dict().items(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6, msg=name)
