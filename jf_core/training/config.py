@@ -34,7 +34,8 @@ class JFTrainConfig(BaseModel):
     cpu_offload: bool = False  # fsdp2: fp32 masters, gradients and AdamW state in host memory (one small GPU)
     checkpoint_every: int | None = Field(None, ge=1)  # steps between resumable checkpoints; None: a tenth of the run
     # The newest checkpoints kept while a run trains (older ones go as each new one is complete; the round deletes
-    # the rest once its model is saved): a 3e6-token adapter run at checkpoint_every 100 writes 54 of 570 MB.
+    # the rest once its model is saved): a 3e6-token run at checkpoint_every 100 writes 54, each of them a whole
+    # model's size where the whole model trains.
     keep_checkpoints: int = Field(2, ge=1)
     lean_loss: bool = True  # the LM head on loss positions only, in chunks (losses.py); False: full logits
     loss_chunk: int = Field(1024, ge=1)  # LM-head rows per chunk

@@ -31,10 +31,15 @@ STATE = "trainer_state.json"
 WEIGHTS = "model.safetensors"
 
 
+def _frozen(model: torch.nn.Module) -> set[str]:
+    """Every name of a parameter training leaves as it is (a draft adapter's base), tied names included."""
+    return {n for n, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
+
+
 def _trained_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The model's state without its frozen parameters, each shared tensor once (tied embeddings: the LM head is
     the embedding), on the CPU: what a checkpoint must hold to resume the run."""
-    frozen = {n for n, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
+    frozen = _frozen(model)
     out: dict[str, torch.Tensor] = {}
     seen: set[int] = set()
     for name, tensor in model.state_dict().items():
@@ -114,7 +119,7 @@ class Parallel:
         missing, unexpected = model.load_state_dict(weights, strict=False)
         # Frozen weights are the input model's and tied embeddings are saved once (a checkpoint written whole, before
         # checkpoints held the trained weights only, loads too); anything else missing means another model's.
-        frozen = {n for n, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
+        frozen = _frozen(model)
         if unexpected or any(k not in frozen and "lm_head" not in k for k in missing):
             raise ValueError(f"checkpoint {path} does not match the model: missing {missing}, unexpected {unexpected}")
         optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
