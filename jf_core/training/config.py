@@ -39,6 +39,10 @@ class JFTrainConfig(BaseModel):
     keep_checkpoints: int = Field(2, ge=1)
     lean_loss: bool = True  # the LM head on loss positions only, in chunks (losses.py); False: full logits
     loss_chunk: int = Field(1024, ge=1)  # LM-head rows per chunk
+    # A draft adapter's training: the positions that do not depend on the adapter (prompt, clean copies) run once
+    # without autograd as a KV cache, the drafted ones with autograd over it (context_cache.py); False: one packed
+    # forward through every position. The same losses and gradients either way.
+    context_cache: bool = True
     steps: int = Field(600, ge=1)
     lr: float = Field(1e-3, gt=0)
     warmup_steps: int = Field(30, ge=0)

@@ -253,13 +253,19 @@ class JacobiForcingObjective:
     with the ordinary causal LM loss."""
 
     def __init__(
-        self, cfg: JFLossConfig, mask_variant: str = "shipped", lean: bool = True, base: torch.nn.Module | None = None
+        self,
+        cfg: JFLossConfig,
+        mask_variant: str = "shipped",
+        lean: bool = True,
+        base: torch.nn.Module | None = None,
+        context_cache: bool = True,
     ) -> None:
         if cfg.base_kl_weight and base is None:
             raise ValueError("base_kl_weight > 0 needs the frozen base model (JacobiForcingObjective's `base`)")
         self.cfg = cfg
         self.mask_variant = mask_variant
         self.lean = lean
+        self.context_cache = context_cache  # a draft adapter's context once, without autograd (context_cache.py)
         self.base = base.requires_grad_(False).eval() if base is not None else None
 
     @classmethod
@@ -274,7 +280,7 @@ class JacobiForcingObjective:
             chunk=t.loss_chunk,
             base_kl_weight=t.base_kl_weight,
         )
-        return cls(loss, t.mask, lean=t.lean_loss, base=base)
+        return cls(loss, t.mask, lean=t.lean_loss, base=base, context_cache=t.context_cache)
 
     def summarize(self, totals: dict[str, float]) -> dict[str, float]:
         """A step's metrics from its summed per-batch metrics (all micro-batches, all workers): token-weighted."""
@@ -320,6 +326,12 @@ class JacobiForcingObjective:
                     base = (self.base(**kwargs).logits.float(), lambda rows: rows)
         # A draft adapter acts on the drafted positions only: the base computes the context, the clean copies
         # (the teacher) and the AR loss's positions, so only the consistency term reaches the adapter.
+        if self.lean and self.context_cache:
+            from jf_core.training import context_cache as two_passes
+
+            if two_passes.applies(model, batch):
+                hidden = two_passes.hidden_states(model, batch)
+                return jf_losses(hidden, head_fn(model), batch, self.cfg, norm, base)
         with gated(model, batch.get("draft_gate")):
             if self.lean:
                 with hidden_states_at_head(model) as captured:

@@ -1,0 +1,94 @@
+"""A draft adapter's training forward in two passes: the base's context once without autograd, as a KV cache, then
+the drafted positions with autograd over it.
+
+A draft adapter acts only where the draft gate is 1 (the drafted tokens of the noisy blocks); the base under it is
+frozen. Every position whose hidden states depend on no gated position, through any chain of attention, is
+therefore a function of frozen weights alone: the prompt, the clean copies (the teacher and the AR loss's
+positions), the padding, and under the clean-context mask each noisy block's undrafted first token. In the one
+packed forward autograd still records them and backward runs through them, work whose gradient is zero: with
+96-token answers in blocks of 16 they are about two thirds of a packed example. Here they run first under
+`no_grad`, leaving their keys and values in a cache, and only the positions that depend on the adapter run with
+autograd, each attending to that cache and to one another under the same mask. It is the same function as the
+one packed forward (the same keys under the same mask, summed in another order), measured to the same losses and
+gradients in `tests/jf_core/training/test_context_cache.py`; the split comes from the mask itself, so the shipped
+mask, whose noisy blocks see the earlier noisy (drafted) ones, moves those blocks' undrafted tokens into the
+second pass too.
+
+Only where the packed batch carries its dense mask (SDPA: CPU training; FlexAttention's block masks on a GPU take
+the one pass).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+from jf_core.decoding.kv import cache_kwargs
+from jf_core.draft_adapter.adapter import draft_adapter, gated
+from jf_core.training.losses import Batch, hidden_states_at_head
+
+
+def applies(model: torch.nn.Module, batch: Batch) -> bool:
+    """True where the two passes compute the packed forward: a model whose only trainable weights are its draft
+    adapter's, and a batch with its dense mask and draft gate."""
+    if draft_adapter(model) is None or "attention_mask" not in batch or "draft_gate" not in batch:
+        return False
+    if batch["attention_mask"].dtype != torch.bool or not bool(batch["draft_gate"].any()):
+        return False
+    return not any(p.requires_grad for n, p in model.named_parameters() if not n.startswith("jf_draft_adapter."))
+
+
+def adapter_dependent(mask: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """[B, L] bool: the positions whose hidden states depend on a gated one (gated themselves, or attending to such
+    a position, directly or through others). mask [B, 1, L, L] bool (query, key); gate [B, L]."""
+    sees = mask[:, 0]
+    dependent = gate > 0
+    while True:  # a fixed point: at most as many rounds as the longest chain of attention between positions
+        grown = dependent | (sees & dependent[:, None, :]).any(dim=-1)
+        if torch.equal(grown, dependent):
+            return dependent
+        dependent = grown
+
+
+def _permuted(mask: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    batch, _, width, _ = mask.shape
+    rows = mask.gather(2, order[:, None, :, None].expand(batch, 1, width, width))
+    return rows.gather(3, order[:, None, None, :].expand(batch, 1, width, width))
+
+
+def hidden_states(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+    """The final hidden states [B, L, H] (at the LM head's input) of the packed forward, the adapter on the gated
+    positions: the base's context under no_grad, the adapter-dependent positions with autograd over its cache."""
+    mask, gate = batch["attention_mask"], batch["draft_gate"]
+    dependent = adapter_dependent(mask, gate)
+    # Each row's context first, in its own order (its keys precede its queries, as the mask's causal rule wants),
+    # then the rest. Rows differ in how much context they have; the first pass takes what every row has, and a row
+    # with more runs the rest of its context in the second pass (ungated there, so still the base's).
+    order = torch.sort(dependent.to(torch.int8), dim=1, stable=True).indices
+    first = int((~dependent).sum(dim=1).min())
+    ids, positions = batch["input_ids"].gather(1, order), batch["position_ids"].gather(1, order)
+    permuted = _permuted(mask, order)
+    if permuted[:, :, :first, first:].any():
+        raise RuntimeError("a context position attends to a later-pass position: the two passes would differ")
+    cache = DynamicCache()
+    parts = []
+    if first:
+        with torch.no_grad(), hidden_states_at_head(model) as seen:
+            model(
+                input_ids=ids[:, :first],
+                position_ids=positions[:, :first],
+                attention_mask=permuted[:, :, :first, :first],
+                **cache_kwargs(model, cache),
+            )
+        parts.append(seen["hidden"])
+    with gated(model, gate.gather(1, order)[:, first:]), hidden_states_at_head(model) as seen:
+        model(
+            input_ids=ids[:, first:],
+            position_ids=positions[:, first:],
+            attention_mask=permuted[:, :, first:, :],
+            **cache_kwargs(model, cache),
+        )
+    parts.append(seen["hidden"])
+    hidden = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
+    back = torch.argsort(order, dim=1)
+    return hidden.gather(1, back[..., None].expand(-1, -1, hidden.shape[-1]))

@@ -1,0 +1,88 @@
+"""A draft adapter's two-pass training forward (jf_core/training/context_cache.py) against the one packed forward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from jf_core.draft_adapter.adapter import attach_draft_adapter
+from jf_core.training.context_cache import adapter_dependent, applies
+from jf_core.training.losses import JacobiForcingObjective, JFLossConfig
+from jf_core.training.mask import CLEAN, NOISY, PROMPT
+from jf_core.training.packing import PackedExample, collate
+from tests.conftest import PAD, TINY_MODELS
+
+
+def _examples(seed: int) -> list[PackedExample]:
+    """Two examples of different prompt and answer lengths (so the rows differ in context and padding), blocks of 4
+    whose noisy copy keeps the first token and draws the other three."""
+    g = torch.Generator().manual_seed(seed)
+    examples = []
+    for prompt_len, blocks in ((3, 3), (7, 2)):
+        clean = [torch.randint(3, 500, (4,), generator=g).tolist() for _ in range(blocks)]
+        noisy = [[c[0], *torch.randint(3, 500, (3,), generator=g).tolist()] for c in clean]
+        prompt = torch.randint(3, 500, (prompt_len,), generator=g).tolist()
+        examples.append(PackedExample("e", prompt, 4, noisy, clean, [4] * blocks))
+    return examples
+
+
+def _adapter_model(arch: str):
+    model = TINY_MODELS[arch]()
+    adapter = attach_draft_adapter(model, rank=4)
+    with torch.no_grad():
+        for b in adapter.b.values():
+            b.normal_(0, 0.5)  # an adapter that changes the drafts (a fresh one's B is zero)
+    return model, adapter
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+@pytest.mark.parametrize("mask", ["clean_context", "shipped"])
+@pytest.mark.parametrize("consistency", ["kl", "fixed_point"])
+def test_two_passes_give_the_one_packed_forwards_losses_and_gradients(arch, mask, consistency):
+    model, adapter = _adapter_model(arch)
+    batch = collate(_examples(0), PAD, mask)
+    assert applies(model, batch)
+    results = []
+    for context_cache in (False, True):
+        model.zero_grad(set_to_none=True)
+        cfg = JFLossConfig(consistency=consistency, chunk=5)
+        objective = JacobiForcingObjective(cfg, mask, context_cache=context_cache)
+        loss, metrics = objective(model, batch)
+        loss.backward()
+        grads = {k: p.grad.clone() for k, p in model.named_parameters() if p.requires_grad}
+        results.append((loss.detach(), metrics, grads))
+    (loss_one, m_one, g_one), (loss_two, m_two, g_two) = results
+    torch.testing.assert_close(loss_two, loss_one, rtol=1e-5, atol=1e-6)
+    assert m_two["ar_loss"] == pytest.approx(m_one["ar_loss"], rel=1e-5)
+    assert m_two["consistency_loss"] == pytest.approx(m_one["consistency_loss"], rel=1e-5, abs=1e-7)
+    assert g_one.keys() == g_two.keys() and len(g_one) == 2 * len(adapter.b)  # the adapter's A and B, nothing else
+    assert any(g.abs().sum() > 0 for g in g_one.values())
+    for k in g_one:
+        torch.testing.assert_close(g_two[k], g_one[k], rtol=1e-4, atol=1e-6)
+
+
+def test_the_second_pass_holds_exactly_what_the_adapter_reaches():
+    """Clean copies and the prompt never depend on the adapter; a noisy block's undrafted first token does only
+    where it sees earlier drafted blocks (the shipped mask), not under the clean-context mask."""
+    for mask in ("clean_context", "shipped"):
+        batch = collate(_examples(1), PAD, mask)
+        dependent = adapter_dependent(batch["attention_mask"], batch["draft_gate"])
+        kind, block = batch["layout_kind"], batch["layout_block"]
+        assert not dependent[(kind == PROMPT) | (kind == CLEAN)].any()
+        drafted = batch["draft_gate"] > 0
+        assert dependent[drafted].all()
+        first_of_later_blocks = (kind == NOISY) & ~drafted & (block > 0)
+        assert first_of_later_blocks.any()
+        assert dependent[first_of_later_blocks].all() == (mask == "shipped")
+        assert not dependent[(kind == NOISY) & ~drafted & (block == 0)].any()
+
+
+def test_the_whole_model_training_and_flex_batches_take_the_one_pass():
+    model, _ = _adapter_model("qwen2")
+    batch = collate(_examples(0), PAD, "clean_context")
+    assert applies(model, batch)
+    assert not applies(model, {k: v for k, v in batch.items() if k != "attention_mask"})  # FlexAttention's batches
+    assert not applies(model, {**batch, "draft_gate": torch.zeros_like(batch["draft_gate"])})  # nothing drafted
+    next(p for n, p in model.named_parameters() if not n.startswith("jf_draft_adapter.")).requires_grad_(True)
+    assert not applies(model, batch)  # a base weight trains: its context positions carry gradients
+    assert not applies(TINY_MODELS["qwen2"](), batch)  # no adapter
