@@ -25,7 +25,7 @@ from transformers import DynamicCache
 
 from jf_core.decoding.kv import cache_kwargs
 from jf_core.draft_adapter.adapter import draft_adapter, gated
-from jf_core.training.losses import Batch, hidden_states_at_head
+from jf_core.training.head import Batch, hidden_states_at_head
 
 
 def applies(model: torch.nn.Module, batch: Batch) -> bool:

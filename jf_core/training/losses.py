@@ -21,19 +21,15 @@ blocks, which makes its weight depend on answer length; we do neither).
 
 Memory-lean: the LM head runs only on the positions a loss uses, `chunk` rows at a time, each chunk checkpointed
 (its logits are recomputed in backward instead of kept), so peak memory grows with the chunk, not with vocabulary x
-packed length. The final hidden state is taken at the LM head's input (a pre-hook that hands the model's own head
-call zero positions), so the forward still goes through the whole wrapped model (DDP, FSDP2) and only the head
+packed length. The final hidden state is taken at the LM head's input (head.py: a pre-hook that hands the model's own
+head call zero positions), so the forward still goes through the whole wrapped model (DDP, FSDP2) and only the head
 moves out; the logits post-processing some architectures apply after the head (Gemma2's final softcapping,
 Granite's scaling) is applied the same way, and `check_lean_head` compares against the model's own logits once.
-
-Why over 350 lines: the three consistency targets, the base KL and the lean head share one forward's hidden states
-and one chunked loop; split apart, each would repeat the position picking and the chunking.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -43,11 +39,11 @@ from torch.utils.checkpoint import checkpoint
 
 from jf_core.decoding.kv import attention_implementation
 from jf_core.draft_adapter.adapter import gated
+from jf_core.training import context_cache as two_passes
+from jf_core.training.head import Batch, head_fn, hidden_states_at_head, unwrap
 
 if TYPE_CHECKING:
     from jf_core.training.config import JFTrainConfig
-
-Batch = dict[str, torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -72,48 +68,6 @@ class JFLossConfig:
 
 
 # ---- the LM head, moved out of the forward -------------------------------------------------------------------
-
-
-def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    return getattr(model, "module", model)  # DDP keeps the model in .module; FSDP2 shards it in place
-
-
-def head_fn(model: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
-    """hidden [N, H] -> fp32 logits [N, V], as the model's own forward would compute them."""
-    inner = _unwrap(model)
-    head = inner.get_output_embeddings()
-    config = inner.config
-    scaling = getattr(config, "logits_scaling", None)  # Granite divides
-    softcap = getattr(config, "final_logit_softcapping", None)  # Gemma2
-
-    def fn(hidden: torch.Tensor) -> torch.Tensor:
-        logits = head(hidden).float()
-        if scaling:
-            logits = logits / scaling
-        if softcap:
-            logits = softcap * torch.tanh(logits / softcap)
-        return logits
-
-    return fn
-
-
-@contextlib.contextmanager
-def hidden_states_at_head(model: torch.nn.Module) -> Iterator[dict]:
-    """While open, the model's forward hands its LM head zero positions (so it computes no logits) and the real
-    final hidden state lands in `captured["hidden"]`."""
-    captured: dict = {}
-    head = _unwrap(model).get_output_embeddings()
-
-    def grab(_module, args):
-        hidden = args[0]
-        captured["hidden"] = hidden
-        return (hidden[..., :0, :],)
-
-    handle = head.register_forward_pre_hook(grab)
-    try:
-        yield captured
-    finally:
-        handle.remove()
 
 
 def _chunked(fn: Callable[..., torch.Tensor], *tensors: torch.Tensor, chunk: int) -> torch.Tensor:
@@ -225,7 +179,7 @@ def check_lean_head(model: torch.nn.Module, batch: Batch, variant: str = "shippe
 
     Raises ValueError naming the architecture when they do not (post-processing after the head that `head_fn`
     does not know): `training.lean_loss: false` trains on the model's own full logits instead."""
-    inner = _unwrap(model)
+    inner = unwrap(model)
     sample = {k: v[:1] for k, v in batch.items() if isinstance(v, torch.Tensor) and v.dim() >= 1}
     kwargs = _forward_kwargs(model, sample, variant)
     with torch.no_grad():
@@ -242,7 +196,7 @@ def check_lean_head(model: torch.nn.Module, batch: Batch, variant: str = "shippe
 
 def _forward_kwargs(model: torch.nn.Module, batch: Batch, variant: str) -> dict:
     mask = batch.get("attention_mask")
-    if attention_implementation(_unwrap(model)) == "flex_attention":
+    if attention_implementation(unwrap(model)) == "flex_attention":
         mask = flex_block_mask(batch["layout_kind"], batch["layout_block"], variant)
     return {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"], "attention_mask": mask}
 
@@ -326,12 +280,8 @@ class JacobiForcingObjective:
                     base = (self.base(**kwargs).logits.float(), lambda rows: rows)
         # A draft adapter acts on the drafted positions only: the base computes the context, the clean copies
         # (the teacher) and the AR loss's positions, so only the consistency term reaches the adapter.
-        if self.lean and self.context_cache:
-            from jf_core.training import context_cache as two_passes
-
-            if two_passes.applies(model, batch):
-                hidden = two_passes.hidden_states(model, batch)
-                return jf_losses(hidden, head_fn(model), batch, self.cfg, norm, base)
+        if self.lean and self.context_cache and two_passes.applies(model, batch):
+            return jf_losses(two_passes.hidden_states(model, batch), head_fn(model), batch, self.cfg, norm, base)
         with gated(model, batch.get("draft_gate")):
             if self.lean:
                 with hidden_states_at_head(model) as captured:

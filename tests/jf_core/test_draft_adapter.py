@@ -212,6 +212,7 @@ SEAM = {
     "jf_core/training/config.py": "the profile's `training.draft_lora` section (DraftLora)",
     "jf_core/training/packing.py": "the training gate, from the one rule (drafted_slots -> draft_gate)",
     "jf_core/training/losses.py": "the training forward, gated",
+    "jf_core/training/context_cache.py": "the training forward in two passes, its second gated",
     "jf_core/round/training.py": "what trains (for_training) and what a directory keeps (directory_parts)",
     "jf_core/models.py": "loading (load_draft_adapter)",
     "jf_core/planning.py": "the projections a rank-r adapter adds to (target_projections)",
