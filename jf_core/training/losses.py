@@ -67,7 +67,7 @@ class JFLossConfig:
             raise ValueError(f"chunk must be >= 1, got {self.chunk}")
 
 
-# ---- the LM head, moved out of the forward -------------------------------------------------------------------
+# ---- the LM head's rows, chunked (head.py takes the hidden states) ---------------------------------------------------
 
 
 def _chunked(fn: Callable[..., torch.Tensor], *tensors: torch.Tensor, chunk: int) -> torch.Tensor:

@@ -11,19 +11,12 @@ from jf_core.training.losses import JacobiForcingObjective, JFLossConfig
 from jf_core.training.mask import CLEAN, NOISY, PROMPT
 from jf_core.training.packing import PackedExample, collate
 from tests.conftest import PAD, TINY_MODELS
+from tests.jf_core.training.test_mask_packing_losses import _random_examples
 
 
 def _examples(seed: int) -> list[PackedExample]:
-    """Two examples of different prompt and answer lengths (so the rows differ in context and padding), blocks of 4
-    whose noisy copy keeps the first token and draws the other three."""
-    g = torch.Generator().manual_seed(seed)
-    examples = []
-    for prompt_len, blocks in ((3, 3), (7, 2)):
-        clean = [torch.randint(3, 500, (4,), generator=g).tolist() for _ in range(blocks)]
-        noisy = [[c[0], *torch.randint(3, 500, (3,), generator=g).tolist()] for c in clean]
-        prompt = torch.randint(3, 500, (prompt_len,), generator=g).tolist()
-        examples.append(PackedExample("e", prompt, 4, noisy, clean, [4] * blocks))
-    return examples
+    """Two examples of different prompt and answer lengths, so the rows differ in context and padding."""
+    return _random_examples(seed, ((3, 3), (7, 2)))
 
 
 def _adapter_model(arch: str):
