@@ -69,7 +69,7 @@ def tpf_during_training(history: Sequence[dict]) -> Figure | None:
         rows = [row for row in history if key in row]
         ax.plot([row["step"] + 1 for row in rows], [row[key] for row in rows], marker="o", label=key)
     ax.set_xlabel("steps trained")
-    ax.set_ylabel("tokens per forward (calibration prompts)")
+    ax.set_ylabel("tokens per forward (the probe's prompts)")
     ax.set_title("TPF during training")
     ax.legend()
     fig.tight_layout()
@@ -91,7 +91,7 @@ def tpf_against_tokens(runs: Sequence[dict]) -> Figure | None:
         return None
     ax.set_xscale("log")
     ax.set_xlabel("packed training tokens")
-    ax.set_ylabel("tokens per forward (calibration prompts)")
+    ax.set_ylabel("tokens per forward (each run's probe prompts)")
     ax.set_title("TPF against training tokens")
     ax.legend()
     fig.tight_layout()

@@ -275,6 +275,8 @@ def train(
                 if not loop.history or loop.history[-1]["step"] != float(step):
                     loop.history.append({"step": float(step)})
                 loop.history[-1].update(figures)
+                if not bar.disable:  # a probe's figures in the log as they come, not only in the final rows
+                    bar.write(f"step {step + 1}: " + ", ".join(f"{k} {v:.4g}" for k, v in figures.items()))
                 if on_log is not None:
                     on_log(step, {"step": float(step), **figures})
     model.eval()

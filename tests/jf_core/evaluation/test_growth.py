@@ -43,7 +43,7 @@ def test_too_few_points_or_an_unknown_form_are_refused_by_name():
 
 def test_the_curves_fits_name_the_budget_for_each_target_beside_what_a_probe_measured():
     """`--from-json FILE` prints each probed curve fitted in both forms: the tokens to TPF 1.5 and 2.0 with an
-    interval, beside the first probe that measured them (the fits are jf_core/evaluation/growth.py's)."""
+    interval (and 2.5), beside the first probe that measured them (the fits are jf_core/evaluation/growth.py's)."""
     from jf_core.evaluation.growth import curve_fits, fits_table
 
     history = [{"step": float(s - 1), "probe_tpf_n16": 1.0 + 0.5 * s / 8} for s in range(1, 9)]  # 1 per 8e3 tokens
@@ -54,5 +54,6 @@ def test_the_curves_fits_name_the_budget_for_each_target_beside_what_a_probe_mea
     assert line["measured_1.5"] == 8000 and line["measured_2.0"] is None
     estimate, low, high = line["tpf_2.0"]
     assert abs(estimate - 16000) < 1e-3 and low <= estimate <= high
+    assert abs(line["tpf_2.5"][0] - 24000) < 1e-3 and line["measured_2.5"] is None  # the scale issue's second goal
     assert "| v | n16 | linear |" in fits_table(fits)
     assert curve_fits([{"variant": "v", "train_tokens": 8000, "history": history[:2]}]) == []  # 2 probes: no fit

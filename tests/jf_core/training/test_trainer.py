@@ -208,3 +208,25 @@ def test_a_probe_measures_the_model_during_training_without_changing_what_it_lea
     assert [r["step"] for r in probed if "probe_tpf_n4" in r] == [2.0, 5.0, 6.0]  # steps 3, 6 and the last (7)
     assert seen == [False, False, False] and training_after is False  # eval mode while probing; train() ends in eval
     assert all(r["probe_tpf_n4"] >= 1.0 for r in probed if "probe_tpf_n4" in r)
+
+
+def test_a_hooks_figures_are_printed_as_they_come_when_progress_shows(capsys):
+    """A long run's log says each probe's TPF when it is measured (hours before the final rows); a run without
+    progress prints nothing."""
+
+    def probe(m):
+        return {"probe_tpf_n4": 1.25}
+
+    for progress in (True, False):
+        train(
+            TINY_MODELS["qwen2"]().train(),
+            batches(),
+            causal_lm_loss,
+            TrainConfig(steps=4, lr=3e-3, warmup_steps=1),
+            progress=progress,
+            hooks=[Measure(probe, Every(2))],
+        )
+        out = capsys.readouterr().out
+        assert (out.splitlines() if progress else out) == (
+            ["step 2: probe_tpf_n4 1.25", "step 4: probe_tpf_n4 1.25"] if progress else ""
+        )
