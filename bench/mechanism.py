@@ -83,6 +83,14 @@ def _scoring(profile, tokenizer, train, held):
     trained = [train_rows[p.prompt_id] for p in train]
     # A question written by `prompts.number_variants` has no reference answer: the trained set is then not scored.
     references = (None if any("variant_of" in r for r in trained) else trained, [held_rows[p.prompt_id] for p in held])
+    if benchmark != "embedded":
+        # A file without answers (chat or code prompts measured for TPF under a GSM8K profile) goes unscored, said
+        # here, before hours of decoding, not as a KeyError in the scorer after them.
+        sources = (profile.prompts.source, held_source.source)
+        references = tuple(
+            None if rows is None else _with_references(rows, benchmark, source)
+            for rows, source in zip(references, sources, strict=True)
+        )
     if benchmark == "embedded":  # the task's rows are prompts: their answers are worked out
         from jf_core.toy.task import example_of
 
@@ -95,6 +103,20 @@ def _scoring(profile, tokenizer, train, held):
         return score(benchmark, BenchmarkItem(uid="", prompt="", record=row), text)
 
     return references, correct
+
+
+def _with_references(rows: list[dict], benchmark: str, source: str) -> list[dict] | None:
+    """`rows`, or None (unscored, said on stderr) when one lacks the field the benchmark scores against."""
+    fields = ("answer", "solution") if benchmark == "math" else ("answer",)
+    lacking = sum(not any(f in r for f in fields) for r in rows)
+    if not lacking:
+        return rows
+    print(
+        f"{source}: {lacking} of {len(rows)} questions lack a reference `{' or '.join(fields)}` for {benchmark}: "
+        "those questions' accuracy is not scored",
+        file=sys.stderr,
+    )
+    return None
 
 
 def _model_dir(model: str | None, profile, threads: int) -> str:

@@ -118,7 +118,8 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
     path, model, tok = _load(profile, args.model)
     stop = stop_tokens(model, tok)
     # Beside the rows evaluate_model builds (ours), HF's; then the trained model's: one builder for every row.
-    extra = build_methods(model, stop, cfg.max_new_tokens, ar=False, hf=True)
+    lookup_sizes = cfg.block_sizes if args.lookup else ()
+    extra = build_methods(model, stop, cfg.max_new_tokens, ar=False, hf=True, lookup_sizes=lookup_sizes)
     same: dict[Method, Method] = {}
     if args.jf_model:
         # One door for every model option: `models:/name@champion`, `package:`, a hub id or a directory.
@@ -132,6 +133,7 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
             cfg.max_new_tokens,
             model_tag="jf",
             block_sizes=sorted({jf_n, *cfg.block_sizes}),  # beside the base model's, for TPF against block size
+            lookup_sizes=lookup_sizes,
             variants_at=jf_n,
             tuned=saved.tuned,
             tuned_kind="autotuned",
@@ -277,6 +279,11 @@ def register(sub, bench_sub) -> None:
     p.add_argument("--block-sizes", type=positive("--block-sizes"), nargs="+", default=[8, 16, 32, 64], help="Jacobi n")
     p.add_argument("--json", help="also write the results as JSON here")
     p.add_argument("--jf-model", help="a Jacobi Forcing model: adds its vanilla, recycling, multi-block and tuned rows")
+    p.add_argument(
+        "--lookup",
+        action="store_true",
+        help="also each block size with prompt lookup's guess verified beside the window (`lookup_n*` rows)",
+    )
     p.add_argument("--jf-block-size", type=positive("--jf-block-size"), help="default: its decode config's n")
     p.add_argument(
         "--temperature", type=float, default=0.0, help="> 0: the --jf-model rows sample (TPF under sampling)"
@@ -345,6 +352,12 @@ def register(sub, bench_sub) -> None:
         nargs="+",
         help=f"a draft adapter's chain: slots it covers, 0: every slot read (default: {prof}.draft_spans; tried "
         "only for a model with an adapter)",
+    )
+    p.add_argument(
+        "--lookups",
+        type=int,
+        nargs="+",
+        help=f"prompt lookup's longest guess, verified beside the window, 0: off (default: {prof}.lookups)",
     )
     p.add_argument(
         "--repeats", type=positive("--repeats"), help=f"runs per candidate, fastest kept (default: {prof}.repeats)"

@@ -89,8 +89,12 @@ class TuneConfig(StrictModel):
     # A draft adapter's chain (JacobiConfig.draft_span): slots after the root it covers, 0 = every slot read. Only
     # a model with an adapter is tried at more than the first.
     draft_spans: list[int] = [0]
+    # Prompt lookup (jf_core/decoding/lookup.py): the longest guess from an earlier occurrence of the text's last
+    # tokens, verified as one more branch of the window (0: off). Free to draft, so it pays wherever answers copy
+    # their prompt; it costs the slots of its guesses when they miss.
+    lookups: list[int] = [0]
 
-    @field_validator("width_scales", "width_margins", "draft_spans")
+    @field_validator("width_scales", "width_margins", "draft_spans", "lookups")
     @classmethod
     def _non_negative(cls, values: list, info):
         if not values or any(v < 0 for v in values):

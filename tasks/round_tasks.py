@@ -264,8 +264,7 @@ def tune(profile: Profile, root: str, trained: TrainResult) -> TuneResult | Stat
     logger, reuse = get_run_logger(), Reuse()
     result = stage_tune(profile, RoundPaths(Path(root)).model, trained, progress=logger.info, on_reuse=reuse)
     if result is not None and reuse.line is None:
-        b = result.best
-        logger.info("decode config: n=%d K=%d pool=%d r=%.2f", b.block_size, b.num_blocks, b.pool_size, b.spawn_ratio)
+        logger.info("decode config: %s", result.best.describe())
     return reuse.state(result)
 
 

@@ -36,6 +36,7 @@ from jf_core.decoding.common import DecodeOutput, StopTokens, TokenSink, first_e
 from jf_core.decoding.jacobi import BlockRecorder, JacobiConfig, JacobiDecoder, SequenceState
 from jf_core.decoding.kv import KVState
 from jf_core.decoding.layout import Layout
+from jf_core.decoding.lookup import prompt_lookup
 from jf_core.decoding.recycling import NgramPool
 from jf_core.decoding.sampling import Sampling
 from jf_core.decoding.width import RowWidth, WidthPolicy
@@ -56,6 +57,10 @@ class JFDecodeConfig(JacobiConfig):
     width_margin: int = 4
     width_floor: int = 4
     ar_below: float = 0.0  # a row accepting fewer tokens per forward runs AR steps (0: never)
+    # Prompt lookup (lookup.py): up to this many tokens continuing the latest earlier occurrence of the text's last
+    # `lookup_ngram` (or fewer) tokens ride as one more branch of the window's forward (0: off).
+    lookup: int = 0
+    lookup_ngram: int = 3
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -63,6 +68,8 @@ class JFDecodeConfig(JacobiConfig):
             raise ValueError(f"num_blocks (K) must be >= 1, got {self.num_blocks}")
         if self.pool_size < 0:
             raise ValueError(f"pool_size must be >= 0, got {self.pool_size}")
+        if self.lookup < 0 or self.lookup_ngram < 1:
+            raise ValueError(f"lookup must be >= 0 and lookup_ngram >= 1, got {self.lookup}, {self.lookup_ngram}")
         if not 0.0 < self.spawn_ratio <= 1.0:
             raise ValueError(f"spawn_ratio (r) must be in (0, 1], got {self.spawn_ratio}")
         self.width_policy()  # its own checks
@@ -79,6 +86,8 @@ class JFDecodeConfig(JacobiConfig):
             parts.append(f"width={self.width_scale}x+{self.width_margin}")
         if self.draft_span:
             parts.append(f"span={self.draft_span}")
+        if self.lookup:
+            parts.append(f"lookup={self.lookup}")
         return " ".join(parts)
 
     def width_policy(self) -> WidthPolicy | None:
@@ -94,7 +103,8 @@ class _JFSequence(SequenceState):
     pool: NgramPool | None = None
     origin: int = 0  # generated position of the window's first token (= len(committed))
     width: RowWidth | None = None  # adaptive width's running estimate
-    stats_extra: dict = field(default_factory=lambda: {"recycled_wins": 0, "spawned": 0, "seeded": 0})
+    stats_extra: dict = field(default_factory=lambda: {"recycled_wins": 0, "lookup_wins": 0, "spawned": 0, "seeded": 0})
+    lookup_branch: int = 0  # the branch of the last layout that holds the prompt lookup's guess (0: none)
 
 
 class JFDecoder(JacobiDecoder):
@@ -151,6 +161,20 @@ class JFDecoder(JacobiDecoder):
                 start = len(tokens)
                 tokens += cand
                 branches.append([0, *range(start, start + len(cand))])
+        seq.lookup_branch = 0
+        if self.cfg.lookup and run > 1:
+            # The same reach as a recycled candidate: the real-active block's remaining positions in the run.
+            span = min(run, self._block_end(seq) - seq.origin, self.cfg.lookup + 1) - 1
+            guess = prompt_lookup(seq.prompt + seq.committed + seq.window[:1], self.cfg.lookup_ngram, span)
+            # Where the guess agrees with the window's draft the branch runs through the window's own slots: only
+            # the rest costs slots (every slot costs compute on a CPU).
+            shared = 0
+            while shared < len(guess) and guess[shared] == seq.window[1 + shared]:
+                shared += 1
+            if shared < len(guess):
+                seq.lookup_branch, start = len(branches), len(tokens)
+                tokens += guess[shared:]
+                branches.append([*range(1 + shared), *range(start, start + len(guess) - shared)])
         return Layout(tokens, branches)
 
     def settle(self, seq: _JFSequence, layout: Layout, greedy: list[int], branch: int, accepted: int) -> None:
@@ -166,7 +190,7 @@ class JFDecoder(JacobiDecoder):
             for b in layout.branches:
                 seq.pool.add([layout.tokens[b[0]], *(greedy[i] for i in b)])
         if branch:
-            seq.stats_extra["recycled_wins"] += 1
+            seq.stats_extra["lookup_wins" if branch == seq.lookup_branch else "recycled_wins"] += 1
         if seq.width is not None:
             seq.width.observe(self.policy, len(main), accepted)
         seq.stats.forwards += 1

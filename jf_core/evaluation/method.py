@@ -13,6 +13,7 @@ MethodKind = Literal[
     "hf_prompt_lookup",  # HF's prompt lookup decoding (batch 1)
     "ar",  # our AR: every speedup's baseline and every greedy method's reference
     "jacobi",  # plain Jacobi at `block_size`
+    "lookup",  # Jacobi at `block_size` with prompt lookup's guess verified beside the window (one block, no pool)
     "recycling",  # Jacobi Forcing decoding: rejection recycling with seeded drafts
     "multiblock",  # two blocks in flight
     "recycling_multiblock",  # both
@@ -21,18 +22,19 @@ MethodKind = Literal[
 ]
 
 _HF = ("hf_generate", "hf_prompt_lookup")
+_SIZED = ("jacobi", "lookup")  # the kinds a row's block size names
 
 
 @dataclass(frozen=True)
 class Method:
     kind: MethodKind
-    block_size: int | None = None  # plain Jacobi's n; the other kinds' widths are their decode configs'
+    block_size: int | None = None  # plain Jacobi's and lookup's n; the other kinds' widths are their decode configs'
     model: str | None = None  # None: the model under evaluation; else a second model's tag ("jf": the trained one)
     full_width: bool = False  # a tuned config with its adaptive width turned off (what adaptive width brings)
 
     def __post_init__(self) -> None:
-        if (self.kind == "jacobi") != (self.block_size is not None):
-            raise ValueError(f"method {self.kind}: a block size is plain Jacobi's and only plain Jacobi's")
+        if (self.kind in _SIZED) != (self.block_size is not None):
+            raise ValueError(f"method {self.kind}: a block size is plain Jacobi's and lookup's, and only theirs")
         if self.full_width and self.kind not in ("tuned", "autotuned"):
             raise ValueError(f"method {self.kind}: full_width applies to a tuned config")
         if self.model is not None and not self.model.isidentifier():
@@ -41,7 +43,7 @@ class Method:
     @property
     def label(self) -> str:
         """The row's name in tables, JSON keys and MLflow metrics (`jacobi_n16`, `jf_ar`, `tuned_full_width`)."""
-        name = f"jacobi_n{self.block_size}" if self.kind == "jacobi" else self.kind
+        name = f"{self.kind}_n{self.block_size}" if self.kind in _SIZED else self.kind
         lead = f"{self.model}_" if self.model else ""
         return f"{lead}{name}{'_full_width' if self.full_width else ''}"
 

@@ -125,6 +125,7 @@ def build_methods(
     *,
     ar: bool = True,
     block_sizes: Sequence[int] = (),
+    lookup_sizes: Sequence[int] = (),
     variants_at: int | None = None,
     tuned: JacobiConfig | None = None,
     tuned_kind: Literal["tuned", "autotuned"] = "tuned",
@@ -142,6 +143,8 @@ def build_methods(
     - `hf_generate`, `hf_prompt_lookup` (with `hf`): HF's greedy search, and its prompt lookup (batch 1 only);
     - `ar` (unless `ar` is False): our AR, the baseline;
     - `jacobi` at each of `block_sizes`: plain Jacobi;
+    - `lookup` at each of `lookup_sizes`: Jacobi with prompt lookup's guess verified beside the window
+      (jf_core/decoding/lookup.py; one block, no recycling pool);
     - `recycling`, `multiblock`, `recycling_multiblock` (with `variants_at` = n; those of them in
       `variant_kinds`): Jacobi Forcing's decoding at n, rejection recycling with seeded drafts, two blocks in
       flight, and both;
@@ -172,6 +175,10 @@ def build_methods(
     for n in dict.fromkeys(block_sizes):
         methods[jacobi(n, model_tag)] = run(
             JacobiConfig(block_size=n, max_new_tokens=max_new_tokens, draft_init=draft_init)
+        )
+    for n in dict.fromkeys(lookup_sizes):
+        methods[Method("lookup", block_size=n, model=model_tag)] = run(
+            JFDecodeConfig(block_size=n, num_blocks=1, pool_size=0, lookup=n, max_new_tokens=max_new_tokens)
         )
     if variants_at is not None:
         n, new = variants_at, max_new_tokens

@@ -1,4 +1,5 @@
-"""Autotune: the decode config (n, K, pool_size, r, seeded drafts, adaptive width's scale and margin) with the best
+"""Autotune: the decode config (n, K, pool_size, r, seeded drafts, adaptive width's scale and margin, prompt lookup, a
+draft adapter's chain) with the best
 TPS on this hardware, on calibration prompts.
 
 Every candidate decodes the same prompts at the same batch size after a warmup, the candidates taking turns batch
@@ -36,6 +37,7 @@ class TuneSpace:
     width_scales: tuple[float, ...]  # adaptive width's scale (width.py); 0 = full-width windows
     width_margins: tuple[int, ...]
     draft_spans: tuple[int, ...]  # tried only for a model with a draft adapter (without one: 0)
+    lookups: tuple[int, ...]  # prompt lookup's longest guess (0: off)
 
     @classmethod
     def of(cls, cfg: TuneConfig | None = None, **knobs) -> TuneSpace:
@@ -58,8 +60,9 @@ class TuneSpace:
             self.width_scales,
             self.width_margins,
             spans,
+            self.lookups,
         )
-        for n, k, pool, r, ngram, seed, scale, margin, span in grid:
+        for n, k, pool, r, ngram, seed, scale, margin, span, lookup in grid:
             if (k == 1 and r != self.spawn_ratios[0]) or (pool == 0 and ngram != self.ngrams[0]):
                 continue  # r only matters with more than one block, the n-gram length only with recycling
             if not scale and margin != self.width_margins[0]:
@@ -76,6 +79,7 @@ class TuneSpace:
                 seed_drafts=seed,
                 max_new_tokens=max_new_tokens,
                 draft_span=span,
+                lookup=lookup,
                 **width,
             )
             out.append(cfg)

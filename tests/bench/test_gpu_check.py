@@ -31,7 +31,7 @@ def test_gpu_check_runs_in_smoke_mode(tmp_path):
     assert all(len(c["ms"]) == 3 for c in data["forward_cost"].values())
     # A random adapter drafts, the base verifies: every method's output is the base's greedy output, at each batch.
     adapter = data["adapter_speed"]
-    assert {m for m in adapter["batch 1"]} == {"hf_generate", "ar", "jacobi_n4", "jacobi_n8"}
+    assert {m for m in adapter["batch 1"]} == {"hf_generate", "ar", "jacobi_n4", "jacobi_n8", "lookup_n8"}
     assert all(r["identical_to_base"] == 1.0 for b in ("batch 1", "batch 4") for r in adapter[b].values())
     assert 0 < adapter["step_breakdown"]["jacobi, n=8, batch 1"]["forward_share"] <= 1
     assert "Lossless" in (tmp_path / "gpu_check.md").read_text()

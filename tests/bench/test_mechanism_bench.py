@@ -49,7 +49,7 @@ def test_mechanism_answers_are_scored_against_their_own_rows(profile, tmp_path):
     import json
 
     from bench.mechanism import _scoring
-    from jf_core.trajectory.prompts import load_prompts
+    from jf_core.trajectory.prompts import held_out_source, load_prompts
 
     rows = [{"question": f"What is {i} plus 2?", "answer": f"{i} + 2 = {i + 2}\n#### {i + 2}"} for i in range(40)]
     (tmp_path / "q.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -83,6 +83,12 @@ def test_mechanism_answers_are_scored_against_their_own_rows(profile, tmp_path):
     variants = load_prompts(grown.prompts.model_copy(update={"limit": 6}), tok).items
     (train_refs, held_refs), _ = _scoring(grown, tok, variants, held)
     assert train_refs is None and len(held_refs) == 3
+    # Held-out questions from a file without answers (chat prompts under a GSM8K profile): unscored, not a KeyError.
+    (tmp_path / "chat.jsonl").write_text("".join(json.dumps({"question": r["question"]}) + "\n" for r in rows))
+    chat = p.model_copy(update={"evaluation": p.evaluation.model_copy(update={"source": str(tmp_path / "chat.jsonl")})})
+    chat_held = load_prompts(held_out_source(chat.prompts, chat.evaluation.source, chat.evaluation.split), tok).items
+    (train_refs, held_refs), correct = _scoring(chat, tok, train, chat_held[:3])
+    assert len(train_refs) == 3 and held_refs is None and correct is not None
 
 
 def test_a_variant_is_training_fields_or_sections():

@@ -147,8 +147,10 @@ def test_a_zero_adapter_drafts_what_the_base_would(tiny_model):
         JFDecodeConfig(block_size=4, num_blocks=2, pool_size=0, max_new_tokens=40),  # multi-block
         JFDecodeConfig(block_size=4, num_blocks=1, pool_size=4, seed_drafts=True, max_new_tokens=40),  # recycling
         JFDecodeConfig(block_size=8, seed_drafts=True, max_new_tokens=40),  # both
+        # Prompt lookup's branch beside the adapter's chain (a span of 2: the chain and the branch both cut short).
+        JFDecodeConfig(block_size=8, num_blocks=1, pool_size=0, lookup=8, draft_span=2, max_new_tokens=40),
     ],
-    ids=["multiblock", "recycling", "both"],
+    ids=["multiblock", "recycling", "both", "lookup"],
 )
 def test_multi_block_and_recycling_draft_with_the_adapter_losslessly(tiny_model, config):
     prompts = _prompts()

@@ -28,6 +28,7 @@ CONFIGS = {
     "multiblock": JFDecodeConfig(block_size=8, num_blocks=3, pool_size=0, max_new_tokens=48),
     "recycling": JFDecodeConfig(block_size=16, num_blocks=2, pool_size=4, seed_drafts=True, max_new_tokens=48),
     "adaptive": JFDecodeConfig(block_size=16, num_blocks=2, max_new_tokens=48, adaptive_width=True, width_margin=1),
+    "lookup": JFDecodeConfig(block_size=8, num_blocks=1, pool_size=0, lookup=8, max_new_tokens=48),
 }
 # The embedded model is sharp: below temperature 2 its samples are greedy's text, which would test nothing.
 SAMPLINGS = [Sampling(temperature=2.0), Sampling(temperature=3.0, top_k=5, top_p=0.98)]
@@ -93,7 +94,7 @@ def test_every_decoder_draws_the_ar_sample_of_the_same_seeds(embedded, method, b
     assert sampled >= 1  # and it does sample: some seeds leave greedy's text
 
 
-@pytest.mark.parametrize("method", ["jacobi-n4", "recycling"])
+@pytest.mark.parametrize("method", ["jacobi-n4", "recycling", "lookup"])
 def test_identity_on_random_architectures(tiny_model, method):
     prompts = [[5, 9, 200, 33], [7, 7, 7], [100, 101, 102, 103, 104], [42]]
     sampling = Sampling(temperature=0.9, top_k=40, top_p=0.95)

@@ -21,13 +21,22 @@ ROW_HOLDERS = ("methods", "tps", "rows", "results", "by_name")
 
 def test_labels_are_derived_from_the_fields():
     assert [
-        m.label for m in (AR, TUNED, jacobi(16), AR.of("jf"), Method("autotuned", model="jf", full_width=True))
+        m.label
+        for m in (
+            AR,
+            TUNED,
+            jacobi(16),
+            AR.of("jf"),
+            Method("autotuned", model="jf", full_width=True),
+            Method("lookup", block_size=8, model="jf"),
+        )
     ] == [
         "ar",
         "tuned",
         "jacobi_n16",
         "jf_ar",
         "jf_autotuned_full_width",
+        "jf_lookup_n8",
     ]
     assert jacobi(8, "base") == jacobi(8).of("base") and len({jacobi(8), jacobi(8), jacobi(16)}) == 2
     assert not Method("hf_generate").ours and jacobi(4).ours
@@ -38,6 +47,7 @@ def test_labels_are_derived_from_the_fields():
     [
         ({"kind": "jacobi"}, "block size"),
         ({"kind": "ar", "block_size": 16}, "block size"),
+        ({"kind": "lookup"}, "block size"),
         ({"kind": "ar", "full_width": True}, "full_width"),
         ({"kind": "ar", "model": "jf/x"}, "model tag"),
     ],

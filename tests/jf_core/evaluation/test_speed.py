@@ -123,6 +123,16 @@ def test_the_tuner_tries_a_draft_chains_span_only_for_a_model_with_an_adapter():
     assert [(c.block_size, c.draft_span) for c in space.configs(16, adapter=True)] == [(4, 0), (8, 0), (8, 2)]
 
 
+def test_the_tuner_tries_prompt_lookup_where_the_profile_names_it():
+    from jf_core.evaluation.tune import TuneSpace
+
+    space = TuneSpace.of(
+        block_sizes=[8], num_blocks=[1], pool_sizes=[0], seed_drafts=[False], width_scales=[0.0], lookups=[0, 16]
+    )
+    assert [(c.block_size, c.lookup) for c in space.configs(16)] == [(8, 0), (8, 16)]
+    assert [c.lookup for c in TuneSpace.of().configs(16)] == [0] * len(TuneSpace.of().configs(16))  # off by default
+
+
 def test_interleaved_runs_take_turns_and_keep_each_batchs_fastest_run():
     """Decoders alternate batch by batch (so a drifting machine slows all alike) and each batch's fastest run is
     the one counted; outputs stay in prompt order."""

@@ -1,0 +1,58 @@
+"""Prompt lookup (jf_core/decoding/lookup.py): the guess is what followed the latest earlier occurrence of the text's
+longest matching tail; as a branch of the window's forward it is lossless, and it is actually verified and accepted
+where the text repeats itself."""
+
+from __future__ import annotations
+
+import pytest
+
+from jf_core.decoding.common import StopTokens
+from jf_core.decoding.lookup import prompt_lookup
+from jf_core.decoding.multiblock import JFDecodeConfig, JFDecoder
+from tests.conftest import PAD
+from tests.jf_core.decoding.test_jacobi import MAX_NEW, prompts, reference
+
+
+def test_the_longest_tail_that_occurred_earlier_decides_and_its_latest_occurrence_wins():
+    # The tail [3, 4] occurred at 2 and 6; the latest (6) is followed by 9, 1.
+    assert prompt_lookup([1, 2, 3, 4, 5, 6, 3, 4, 9, 1, 3, 4], max_ngram=2, length=2) == [9, 1]
+    # A 3-token tail [7, 3, 4] occurred only first: longer beats later.
+    assert prompt_lookup([7, 3, 4, 5, 6, 3, 4, 9, 7, 3, 4], max_ngram=3, length=3) == [5, 6, 3]
+    # No tail of 3 or 2 tokens occurred: the last token alone (latest: position 2, followed by 8).
+    assert prompt_lookup([4, 1, 4, 8, 2, 3, 4], max_ngram=3, length=1) == [8]
+    # The guess stops where the text does, and a tail that never occurred guesses nothing.
+    assert prompt_lookup([5, 6, 5], max_ngram=2, length=4) == [6, 5]
+    assert prompt_lookup([1, 2, 3], max_ngram=2, length=4) == []
+    assert prompt_lookup([1, 1], max_ngram=2, length=0) == []
+
+
+def test_bad_lookup_configs_are_named():
+    with pytest.raises(ValueError, match="lookup"):
+        JFDecodeConfig(lookup=-1)
+    with pytest.raises(ValueError, match="lookup_ngram"):
+        JFDecodeConfig(lookup=4, lookup_ngram=0)
+
+
+@pytest.mark.parametrize(("n", "k", "pool"), [(4, 1, 0), (8, 2, 0), (16, 1, 2)])
+@pytest.mark.parametrize("batch", [1, 4])
+def test_prompt_lookup_is_lossless(tiny_model, n, k, pool, batch):
+    ps = prompts(4, seed=5)
+    cfg = JFDecodeConfig(block_size=n, num_blocks=k, pool_size=pool, lookup=n, max_new_tokens=MAX_NEW)
+    got = []
+    for start in range(0, len(ps), batch):
+        got += JFDecoder(tiny_model, cfg, stop=StopTokens(None, PAD)).decode(ps[start : start + batch]).sequences
+    assert got == [reference(tiny_model, p, MAX_NEW, None) for p in ps]
+
+
+def test_where_the_answer_repeats_itself_the_lookup_branch_is_accepted(tiny_model):
+    """A random tiny model falls into loops; a looping answer is what lookup guesses whole. Its branch wins
+    forwards, and the text is still greedy AR's."""
+    ps = prompts(4, seed=5)
+    cfg = JFDecodeConfig(block_size=8, num_blocks=1, pool_size=0, lookup=8, max_new_tokens=MAX_NEW)
+    decoder = JFDecoder(tiny_model, cfg, stop=StopTokens(None, PAD))
+    seqs = [decoder.new_sequence(i, p) for i, p in enumerate(ps)]
+    decoder.new_sequence = lambda i, p: seqs[i]  # keep handles on the sequences to read their counters
+    out = decoder.decode(ps)
+    assert out.sequences == [reference(tiny_model, p, MAX_NEW, None) for p in ps]
+    assert sum(s.stats_extra["lookup_wins"] for s in seqs) > 0
+    assert sum(s.stats_extra["recycled_wins"] for s in seqs) == 0  # no pool: every branch that won was lookup's
