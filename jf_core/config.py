@@ -72,7 +72,7 @@ class ComputeConfig(StrictModel):
 
 
 class TuneConfig(StrictModel):
-    """Autotuning of the round's decode config (n, K, pool_size, r) for TPS on this hardware."""
+    """Autotuning of the round's decode config (n, K, pool_size, r, ...) for TPS on this hardware."""
 
     enabled: bool = False
     prompts: int = Field(12, ge=1)  # calibration prompts
@@ -86,13 +86,9 @@ class TuneConfig(StrictModel):
     # slots beyond that. Narrow windows lose some TPF and gain more in cost per forward wherever width costs compute.
     width_scales: list[float] = [0.0, 2.0]
     width_margins: list[int] = [2]
-    # A draft adapter's chain (JacobiConfig.draft_span): slots after the root it covers, 0 = every slot read. Only
-    # a model with an adapter is tried at more than the first.
+    # A draft adapter's chain (JacobiConfig.draft_span), 0 = every slot read: more than the first only with an adapter.
     draft_spans: list[int] = [0]
-    # Prompt lookup (jf_core/decoding/lookup.py): the longest guess from an earlier occurrence of the text's last
-    # tokens, verified as one more branch of the window (0: off). Free to draft, so it pays wherever answers copy
-    # their prompt; it costs the slots of its guesses when they miss.
-    lookups: list[int] = [0]
+    lookups: list[int] = [0]  # prompt lookup's longest guess, a branch beside the window (decoding/lookup.py); 0: off
 
     @field_validator("width_scales", "width_margins", "draft_spans", "lookups")
     @classmethod
