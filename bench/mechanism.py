@@ -83,19 +83,19 @@ def _scoring(profile, tokenizer, train, held):
     trained = [train_rows[p.prompt_id] for p in train]
     # A question written by `prompts.number_variants` has no reference answer: the trained set is then not scored.
     references = (None if any("variant_of" in r for r in trained) else trained, [held_rows[p.prompt_id] for p in held])
-    if benchmark != "embedded":
+    if benchmark == "embedded":  # the task's rows are prompts: their answers are worked out
+        from jf_core.toy.task import example_of
+
+        references = tuple(
+            None if rows is None else [{"answer": example_of(r["prompt"]).answer} for r in rows] for rows in references
+        )
+    else:
         # A file without answers (chat or code prompts measured for TPF under a GSM8K profile) goes unscored, said
         # here, before hours of decoding, not as a KeyError in the scorer after them.
         sources = (profile.prompts.source, held_source.source)
         references = tuple(
             None if rows is None else _with_references(rows, benchmark, source)
             for rows, source in zip(references, sources, strict=True)
-        )
-    if benchmark == "embedded":  # the task's rows are prompts: their answers are worked out
-        from jf_core.toy.task import example_of
-
-        references = tuple(
-            None if rows is None else [{"answer": example_of(r["prompt"]).answer} for r in rows] for rows in references
         )
 
     def correct(tokens: list[int], row: dict) -> bool:

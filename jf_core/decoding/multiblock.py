@@ -152,20 +152,20 @@ class JFDecoder(JacobiDecoder):
     def layout(self, seq: _JFSequence) -> Layout:
         run = self._run_length(seq)
         tokens, branches = seq.window[:run], [list(range(run))]
+        # Branches (recycled candidates, the lookup's guess) cover the real-active block's remaining positions in
+        # the run at most: beyond it they would compete with pseudo-active drafts that condition on more context.
+        reach = min(run, self._block_end(seq) - seq.origin) - 1
         if self.cfg.pool_size and run > 1:
-            # Candidates cover the real-active block's remaining positions at most: beyond it they would compete
-            # with pseudo-active drafts that already condition on more context.
-            span = min(run, self._block_end(seq) - seq.origin) - 1
-            span = min(span, self.cfg.ngram) if self.cfg.ngram else span
+            span = min(reach, self.cfg.ngram) if self.cfg.ngram else reach
             for cand in seq.pool.candidates(seq.window[0], self.cfg.pool_size, span, seq.window[1:]):
                 start = len(tokens)
                 tokens += cand
                 branches.append([0, *range(start, start + len(cand))])
         seq.lookup_branch = 0
         if self.cfg.lookup and run > 1:
-            # The same reach as a recycled candidate: the real-active block's remaining positions in the run.
-            span = min(run, self._block_end(seq) - seq.origin, self.cfg.lookup + 1) - 1
-            guess = prompt_lookup(seq.prompt + seq.committed + seq.window[:1], self.cfg.lookup_ngram, span)
+            guess = prompt_lookup(
+                seq.prompt + seq.committed + seq.window[:1], self.cfg.lookup_ngram, min(reach, self.cfg.lookup)
+            )
             # Where the guess agrees with the window's draft the branch runs through the window's own slots: only
             # the rest costs slots (every slot costs compute on a CPU).
             shared = 0
