@@ -14,6 +14,7 @@ from jf_core.checksums import CorruptFileError, verify
 from jf_core.decoding import StopTokens
 from jf_core.decoding.kv import UnsupportedModelError, attention_layout
 from jf_core.draft_adapter.adapter import load_draft_adapter
+from jf_core.packed_linear import PackedWeight, pack_linears, packable
 
 DTypeName = Literal["auto", "float32", "bfloat16", "float16"]
 
@@ -131,6 +132,10 @@ def load_model(path: str | ModelSpec, **overrides):
         upcast_lm_head(model)
     else:
         slice_lm_head(model)  # a window's logits by slices of the vocabulary on a CPU (head_logits)
+    if device.type == "cpu" and pack_linears(model):  # oneDNN's packed weights where nothing needs a gradient
+        head = model.get_output_embeddings()
+        if isinstance(head, SlicedLMHead | Fp32LMHead):
+            head.packed_weight = PackedWeight()
     tokenizer = AutoTokenizer.from_pretrained(location, trust_remote_code=spec.trust_remote_code)
     check_tokenizer(tokenizer, spec.path)
     if tokenizer.pad_token_id is None:
@@ -149,7 +154,7 @@ def load_model(path: str | ModelSpec, **overrides):
 # head: 33 ms for 11 rows against 10 ms for one, 2026-11-29, 2 threads) where the same rows against 2,048-row slices
 # of the head, one after another, take 13-14 ms. Each logit is the same dot product either way (bit for bit: tests/
 # jf_core/test_models.py). From 2 to 64 rows the slices were faster at every count measured; past that MKL's own
-# blocking is as good, and one row (AR's step) is a matrix-vector product already at memory speed.
+# blocking is as good. Where nothing needs a gradient, packed oneDNN weights (packed_linear.py) beat both.
 VOCAB_SLICE = 2048
 SLICED_ROWS = 64
 
@@ -165,14 +170,18 @@ def head_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
 
 
 class SlicedLMHead(torch.nn.Module):
-    """The model's own LM head (its weight and bias: tied to the embedding where they were), by `head_logits`."""
+    """The model's own LM head (its weight and bias: tied to the embedding where they were): packed where nothing
+    needs a gradient (packed_linear.py, faster still at every row count), else by `head_logits`."""
 
     def __init__(self, head: torch.nn.Module) -> None:
         super().__init__()
         self.weight = head.weight
         self.bias = getattr(head, "bias", None)
+        self.packed_weight: PackedWeight | None = None  # set where load_model packs the model's layers
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.packed_weight is not None and packable(hidden, self.weight):
+            return self.packed_weight.linear(hidden, self.weight, self.bias)
         return head_logits(hidden, self.weight, self.bias)
 
 
@@ -192,9 +201,13 @@ class Fp32LMHead(torch.nn.Module):
         self.weight = torch.nn.Parameter(head.weight.detach().float(), requires_grad=False)
         bias = getattr(head, "bias", None)
         self.bias = None if bias is None else torch.nn.Parameter(bias.detach().float(), requires_grad=False)
+        self.packed_weight: PackedWeight | None = None  # set where load_model packs the model's layers
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return head_logits(hidden.float(), self.weight, self.bias)
+        hidden = hidden.float()
+        if self.packed_weight is not None and packable(hidden, self.weight):
+            return self.packed_weight.linear(hidden, self.weight, self.bias)
+        return head_logits(hidden, self.weight, self.bias)
 
 
 def upcast_lm_head(model: torch.nn.Module) -> torch.nn.Module:

@@ -39,6 +39,7 @@ from jf_core.decoding.layout import Layout
 from jf_core.decoding.lookup import prompt_lookup
 from jf_core.decoding.recycling import NgramPool
 from jf_core.decoding.sampling import Sampling
+from jf_core.decoding.verify import accepted_length
 from jf_core.decoding.width import RowWidth, WidthPolicy
 
 
@@ -163,13 +164,16 @@ class JFDecoder(JacobiDecoder):
                 branches.append([0, *range(start, start + len(cand))])
         seq.lookup_branch = 0
         if self.cfg.lookup and run > 1:
+            # The guess is not held to the run: adaptive width sizes the window by what the drafts earn, while a
+            # guess that copies the text earns by its own length. The real-active block's end still bounds it.
+            far = min(len(seq.window), self._block_end(seq) - seq.origin) - 1
             guess = prompt_lookup(
-                seq.prompt + seq.committed + seq.window[:1], self.cfg.lookup_ngram, min(reach, self.cfg.lookup)
+                seq.prompt + seq.committed + seq.window[:1], self.cfg.lookup_ngram, min(far, self.cfg.lookup)
             )
             # Where the guess agrees with the window's draft the branch runs through the window's own slots: only
             # the rest costs slots (every slot costs compute on a CPU).
             shared = 0
-            while shared < len(guess) and guess[shared] == seq.window[1 + shared]:
+            while shared < len(guess) and 1 + shared < run and guess[shared] == seq.window[1 + shared]:
                 shared += 1
             if shared < len(guess):
                 seq.lookup_branch, start = len(branches), len(tokens)
@@ -192,7 +196,9 @@ class JFDecoder(JacobiDecoder):
         if branch:
             seq.stats_extra["lookup_wins" if branch == seq.lookup_branch else "recycled_wins"] += 1
         if seq.width is not None:
-            seq.width.observe(self.policy, len(main), accepted)
+            # A won lookup says nothing of what the window's drafts earn: the width follows the window's own count.
+            own = accepted_length(window[: len(main)], main_greedy) if branch == seq.lookup_branch > 0 else accepted
+            seq.width.observe(self.policy, len(main), own)
         seq.stats.forwards += 1
         seq.stats.accepted.append(accepted)
         seq.committed += win_tokens[:accepted]

@@ -17,6 +17,7 @@ LAYERS = [
     "threads",
     "quiet",
     "model_dir",
+    "packed_linear",  # CPU kernels for a model's layers: the draft adapter and loading use it
     "draft_adapter",  # a part of the model: the decoders, training, loading and planning use it
     "decoding",
     "models",

@@ -25,6 +25,28 @@ def test_loads_a_local_directory_with_sdpa_on_cpu(tmp_path):
     assert not model.training and tok.eos_token_id == 1
 
 
+def test_a_cpu_model_with_weights_that_stream_from_memory_gets_packed_layers(tmp_path, monkeypatch):
+    """`load_model` packs a CPU model's layers and its LM head (packed_linear.py) once their weights pass
+    MIN_PACKED_BYTES, and leaves a model small enough to stay cached on MKL."""
+    import torch
+
+    from jf_core import packed_linear
+    from jf_core.packed_linear import PackedLinear
+
+    save_tiny(tmp_path)
+    small, _ = load_model(str(tmp_path))
+    assert not any(isinstance(m, PackedLinear) for m in small.modules())
+    assert small.get_output_embeddings().packed_weight is None
+    monkeypatch.setattr(packed_linear, "MIN_PACKED_BYTES", 0)  # as a model past the threshold
+    model, _ = load_model(str(tmp_path))
+    assert not any(type(m) is torch.nn.Linear for m in model.modules())
+    assert any(isinstance(m, PackedLinear) for m in model.modules())
+    assert model.get_output_embeddings().packed_weight is not None
+    ids = torch.tensor([[3, 4, 5, 6]])
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=ids).logits, small(input_ids=ids).logits)
+
+
 def test_attention_choice():
     assert pick_attention("eager") == "eager"
     import torch
@@ -151,14 +173,16 @@ def test_one_device_rule_for_a_process_and_one_for_a_ray_worker():
 
 
 def test_a_window_s_logits_on_a_cpu_come_by_slices_of_the_vocabulary_and_are_the_heads_own(tmp_path):
-    """`load_model` computes a window's logits against 2,048-row slices of the LM head on a CPU (MKL's one matmul is
-    up to 3x slower there for a few rows against a large vocabulary): each logit is the same dot product, so the
-    logits are the whole head's bit for bit at every row count, in batches, with the weight still tied to the
-    embedding, and a backward through the slices gives the whole head's gradients (to rounding)."""
+    """Where a gradient is needed, `load_model`'s LM head computes a window's logits against 2,048-row slices of the
+    head on a CPU (MKL's one matmul is up to 3x slower there for a few rows against a large vocabulary): each logit
+    is the same dot product, so the logits are the whole head's bit for bit at every row count, in batches, with the
+    weight still tied to the embedding, and a backward through the slices gives the whole head's gradients (to
+    rounding). Without a gradient the head is packed (packed_linear.py): the same logits to fp32 rounding."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from jf_core.models import VOCAB_SLICE, SlicedLMHead
+    from jf_core.packed_linear import PackedWeight
 
     tok = save_tiny(tmp_path)
     config = Qwen2Config(vocab_size=5000, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
@@ -173,10 +197,16 @@ def test_a_window_s_logits_on_a_cpu_come_by_slices_of_the_vocabulary_and_are_the
     model.model.register_forward_hook(lambda _m, _a, out: hidden_states.append(out.last_hidden_state))
     for batch, rows in [(1, 1), (1, 2), (1, 11), (1, 31), (2, 16), (1, 64), (1, 65), (3, 40)]:
         ids = torch.randint(2, len(tok), (batch, rows))
-        with torch.no_grad():
-            logits = model(input_ids=ids).logits
-        whole = torch.nn.functional.linear(hidden_states[-1], head.weight)
+        logits = model(input_ids=ids).logits.detach()
+        whole = torch.nn.functional.linear(hidden_states[-1], head.weight).detach()
         assert torch.equal(logits, whole), (batch, rows)
+        for packs in (None, PackedWeight()):  # this model is small enough to stay on MKL; packed as a larger one is
+            head.packed_weight = packs
+            with torch.no_grad():
+                logits = model(input_ids=ids).logits
+            torch.testing.assert_close(logits, torch.nn.functional.linear(hidden_states[-1], head.weight))
+        assert head.packed_weight._packed is not None
+        head.packed_weight = None
 
     linear = torch.nn.Linear(64, 5000)  # a head with a bias, trained through the slices: the whole head's gradients
     sliced = SlicedLMHead(linear)  # the same parameters

@@ -56,3 +56,34 @@ def test_where_the_answer_repeats_itself_the_lookup_branch_is_accepted(tiny_mode
     assert out.sequences == [reference(tiny_model, p, MAX_NEW, None) for p in ps]
     assert sum(s.stats_extra["lookup_wins"] for s in seqs) > 0
     assert sum(s.stats_extra["recycled_wins"] for s in seqs) == 0  # no pool: every branch that won was lookup's
+
+
+def test_the_guess_reaches_past_an_adaptive_width_and_the_width_follows_the_window_alone(tiny_model):
+    """Adaptive width sizes the window by what its drafts earn; the guess is held only to the block, so a forward
+    can accept more tokens than its window ran. The width's estimate counts the window's own acceptance, so a won
+    lookup does not widen it. Lossless throughout, at batch 1 and 4."""
+    ps = prompts(4, seed=5)
+    cfg = JFDecodeConfig(
+        block_size=16, num_blocks=1, pool_size=0, lookup=16, max_new_tokens=MAX_NEW,
+        adaptive_width=True, width_scale=1.0, width_margin=0, width_floor=2,
+    )  # fmt: skip
+    decoder = JFDecoder(tiny_model, cfg, stop=StopTokens(None, PAD))
+    runs, observed = [], []
+    settle = decoder.settle
+
+    def recording_settle(seq, layout, greedy, branch, accepted):
+        runs.append((len(layout.branches[0]), accepted, branch == seq.lookup_branch > 0))
+        before = seq.width.estimate
+        settle(seq, layout, greedy, branch, accepted)
+        observed.append((before, seq.width.estimate, accepted))
+
+    decoder.settle = recording_settle
+    want = [reference(tiny_model, p, MAX_NEW, None) for p in ps]
+    assert decoder.decode(ps).sequences == want
+    assert any(won and accepted > run for run, accepted, won in runs)  # held to the run, accepted <= run
+    decay = decoder.policy.decay
+    for (run, accepted, won), (before, after, _) in zip(runs, observed, strict=True):
+        if won and run > 1:  # the window alone accepted less than the branch that won
+            assert after < (1 - decay) * before + decay * accepted
+    one_by_one = [JFDecoder(tiny_model, cfg, stop=StopTokens(None, PAD)).decode([p]).sequences[0] for p in ps]
+    assert one_by_one == want

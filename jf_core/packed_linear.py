@@ -1,0 +1,126 @@
+"""Linear layers on a CPU by oneDNN, their weights packed once into its blocked layout (decoding only).
+
+`F.linear` on a CPU goes to MKL, whose kernels for a few rows are slow on the AMD EPYC this project runs on: one row
+(an AR step) is a matrix-vector product that reads the weights at half the memory speed oneDNN reaches, and 2 to 64
+rows (a Jacobi window) take a path up to 3x slower than one row. oneDNN with the weight reordered once for it
+(what torch.compile's CPU backend does when it freezes a model) was faster at every width measured: a SmolLM2-135M
+forward over a 200-token cache took 44.6 ms for one token against MKL's 63.0, 45.1 for 4 against 89.0 and 59.8 for
+16 against 93.9 (2026-11-30, 2 threads, `bench/packed_linear.py`). AR itself gets faster, and a window's forward
+costs fewer AR steps, for every decoder alike (they share the model).
+
+Only where nothing needs a gradient, in fp32, on plain CPU tensors: training, bf16 and sharded (DTensor) weights keep
+`F.linear`. The packed copy is made on the first such forward (a training process never pays for it), costs one more
+copy of the weights, and is made again whenever the weight changed in place since (an optimizer step, a loaded
+state dict). The values are F.linear's to fp32 rounding, not bit for bit; greedy decoding compares a decoder with
+AR on the same model, so both run the same kernels.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+_OPS = torch.ops.mkldnn
+AVAILABLE = torch.backends.mkldnn.is_available() and hasattr(_OPS, "_linear_pointwise")
+_switch = {"on": True}
+
+
+@contextlib.contextmanager
+def unpacked() -> Iterator[None]:
+    """Every packed layer on `F.linear` meanwhile: what packing saves is measured against it (bench/packed_linear)."""
+    previous, _switch["on"] = _switch["on"], False
+    try:
+        yield
+    finally:
+        _switch["on"] = previous
+
+
+def packable(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether this product runs packed: no gradient, fp32, plain CPU tensors."""
+    return (
+        AVAILABLE
+        and _switch["on"]
+        and not torch.is_grad_enabled()
+        and x.device.type == "cpu"
+        and x.dtype == weight.dtype == torch.float32
+        and type(weight.data) is torch.Tensor  # not a DTensor shard, not a meta tensor's subclass
+        and weight.device.type == "cpu"
+    )
+
+
+class PackedWeight:
+    """A weight's packed copy (of several stacked by rows: one product for them all), remade when a weight is
+    another tensor or was written in place since."""
+
+    def __init__(self) -> None:
+        self._packed: torch.Tensor | None = None
+        self._stamp: tuple | None = None
+
+    def of(self, *weights: torch.Tensor) -> torch.Tensor:
+        # A tensor made under inference_mode keeps no version counter (and is written in place by no optimizer).
+        stamp = tuple((w.data_ptr(), -1 if w.is_inference() else w._version) for w in weights)
+        if self._stamp != stamp:
+            stacked = torch.cat([w.detach() for w in weights]) if len(weights) > 1 else weights[0].detach()
+            self._packed = _OPS._reorder_linear_weight(stacked, None)
+            self._stamp = stamp
+        return self._packed
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor | tuple, bias: torch.Tensor | None) -> torch.Tensor:
+        packed = self.of(*weight) if isinstance(weight, tuple) else self.of(weight)
+        return _OPS._linear_pointwise(x, packed, bias, "none", [], "")
+
+    def __getstate__(self) -> dict:
+        return {"_packed": None, "_stamp": None}  # oneDNN tensors neither pickle nor deep-copy: remade on use
+
+
+class PackedLinear(nn.Linear):
+    """An `nn.Linear` (the same parameters, state dict and hooks) whose no-gradient fp32 CPU forward is packed.
+
+    While a draft adapter acts (draft_adapter/adapter.py `hook`), `draft` names it and this layer's key in it, and
+    the layer adds the adapter's delta itself rather than through a forward hook: its A rides in the packed
+    product beside the weight (`DraftAdapter.fused`)."""
+
+    draft: tuple | None = None  # (adapter, key) while an adapter's gate is set
+
+    @classmethod
+    def of(cls, linear: nn.Linear) -> PackedLinear:
+        packed = cls.__new__(cls)
+        nn.Module.__init__(packed)
+        packed.in_features, packed.out_features = linear.in_features, linear.out_features
+        packed.weight, packed.bias = linear.weight, linear.bias  # shared: tying and the state dict are unchanged
+        packed.packed_weight = PackedWeight()
+        return packed
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        draft = self.draft
+        if packable(x, self.weight):
+            if draft is not None and self.bias is None:
+                return draft[0].fused(draft[1], self, x)
+            y = self.packed_weight.linear(x, self.weight, self.bias)
+        else:
+            y = nn.functional.linear(x, self.weight, self.bias)
+        return y if draft is None else draft[0].add(draft[1], x, y)
+
+
+# Packing pays where the weights stream from memory, not where they sit in a cache: on a model small enough to stay
+# cached (the embedded default: 3 MB) one oneDNN call cost 18-36 us against MKL's 3-9 us, row counts 1 and 16, for
+# every layer shape it has (2026-11-30, 2 threads). Below this many bytes of linear weights a model is not packed.
+MIN_PACKED_BYTES = 64 * 2**20
+
+
+def pack_linears(model: nn.Module, min_bytes: int | None = None) -> int:
+    """Swap every plain `nn.Linear` of `model` for a `PackedLinear` over the same parameters, when their weights
+    come to `min_bytes` (default `MIN_PACKED_BYTES`) or more; returns how many were swapped."""
+    linears = [(name, mod) for name, mod in model.named_modules() if type(mod) is nn.Linear]
+    size = sum(mod.weight.numel() * mod.weight.element_size() for _, mod in linears)
+    if not AVAILABLE or size < (MIN_PACKED_BYTES if min_bytes is None else min_bytes):
+        return 0
+    swapped = [name for name, _ in linears]
+    for name in swapped:
+        parent, _, attr = name.rpartition(".")
+        owner = model.get_submodule(parent) if parent else model
+        setattr(owner, attr, PackedLinear.of(getattr(owner, attr)))
+    return len(swapped)
