@@ -22,6 +22,7 @@ from jf_core.evaluation.forward_cost import window_cost
 from jf_core.evaluation.tables import markdown
 from jf_core.model_ref import resolve_model
 from jf_core.models import SlicedLMHead, load_model
+from jf_core.packed_linear import unpacked
 
 
 class WholeHead(torch.nn.Module):
@@ -54,7 +55,8 @@ def main(argv: list[str] | None = None) -> None:
     for rnd in range(args.rounds):
         for name, head in forms.items():
             model.set_output_embeddings(head)
-            got = window_cost(model, args.widths, context=args.context, repeats=args.repeats, warmup=2, seed=rnd)
+            with unpacked():  # both heads on MKL, as measured before packed layers (bench/packed_linear.py)
+                got = window_cost(model, args.widths, context=args.context, repeats=args.repeats, warmup=2, seed=rnd)
             for w, v in got["ms"].items():
                 ms[name][w].append(v)
         print(f"round {rnd + 1}/{args.rounds} done", flush=True)
