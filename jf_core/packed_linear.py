@@ -23,8 +23,11 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
+from jf_core import pins
+
 _OPS = torch.ops.mkldnn
-AVAILABLE = torch.backends.mkldnn.is_available() and hasattr(_OPS, "_linear_pointwise")
+# Private ops, pinned to the torch they were written against (jf_core/pins.py): on another, layers keep F.linear.
+AVAILABLE = torch.backends.mkldnn.is_available() and pins.require("torch-packed")
 _switch = {"on": True}
 
 

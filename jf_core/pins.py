@@ -82,6 +82,19 @@ PINS: dict[str, Pin] = {
             refuse=False,
         ),
         Pin(
+            "torch-packed",
+            "torch",
+            ">=2.13,<2.14",
+            (
+                "torch:ops.mkldnn._reorder_linear_weight",  # a weight in oneDNN's blocked layout, once
+                "torch:ops.mkldnn._linear_pointwise",  # the product on it (what torch.compile's frozen CPU graphs run)
+                "torch:Tensor._version",  # a weight written in place since it was packed
+            ),
+            "a CPU model's layers on oneDNN's packed weights (jf_core/packed_linear.py); elsewhere they run on "
+            "F.linear, slower on a CPU but the same values to rounding",
+            refuse=False,
+        ),
+        Pin(
             "prefect-server",
             "prefect",
             ">=3.4,<4",
