@@ -14,11 +14,12 @@ whichever form is running. The logits are the same either way (tests/jf_core/tes
 from __future__ import annotations
 
 import argparse
-import statistics
+import contextlib
+import functools
 
 import torch
 
-from jf_core.evaluation.forward_cost import window_cost
+from jf_core.evaluation.forward_cost import forms_cost, forms_table
 from jf_core.evaluation.tables import markdown
 from jf_core.model_ref import resolve_model
 from jf_core.models import SlicedLMHead, load_model
@@ -50,32 +51,18 @@ def main(argv: list[str] | None = None) -> None:
     sliced = model.get_output_embeddings()
     if not isinstance(sliced, SlicedLMHead):
         raise SystemExit(f"{args.model}: its LM head is not sliced ({type(sliced).__name__})")
-    forms = {"whole": WholeHead(sliced), "sliced": sliced}
-    ms: dict[str, dict[int, list[float]]] = {name: {w: [] for w in args.widths} for name in forms}
-    for rnd in range(args.rounds):
-        for name, head in forms.items():
-            model.set_output_embeddings(head)
-            with unpacked():  # both heads on MKL, as measured before packed layers (bench/packed_linear.py)
-                got = window_cost(model, args.widths, context=args.context, repeats=args.repeats, warmup=2, seed=rnd)
-            for w, v in got["ms"].items():
-                ms[name][w].append(v)
-        print(f"round {rnd + 1}/{args.rounds} done", flush=True)
-    med = {name: {w: statistics.median(v) for w, v in by_w.items()} for name, by_w in ms.items()}
-    first = args.widths[0]
-    rows = [
-        [
-            str(w),
-            f"{med['whole'][w]:.1f}",
-            f"{med['sliced'][w]:.1f}",
-            f"{med['sliced'][w] / med['whole'][w]:.2f}",
-            f"{med['whole'][w] / med['whole'][first]:.2f}",
-            f"{med['sliced'][w] / med['sliced'][first]:.2f}",
-            " / ".join(f"{min(ms[n][w]):.1f}-{max(ms[n][w]):.1f}" for n in forms),
-        ]
-        for w in args.widths
-    ]
-    head = ["width", "whole ms", "sliced ms", "sliced / whole", f"whole / width {first}", f"sliced / width {first}",
-            "spread over rounds (whole / sliced)"]  # fmt: skip
+    heads = {"whole": WholeHead(sliced), "sliced": sliced}
+
+    @contextlib.contextmanager
+    def with_head(head):
+        model.set_output_embeddings(head)
+        with unpacked():  # both heads on MKL, as measured before packed layers (bench/packed_linear.py)
+            yield
+
+    forms = {name: functools.partial(with_head, head) for name, head in heads.items()}
+    ms = forms_cost(model, forms, args.widths, context=args.context, rounds=args.rounds, repeats=args.repeats,
+                    progress=lambda line: print(line, flush=True))  # fmt: skip
+    head, rows = forms_table(ms, {"whole": "whole", "sliced": "sliced"}, ("sliced", "whole", "sliced / whole"))
     print(markdown(head, rows))
 
 

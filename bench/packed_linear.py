@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import statistics
 
 import torch
 
-from jf_core.evaluation.forward_cost import window_cost
+from jf_core.evaluation.forward_cost import forms_cost, forms_table
 from jf_core.evaluation.tables import markdown
 from jf_core.model_ref import resolve_model
 from jf_core.models import load_model
@@ -41,30 +40,10 @@ def main(argv: list[str] | None = None) -> None:
         # load_model leaves a model this small on MKL (packed_linear.MIN_PACKED_BYTES): packed here to show why.
         print(f"{args.model}: below MIN_PACKED_BYTES, packed for this comparison only", flush=True)
         pack_linears(model, min_bytes=0)
-    ms: dict[str, dict[int, list[float]]] = {name: {w: [] for w in args.widths} for name in ("mkl", "packed")}
-    for rnd in range(args.rounds):
-        for name in ms:
-            with unpacked() if name == "mkl" else contextlib.nullcontext():
-                got = window_cost(model, args.widths, context=args.context, repeats=args.repeats, warmup=2, seed=rnd)
-            for w, v in got["ms"].items():
-                ms[name][w].append(v)
-        print(f"round {rnd + 1}/{args.rounds} done", flush=True)
-    med = {name: {w: statistics.median(v) for w, v in by_w.items()} for name, by_w in ms.items()}
-    first = args.widths[0]
-    rows = [
-        [
-            str(w),
-            f"{med['mkl'][w]:.1f}",
-            f"{med['packed'][w]:.1f}",
-            f"{med['mkl'][w] / med['packed'][w]:.2f}",
-            f"{med['mkl'][w] / med['mkl'][first]:.2f}",
-            f"{med['packed'][w] / med['packed'][first]:.2f}",
-            " / ".join(f"{min(ms[n][w]):.1f}-{max(ms[n][w]):.1f}" for n in ms),
-        ]
-        for w in args.widths
-    ]
-    head = ["width", "MKL ms", "packed ms", "packed speedup", f"MKL / width {first}", f"packed / width {first}",
-            "spread over rounds (MKL / packed)"]  # fmt: skip
+    forms = {"MKL": unpacked, "packed": contextlib.nullcontext}
+    ms = forms_cost(model, forms, args.widths, context=args.context, rounds=args.rounds, repeats=args.repeats,
+                    progress=lambda line: print(line, flush=True))  # fmt: skip
+    head, rows = forms_table(ms, {"MKL": "MKL", "packed": "packed"}, ("MKL", "packed", "packed speedup"))
     print(markdown(head, rows))
 
 

@@ -62,3 +62,56 @@ def window_cost(
         "batch": batch,
         "threads": torch.get_num_threads(),
     }
+
+
+def forms_cost(
+    model: torch.nn.Module,
+    forms: dict,
+    widths: list[int],
+    *,
+    context: int = 200,
+    rounds: int = 3,
+    repeats: int = 8,
+    progress=print,
+) -> dict[str, dict[int, list[float]]]:
+    """`window_cost` of `model` in each form, the forms taking turns round by round (so a machine that drifts
+    mid-run shifts them alike): {form: {width: [ms per round]}}. `forms` maps a name to a zero-argument callable
+    returning the context manager that puts the model in that form for a turn."""
+    ms: dict[str, dict[int, list[float]]] = {name: {w: [] for w in widths} for name in forms}
+    for rnd in range(rounds):
+        for name, form in forms.items():
+            with form():
+                got = window_cost(model, widths, context=context, repeats=repeats, warmup=2, seed=rnd)
+            for w, v in got["ms"].items():
+                ms[name][w].append(v)
+        progress(f"round {rnd + 1}/{rounds} done")
+    return ms
+
+
+def forms_table(
+    ms: dict[str, dict[int, list[float]]], labels: dict[str, str], ratio: tuple[str, str, str]
+) -> tuple[list[str], list[list[str]]]:
+    """(header, rows) of two forms' costs (`labels`: form -> its column name, in column order): each form's median
+    ms per width, `ratio` (numerator form, denominator form, column name), each form's ratio to its first width
+    (the break-even TPF), and the spread over rounds."""
+    (ref, ref_label), (other, other_label) = labels.items()
+    num, den, ratio_label = ratio
+    med = {name: {w: statistics.median(v) for w, v in by_w.items()} for name, by_w in ms.items()}
+    widths = list(med[ref])
+    first = widths[0]
+    rows = [
+        [
+            str(w),
+            f"{med[ref][w]:.1f}",
+            f"{med[other][w]:.1f}",
+            f"{med[num][w] / med[den][w]:.2f}",
+            f"{med[ref][w] / med[ref][first]:.2f}",
+            f"{med[other][w] / med[other][first]:.2f}",
+            " / ".join(f"{min(ms[n][w]):.1f}-{max(ms[n][w]):.1f}" for n in (ref, other)),
+        ]
+        for w in widths
+    ]
+    head = ["width", f"{ref_label} ms", f"{other_label} ms", ratio_label,
+            f"{ref_label} / width {first}", f"{other_label} / width {first}",
+            f"spread over rounds ({ref_label} / {other_label})"]  # fmt: skip
+    return head, rows
