@@ -153,10 +153,11 @@ class JFDecoder(JacobiDecoder):
     def layout(self, seq: _JFSequence) -> Layout:
         run = self._run_length(seq)
         tokens, branches = seq.window[:run], [list(range(run))]
-        # Branches (recycled candidates, the lookup's guess) cover the real-active block's remaining positions in
-        # the run at most: beyond it they would compete with pseudo-active drafts that condition on more context.
-        reach = min(run, self._block_end(seq) - seq.origin) - 1
+        # Branches cover the real-active block's remaining positions at most: beyond it they would compete with
+        # pseudo-active drafts that condition on more context.
+        block_left = self._block_end(seq) - seq.origin
         if self.cfg.pool_size and run > 1:
+            reach = min(run, block_left) - 1  # recycled candidates: within the run, like the window they replace
             span = min(reach, self.cfg.ngram) if self.cfg.ngram else reach
             for cand in seq.pool.candidates(seq.window[0], self.cfg.pool_size, span, seq.window[1:]):
                 start = len(tokens)
@@ -165,8 +166,8 @@ class JFDecoder(JacobiDecoder):
         seq.lookup_branch = 0
         if self.cfg.lookup and run > 1:
             # The guess is not held to the run: adaptive width sizes the window by what the drafts earn, while a
-            # guess that copies the text earns by its own length. The real-active block's end still bounds it.
-            far = min(len(seq.window), self._block_end(seq) - seq.origin) - 1
+            # guess that copies the text earns by its own length.
+            far = min(len(seq.window), block_left) - 1
             guess = prompt_lookup(
                 seq.prompt + seq.committed + seq.window[:1], self.cfg.lookup_ngram, min(far, self.cfg.lookup)
             )
