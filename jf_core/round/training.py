@@ -23,6 +23,7 @@ from jf_core.training.jf_data import jf_batches, read_packed_share
 from jf_core.training.losses import JacobiForcingObjective, check_lean_head, training_attention
 from jf_core.training.noise import NoiseSchedule
 from jf_core.training.parallel import Distributed, enable_activation_checkpointing, shard_fsdp2
+from jf_core.training.precision import resolve_compute_dtype
 from jf_core.training.trainer import Checkpoints, Every, Measure, TrainConfig, TrainSummary, train
 
 
@@ -49,13 +50,14 @@ def train_round(
     distributed = t.strategy != "single"
     attention = training_attention(device)
     dtype = ModelSpec(model_in, dtype=profile.model.dtype, device=device.type).resolved_dtype()
-    # fp32 master weights: the optimizer never steps bf16 weights; compute runs in training.compute_dtype (autocast)
-    # and the trained model is written in the model's dtype.
-    compute = dtype if t.compute_dtype == "model" else getattr(torch, t.compute_dtype)
     # Sharded strategies load on the CPU: fully_shard moves each worker's shard to its device.
     model, tok = load_model(
         model_in, dtype="float32", device="cpu" if distributed else str(device), attn_implementation=attention
     )
+    # fp32 master weights: the optimizer never steps bf16 weights; compute runs in training.compute_dtype (autocast;
+    # `auto` measured here) and the trained model is written in the model's dtype.
+    compute = resolve_compute_dtype(t.compute_dtype, dtype, device, model.config.hidden_size)
+    compute_name = str(compute).removeprefix("torch.")
     adapter = for_training(model, t.draft_lora)  # None: the whole model trains
     examples = read_packed_share(packed, rank, world)
     if t.lean_loss:  # a property of the architecture: checked on the plain model, before wrapping or sharding
@@ -68,9 +70,7 @@ def train_round(
         wrapped,
         _batches(profile, examples, tok, rank, dense_mask=attention != "flex_attention"),
         JacobiForcingObjective.of(t, base=_frozen_base(model_in, device, attention) if t.base_kl_weight else None),
-        TrainConfig.of(
-            t, compute_dtype=str(compute).removeprefix("torch."), **({"log_every": log_every} if log_every else {})
-        ),
+        TrainConfig.of(t, compute_dtype=compute_name, **({"log_every": log_every} if log_every else {})),
         hooks=_hooks(profile, examples, model, tok, checkpoints, distributed),
         progress=progress,
         on_log=on_log,
@@ -78,7 +78,9 @@ def train_round(
         threads=threads,
     )
     state = parallel.full_state_dict(wrapped) if parallel is not None else None  # every worker takes part
-    summary = result.model_copy(update={"model_in": model_in, "strategy": t.strategy, "workers": world})
+    summary = result.model_copy(
+        update={"model_in": model_in, "strategy": t.strategy, "workers": world, "compute_dtype": compute_name}
+    )
     if rank == 0:
         _save(model, tok, out, state=state, adapter=adapter is not None, dtype=dtype, model_in=model_in)
     return summary

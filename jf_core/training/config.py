@@ -25,11 +25,12 @@ class JFTrainConfig(BaseModel):
     # `compute_dtype`. See tasks/train_distributed.py and `jf plan`.
     strategy: Literal["single", "ddp", "fsdp2"] = "single"
     # What training's matmuls run in (autocast, or FSDP2's MixedPrecisionPolicy); model: the model's dtype
-    # (model.dtype). bfloat16 under an fp32 model trains faster where bf16 matmuls are (a GPU; a CPU with
-    # AVX512-BF16 or AMX: about 2x fp32's on this project's EPYC) while the optimizer still steps fp32 weights and
-    # the model directory keeps the model's dtype, so the decoders stay fp32 and exact. A draft adapter keeps the
-    # base's greedy text whatever its training's numerics (the base verifies).
-    compute_dtype: Literal["model", "float32", "bfloat16"] = "model"
+    # (model.dtype). bfloat16 under an fp32 model trains faster where bf16 matmuls are (a GPU; some CPUs) while the
+    # optimizer still steps fp32 weights and the model directory keeps the model's dtype, so the decoders stay fp32
+    # and exact. auto: the faster of the two, measured on the machine that trains (jf_core/training/precision.py:
+    # CPUs with the same AVX512-BF16 flag differ). A draft adapter keeps the base's greedy text whatever its
+    # training's numerics (the base verifies).
+    compute_dtype: Literal["model", "float32", "bfloat16", "auto"] = "model"
     activation_checkpointing: bool = False  # recompute each layer's activations in backward (non-reentrant)
     cpu_offload: bool = False  # fsdp2: fp32 masters, gradients and AdamW state in host memory (one small GPU)
     checkpoint_every: int | None = Field(None, ge=1)  # steps between resumable checkpoints; None: a tenth of the run

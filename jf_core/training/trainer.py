@@ -114,6 +114,7 @@ class TrainSummary(BaseModel):
     model_in: str | None = None  # set by the round's driver
     strategy: str = "single"
     workers: int = 1
+    compute_dtype: str = "float32"  # what its matmuls ran in, as the round resolved training.compute_dtype (`auto`)
     resumed_from_step: int = 0  # the step a checkpoint put the run at (0: from the start)
     threads: ThreadRecord = ThreadRecord()  # the counts this run used (jf_core/threads.py), for its params
     history: list[dict[str, int | float]] = []  # the loss curve: a row per logged step, and the hooks' figures

@@ -233,7 +233,8 @@ def test_a_rerun_reuses_every_stage_and_a_stage_made_again_remakes_the_ones_afte
 def test_training_computes_in_its_compute_dtype_and_writes_the_models(profile, tmp_path):
     """`training.compute_dtype: bfloat16` under an fp32 model: training's matmuls run in bf16 (autocast), while the
     model directory keeps the model's fp32 weights (the decoders stay exact). Unset ("model") it stays out of the
-    round's key, so rounds trained before it existed keep theirs."""
+    round's key, so rounds trained before it existed keep theirs. `auto` trains in whichever of the two it measured
+    faster here, and the stage's record says which."""
     import torch
     from safetensors.torch import load_file
 
@@ -248,7 +249,7 @@ def test_training_computes_in_its_compute_dtype_and_writes_the_models(profile, t
     assert "compute_dtype" not in training_identity(p) and training_identity(bf16)["compute_dtype"] == "bfloat16"
     assert round_paths(p, p.model.path).root != round_paths(bf16, p.model.path).root
 
-    def trained_in(prof) -> tuple[set, dict]:
+    def trained_in(prof) -> tuple[set, dict, str]:
         seen: set = set()
 
         def record(module, _args, output):
@@ -259,16 +260,20 @@ def test_training_computes_in_its_compute_dtype_and_writes_the_models(profile, t
         packed = stage_pack(prof, paths, stage_trajectories(prof, prof.model.path, paths, collect=collect_in_process))
         handle = torch.nn.modules.module.register_module_forward_hook(record)
         try:
-            stage_train(prof, prof.model.path, paths, packed, progress=False)
+            result = stage_train(prof, prof.model.path, paths, packed, progress=False)
         finally:
             handle.remove()
-        return seen, load_file(str(paths.model / "model.safetensors"))
+        return seen, load_file(str(paths.model / "model.safetensors")), result.compute_dtype
 
-    seen, weights = trained_in(bf16)
-    assert seen == {torch.bfloat16}
+    seen, weights, ran = trained_in(bf16)
+    assert seen == {torch.bfloat16} and ran == "bfloat16"
     assert {w.dtype for w in weights.values()} == {torch.float32}
-    seen, weights = trained_in(p)
-    assert seen == {torch.float32} and {w.dtype for w in weights.values()} == {torch.float32}
+    seen, weights, ran = trained_in(p)
+    assert seen == {torch.float32} and ran == "float32" and {w.dtype for w in weights.values()} == {torch.float32}
+    auto = p.model_copy(update={"training": training.model_copy(update={"compute_dtype": "auto"})})
+    seen, weights, ran = trained_in(auto)
+    assert ran in ("float32", "bfloat16") and seen == {getattr(torch, ran)}
+    assert {w.dtype for w in weights.values()} == {torch.float32}
 
 
 def test_the_tpf_probe_reads_the_held_out_questions_where_asked(profile, tmp_path):
