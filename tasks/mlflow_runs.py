@@ -174,7 +174,10 @@ def log_round(client: MlflowClient, run_id: str, report: RoundReport, plots: dic
     threads = report.threads
     # The training thread count over steps: a flat line alone, a step down where another process took a core.
     curve += [Metric("torch_threads", float(n), now, int(step)) for step, n in threads.train.changes]
-    client.log_batch(run_id, params=[Param(f"threads.{k}", str(v)) for k, v in thread_params(threads).items()])
+    params = [Param(f"threads.{k}", str(v)) for k, v in thread_params(threads).items()]
+    if report.train.compute_dtype is not None:  # what training's matmuls ran in (training.compute_dtype may say auto)
+        params.append(Param("train.compute_dtype", report.train.compute_dtype))
+    client.log_batch(run_id, params=params)
     for i in range(0, len(curve), 1000):
         client.log_batch(run_id, metrics=curve[i : i + 1000])
     import matplotlib.pyplot as plt

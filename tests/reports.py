@@ -106,6 +106,7 @@ def round_report(
             model_in="/m/in",
             strategy="single",
             workers=1,
+            compute_dtype="bfloat16",
             history=[{"step": 0, "loss": 2.0}, {"step": 10, "loss": 1.0}],
         ),
         "base_eval": base,

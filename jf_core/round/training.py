@@ -78,9 +78,7 @@ def train_round(
         threads=threads,
     )
     state = parallel.full_state_dict(wrapped) if parallel is not None else None  # every worker takes part
-    summary = result.model_copy(
-        update={"model_in": model_in, "strategy": t.strategy, "workers": world, "compute_dtype": compute_name}
-    )
+    summary = result.model_copy(update={"model_in": model_in, "strategy": t.strategy, "workers": world})
     if rank == 0:
         _save(model, tok, out, state=state, adapter=adapter is not None, dtype=dtype, model_in=model_in)
     return summary

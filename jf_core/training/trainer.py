@@ -114,7 +114,9 @@ class TrainSummary(BaseModel):
     model_in: str | None = None  # set by the round's driver
     strategy: str = "single"
     workers: int = 1
-    compute_dtype: str = "float32"  # what its matmuls ran in, as the round resolved training.compute_dtype (`auto`)
+    # What its matmuls ran in (TrainConfig.compute_dtype: training.compute_dtype as the round resolved it, `auto`
+    # measured); None in a record written before it was kept.
+    compute_dtype: str | None = None
     resumed_from_step: int = 0  # the step a checkpoint put the run at (0: from the start)
     threads: ThreadRecord = ThreadRecord()  # the counts this run used (jf_core/threads.py), for its params
     history: list[dict[str, int | float]] = []  # the loss curve: a row per logged step, and the hooks' figures
@@ -286,6 +288,7 @@ def train(
         train_seconds=time.perf_counter() - start,
         history=loop.history,
         resumed_from_step=first_step,
+        compute_dtype=str(cfg.compute_dtype).removeprefix("torch."),
         threads=threads.record() if threads is not None else ThreadRecord(),
     )
 

@@ -106,6 +106,7 @@ def test_a_round_is_logged_from_its_report_and_its_figures_closed(tmp_path):
     assert run.data.metrics["tpf_n16"] == 3.0 and run.data.metrics["base_tpf_n16"] == 1.3
     assert [m.step for m in client.get_metric_history(run_id, "loss")] == [0, 10]
     assert run.data.params["threads.train_policy"] == "fixed"
+    assert run.data.params["train.compute_dtype"] == "bfloat16"  # what training ran in (`auto` resolves it)
     logged = json.loads(Path(client.download_artifacts(run_id, "eval/report.json", str(tmp_path))).read_text())
     assert logged["eval"]["methods"]["jacobi_n16"]["tpf"] == 3.0 and "history" not in logged["train"]
     assert {a.path for a in client.list_artifacts(run_id, "plots")} == {
