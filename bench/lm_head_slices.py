@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
     forms = {name: functools.partial(with_head, head) for name, head in heads.items()}
     ms = forms_cost(model, forms, args.widths, context=args.context, rounds=args.rounds, repeats=args.repeats,
                     progress=lambda line: print(line, flush=True))  # fmt: skip
-    head, rows = forms_table(ms, {"whole": "whole", "sliced": "sliced"}, ("sliced", "whole", "sliced / whole"))
+    head, rows = forms_table(ms, ("sliced", "whole", "sliced / whole"))
     print(markdown(head, rows))
 
 

@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> None:
     forms = {"MKL": unpacked, "packed": contextlib.nullcontext}
     ms = forms_cost(model, forms, args.widths, context=args.context, rounds=args.rounds, repeats=args.repeats,
                     progress=lambda line: print(line, flush=True))  # fmt: skip
-    head, rows = forms_table(ms, {"MKL": "MKL", "packed": "packed"}, ("MKL", "packed", "packed speedup"))
+    head, rows = forms_table(ms, ("MKL", "packed", "packed speedup"))
     print(markdown(head, rows))
 
 

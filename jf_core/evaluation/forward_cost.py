@@ -89,12 +89,12 @@ def forms_cost(
 
 
 def forms_table(
-    ms: dict[str, dict[int, list[float]]], labels: dict[str, str], ratio: tuple[str, str, str]
+    ms: dict[str, dict[int, list[float]]], ratio: tuple[str, str, str]
 ) -> tuple[list[str], list[list[str]]]:
-    """(header, rows) of two forms' costs (`labels`: form -> its column name, in column order): each form's median
-    ms per width, `ratio` (numerator form, denominator form, column name), each form's ratio to its first width
-    (the break-even TPF), and the spread over rounds."""
-    (ref, ref_label), (other, other_label) = labels.items()
+    """(header, rows) of two forms' costs (`forms_cost`'s, its form names the column names, in its order): each
+    form's median ms per width, `ratio` (numerator form, denominator form, column name), each form's ratio to its
+    first width (the break-even TPF), and the spread over rounds."""
+    ref, other = ms
     num, den, ratio_label = ratio
     med = {name: {w: statistics.median(v) for w, v in by_w.items()} for name, by_w in ms.items()}
     widths = list(med[ref])
@@ -111,7 +111,7 @@ def forms_table(
         ]
         for w in widths
     ]
-    head = ["width", f"{ref_label} ms", f"{other_label} ms", ratio_label,
-            f"{ref_label} / width {first}", f"{other_label} / width {first}",
-            f"spread over rounds ({ref_label} / {other_label})"]  # fmt: skip
+    head = ["width", f"{ref} ms", f"{other} ms", ratio_label,
+            f"{ref} / width {first}", f"{other} / width {first}",
+            f"spread over rounds ({ref} / {other})"]  # fmt: skip
     return head, rows
