@@ -34,7 +34,7 @@ them and on 64 held-out ones:
 
 (700 steps x 32 packed sequences of about 485 tokens: 1.09 x 10^7 training tokens, TPF at n = 16 and 32 probed 8
 times on 32 calibration questions; the run measured below probed n = 16 only, before the probe took more sizes.)
-Measured on an H200 on 2026-11-27 (docs/real-models.md, "The mechanism", has the table and the curve): the whole
+Measured on an H200 on 2026-11-27 (docs/experiments/mechanism.md, has the table and the curve): the whole
 command took 7.7 minutes; the synthetic trajectories of 1,055 questions 65 s (3,080 tokens/s), training 294 s (0.35
 s a step with the probes, beside the GPU check on the same GPU; 0.24 s a step in the first lease's run).
 `--random-weights` runs the same shapes on random weights (the config and tokenizer suffice), which is how the first
@@ -119,10 +119,10 @@ def _with_references(rows: list[dict], benchmark: str, source: str) -> list[dict
     return None
 
 
-def _model_dir(model: str | None, profile, threads: int) -> str:
+def _model_dir(model: str | None, profile) -> str:
     """A .gguf file is imported once, next to itself (`<file>.jf-fp32/`), so a copied file is all a machine needs."""
     if model is None:
-        return resolve_model(profile.model.path, threads=threads)
+        return resolve_model(profile.model.path)
     path = Path(model)
     if path.suffix != ".gguf":
         return model
@@ -199,7 +199,7 @@ def main() -> int:
         rows = [json.loads(line) for f in args.from_json for line in f.read_text().splitlines() if line.strip()]
         _publish(profile, rows, args.plot, args.mlflow, " ".join(map(str, args.from_json)))
         return 0
-    model_dir = _model_dir(args.model, profile, args.threads)
+    model_dir = _model_dir(args.model, profile)
     if args.random_weights:
         model_dir = _random_weights(model_dir)
     profile = experiment_profile(profile, args)

@@ -90,7 +90,7 @@ def main() -> int:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     profile = load_profile(args.profile, **parse_overrides(args.set or []))
-    model_dir = resolve_model(profile.model.path, threads=args.threads)
+    model_dir = resolve_model(profile.model.path)
     model, tok = load_model(model_dir, dtype="float32")
     items = load_prompts(profile.prompts.model_copy(update={"split": "train", "limit": args.questions}), tok).items
     update = {"kind": "synthetic", "batch_size": len(items)}

@@ -38,7 +38,7 @@ def main() -> int:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     profile = load_profile(args.profile, **parse_overrides(args.set or []))
-    model, tok = load_model(resolve_model(profile.model.path, threads=args.threads), dtype="float32")
+    model, tok = load_model(resolve_model(profile.model.path), dtype="float32")
     items = load_prompts(profile.prompts.model_copy(update={"limit": args.prompts}), tok).items
     base = profile.trajectory.model_copy(update={"max_new_tokens": args.max_new_tokens})
     best: dict[tuple[str, int], dict] = {}

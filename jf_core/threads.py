@@ -42,8 +42,15 @@ _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _MARGIN = 0.4
 
 
+CPUS_ENV = "JF_CPUS"  # an operator's cap on the CPUs jf uses (a shared machine); every process jf starts inherits it
+
+
 def cpu_budget() -> int:
-    """CPUs this process may use: its affinity mask, capped by a cgroup v2 CPU quota (containers, k8s limits)."""
+    """CPUs this process may use: its affinity mask, capped by a cgroup v2 CPU quota (containers, k8s limits) and by
+    JF_CPUS when set (a machine shared with other work, where neither of the others says so)."""
+    cap = os.environ.get(CPUS_ENV)
+    if cap is not None and not (cap.isdigit() and int(cap) >= 1):
+        raise ValueError(f"{CPUS_ENV}={cap!r}: expected a whole number of CPUs >= 1")
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
@@ -54,7 +61,7 @@ def cpu_budget() -> int:
             cpus = min(cpus, max(1, math.floor(int(quota) / int(period))))
     except (OSError, ValueError):
         pass
-    return max(1, cpus)
+    return max(1, min(cpus, int(cap)) if cap is not None else cpus)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import contextlib
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -109,17 +109,11 @@ def checkpoint_of(downloaded: Path) -> Path:
     return path
 
 
-def resolve_model(uri: str, profile: Profile | None = None, on_log: Callable[[int, dict], None] | None = None) -> str:
+def resolve_model(uri: str, profile: Profile | None = None) -> str:
     """Every model reference as a local directory or hub id (`jf_core.model_ref.resolve_model`, with MLflow's
     registry for `models:/`): the door every command option, flow parameter and server takes. The profile gives
-    the embedded model's bootstrap threads and the registry (without one: MLFLOW_TRACKING_URI, else the local
-    store)."""
-    return model_ref.resolve_model(
-        uri,
-        threads=profile.compute.threads if profile is not None else None,
-        on_log=on_log,
-        registry=lambda ref: registered_checkpoint(ref, profile),
-    )
+    the registry (without one: MLFLOW_TRACKING_URI, else the local store)."""
+    return model_ref.resolve_model(uri, registry=lambda ref: registered_checkpoint(ref, profile))
 
 
 def registered_checkpoint(uri: str, profile: Profile | None = None) -> str:

@@ -175,23 +175,9 @@ def step_logger(what: str, steps: int, say: Callable[[str], None], bar: Progress
 
 @task(name="resolve-model", task_run_name="resolve model {uri}", retries=2, retry_delay_seconds=5)
 def resolve_model(uri: str, profile: Profile) -> str:
-    from jf_core.toy.bootstrap import BootstrapConfig, BootstrapReport
-
     logger = get_run_logger()
-    # Used only when the embedded model is not cached yet: its bootstrap (minutes on a CPU) then says how far it is
-    # in the run's log, where a terminal bar is seen by nobody.
-    steps, trained = BootstrapConfig().train.steps, []
-    say = step_logger("bootstrapping the embedded model (first run only): ", steps, logger.info)
-
-    def on_log(step: int, row: dict) -> None:
-        trained.append(step)
-        say(step, row)
-
     with library_warnings_in_run_log():
-        path = model_package.resolve_model(uri, profile, on_log=on_log)
-    if trained:
-        done = BootstrapReport.read(path)
-        logger.info("bootstrapped the embedded model: accuracy %.3f, %.0f s", done.accuracy, done.total_seconds)
+        path = model_package.resolve_model(uri, profile)
     logger.info("starting model %s -> %s", uri, path)
     return path
 

@@ -1,5 +1,5 @@
 """Shared fixtures: tiny random-weight models of two real architectures, built from config objects (no downloads),
-and the embedded default model (bootstrapped once into the project cache when missing)."""
+and the embedded default model (its shipped weights)."""
 
 from __future__ import annotations
 
@@ -87,11 +87,11 @@ def tiny_model(request) -> torch.nn.Module:
 
 @pytest.fixture(scope="session")
 def embedded():
-    """(model, tokenizer) of the embedded default, from the cache; bootstraps it once when missing."""
+    """(model, tokenizer) of the embedded default, as the package ships it."""
     from jf_core.models import load_model
-    from jf_core.toy.bootstrap import ensure_embedded_model
+    from jf_core.toy.bootstrap import embedded_model
 
-    path = ensure_embedded_model()
+    path = embedded_model()
     return load_model(str(path))
 
 

@@ -8,8 +8,9 @@ import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# The READMEs and the documentation site's pages: every command and snippet in any of them is held to the same tests.
-READMES = ("README.md", "infra/README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")))
+# The READMEs and the documentation site's pages, the experiment records included: every command and snippet in any
+# of them is held to the same tests.
+READMES = ("README.md", "infra/README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md")))
 
 
 def blocks(lang: str) -> list[tuple[str, str]]:

@@ -33,9 +33,10 @@ def site(tmp_path_factory) -> Path:
 
 
 def test_the_site_builds_in_strict_mode_with_every_page(site):
-    pages = sorted(p.stem for p in (ROOT / "docs").glob("*.md"))
-    assert len(pages) >= 10, pages
-    assert [p for p in pages if not (site / ("" if p == "index" else p) / "index.html").is_file()] == []
+    pages = sorted(p.relative_to(ROOT / "docs").with_suffix("") for p in (ROOT / "docs").rglob("*.md"))
+    assert len(pages) >= 20, pages  # the guide's pages and the experiment records
+    built = [site / (p.parent if p.name == "index" else p) / "index.html" for p in pages]
+    assert [str(p) for p, html in zip(pages, built, strict=True) if not html.is_file()] == []
     api = (site / "api" / "index.html").read_text()
     assert "jf_core.decoding.jacobi" in api and "JacobiConfig" in api  # the reference came from the docstrings
 
@@ -77,7 +78,7 @@ def test_every_jf_subcommand_is_documented():
     from jf_cli.main import build_parser
 
     text = "\n".join(
-        p.read_text() for p in [ROOT / "README.md", ROOT / "infra/README.md", *(ROOT / "docs").glob("*.md")]
+        p.read_text() for p in [ROOT / "README.md", ROOT / "infra/README.md", *(ROOT / "docs").rglob("*.md")]
     )
 
     def commands(parser: argparse.ArgumentParser, prefix: str = "") -> list[str]:
@@ -91,3 +92,38 @@ def test_every_jf_subcommand_is_documented():
     listed = commands(build_parser())
     assert len(listed) >= 20, listed
     assert [c for c in listed if not re.search(rf"\bjf {re.escape(c)}\b", text)] == []
+
+
+# A path that means something on one machine only: a home, a scratch or temporary directory, a mount.
+MACHINE_PATH = re.compile(r"(?<![\w.$])/(?:root|home|Users|tmp|work|mnt|scratch)/")
+
+
+def test_no_doc_or_data_file_names_a_path_of_a_particular_machine():
+    """Docs and their data files name files by their path in the repository (or `$JF_HOME/...`): a session's scratch
+    directory means nothing to the next reader."""
+    files = [ROOT / "README.md", ROOT / "infra/README.md", *(p for p in (ROOT / "docs").rglob("*") if p.is_file())]
+    texts = [(f, f.read_text()) for f in files if f.suffix in (".md", ".json", ".jsonl", ".yaml", ".csv")]
+    assert len(texts) >= 30, "the scan reads the docs and their data"
+    found = [f"{f.relative_to(ROOT)}:{text[: m.start()].count(chr(10)) + 1}: {text[m.start() : m.start() + 60]}"
+             for f, text in texts for m in MACHINE_PATH.finditer(text)]  # fmt: skip
+    assert found == []
+
+
+def results_rows() -> list[str]:
+    """The rows of the README's results table (after its header and separator)."""
+    text = (ROOT / "README.md").read_text()
+    table = text.split("## Results", 1)[1].split("\n\n| what |", 1)[1].split("\n\n", 1)[0]
+    return table.splitlines()[2:]
+
+
+def test_every_results_row_is_one_line_linking_its_record_and_data_file():
+    """The README's results table is a summary: each row one line, linking the page or record that measured it and
+    naming the data file under docs/ that holds its figures."""
+    rows = results_rows()
+    assert len(rows) >= 5, rows
+    for row in rows:
+        assert row.startswith("|") and row.endswith("|"), f"a results row spans lines: {row[:80]}"
+        assert re.search(r"\]\(docs/[^)]+\.md(#[^)]*)?\)", row), f"no link to its record: {row[:80]}"
+        data = re.findall(r"`(docs/data/[^`]+)`", row)
+        assert data, f"no data file named: {row[:80]}"
+        assert all((ROOT / d).exists() for d in data), data

@@ -17,6 +17,7 @@ from tests.readme import ROOT, blocks, command_lines, lines_with, run_as_written
 PLACEHOLDERS = {
     "DIR": "/tmp/model",
     "PATH/gsm8k_test.jsonl": "/tmp/gsm8k_test.jsonl",
+    "PATH/gsm8k_train.jsonl": "/tmp/gsm8k_train.jsonl",
     "PATH": "/tmp/model",
     "P": "tiny",
     "NAME": "cllm",
@@ -181,6 +182,9 @@ HOW = {
         "not in CI", "a benchmark of the real model (timing only); `jf bench forward` runs on a tiny model in "
                      "tests/jf_core/evaluation"),
     ".venv/bin/jf run --profile smollm2-135m --set prompts.source=PATH/gsm8k_test.jsonl": (
+        "not in CI", "hours on a CPU; its stages run on the real model in tests/test_smollm2.py"),
+    ".venv/bin/jf run --profile smollm2-135m --set prompts.source=PATH/gsm8k_train.jsonl "
+    "--set evaluation.source=PATH/gsm8k_test.jsonl": (
         "not in CI", "hours on a CPU; its stages run on the real model in tests/test_smollm2.py"),
     ".venv/bin/jf prompts prepare --profile qwen2.5-coder-7b --source <OpenCodeInstruct JSONL or hub id>  "
     "--text-field input --max-prompt-tokens 2048 --calibration 200 --out data/opencodeinstruct": (

@@ -62,9 +62,9 @@ def with_port(line: str, old: int, new: int) -> str:
 def main_job(tmp_path_factory):
     """The main job's console output and the environment a reader has after it: a fresh $JF_HOME holding only the
     embedded model (the session's cached bootstrap), and MLFLOW_TRACKING_URI exported as `jf run` said."""
-    from jf_core.toy.bootstrap import ensure_embedded_model
+    from jf_core.toy.bootstrap import embedded_model
 
-    model = ensure_embedded_model()
+    model = embedded_model()
     home = tmp_path_factory.mktemp("jf_home")
     (home / "models").mkdir()
     (home / "models" / model.name).symlink_to(model)

@@ -2,8 +2,8 @@
 
 Training the whole model on its own Jacobi trajectories makes it draft better, but the model that drafts is also the
 model that verifies, so the text it accepts is its new greedy text: on questions it was not trained on, that text
-changed (docs/real-models.md). With a draft adapter the base weights stay frozen and verify; low-rank adapters on the
-attention and MLP projections act only on the positions that draft, chosen per token by a gate:
+changed (docs/experiments/mechanism.md). With a draft adapter the base weights stay frozen and verify; low-rank
+adapters on the attention and MLP projections act only on the positions that draft, chosen per token by a gate:
 
 - the base computes every token that is committed (gate 0 on the verified window and so on the whole KV cache), and
   a draft token is accepted only where it equals the base's own greedy pick: the output is the base model's greedy

@@ -1,7 +1,10 @@
-"""`jf bootstrap`: train the embedded default model as an ordinary AR model and cache it.
+"""The embedded default model: shipped with the package (`embedded_model`), and made from scratch by `jf bootstrap`
+(an ordinary AR model trained on the embedded task, cached).
 
-The cache key hashes everything that determines the result (task, model and training configs, seed), so a changed
-recipe trains a new model instead of silently reusing a stale one."""
+The package carries the weights `jf bootstrap` made with the default recipe on 2 threads (`jf_core/toy/embedded/`,
+3 MB), so every machine's round starts from the same base and no run waits minutes for it. A bootstrap's cache key
+hashes everything that determines its result (task, model and training configs, seed, threads), so a changed recipe
+trains a new model instead of silently reusing a stale one."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -18,6 +22,8 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict
 
+from jf_core.atomic import atomic_dir
+from jf_core.checksums import MANIFEST, verify
 from jf_core.decoding import StopTokens, ar_decode
 from jf_core.model_dir import save_checkpoint
 from jf_core.paths import jf_home
@@ -31,6 +37,8 @@ from jf_core.training.trainer import TrainConfig, causal_lm_loss, train
 
 RECIPE_VERSION = 2  # bump when code changes what a given config trains or saves (2: the tokenizer's chat template)
 REPORT = "bootstrap.json"  # how the model was made (BootstrapReport), beside its weights
+# The embedded model as the package ships it: `jf bootstrap`'s output for BootstrapConfig(threads=2), copied here.
+SHIPPED_DIR = Path(__file__).with_name("embedded")
 
 
 @dataclass(frozen=True)
@@ -79,6 +87,25 @@ class BootstrapReport(BaseModel):
     @classmethod
     def read(cls, model_dir: str | Path) -> BootstrapReport:
         return cls.model_validate_json((Path(model_dir) / REPORT).read_text())
+
+
+def embedded_model(home: Path | None = None) -> Path:
+    """The embedded default's directory: the shipped weights, copied once under $JF_HOME/models (commands write into
+    a model directory, `jf tune` its config, so the package's own copy stays as shipped). The copy is named by the
+    weights' checksum, so a package carrying other weights gets a directory of its own."""
+    sums = SHIPPED_DIR / MANIFEST
+    if not sums.is_file():
+        raise FileNotFoundError(f"{sums}: the embedded model's weights are missing from this installation")
+    digest = hashlib.sha256(sums.read_bytes()).hexdigest()[:12]
+    out = (home or jf_home()) / "models" / f"embedded-qwen2-shipped-{digest}"
+    if (out / REPORT).is_file():
+        return out
+    with exclusive(out):
+        if not (out / REPORT).is_file():
+            verify(SHIPPED_DIR)  # a damaged installation is refused naming the file, never copied on
+            with atomic_dir(out) as tmp:
+                shutil.copytree(SHIPPED_DIR, tmp, ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True)
+    return out
 
 
 def ensure_embedded_model(

@@ -3,9 +3,9 @@
 `auto` chooses by measuring, because the answer depends on the CPU and not on its feature flags: on this project's
 AMD EPYC (AVX512-BF16) bf16 autocast trained the draft adapter 1.5x faster than fp32, and on an Intel Xeon with the
 same AVX512-BF16 flag (no AMX exposed) bf16 matmuls ran at half fp32's rate and the whole step 0.67x
-(docs/real-models.md). A GPU with bf16 takes bf16 without timing (its tensor cores always win). Either dtype trains
-the adapter to the same TPF (1.292 against 1.295 held-out at equal tokens), so the choice is speed alone; the
-optimizer steps fp32 weights and the model directory keeps the model's dtype either way.
+(docs/experiments/adapter-7473-questions.md). A GPU with bf16 takes bf16 without timing (its tensor cores always
+win). Either dtype trains the adapter to the same TPF (1.292 against 1.295 held-out at equal tokens), so the choice
+is speed alone; the optimizer steps fp32 weights and the model directory keeps the model's dtype either way.
 """
 
 from __future__ import annotations

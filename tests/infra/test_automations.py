@@ -20,7 +20,7 @@ from jacobi_forcing.infra import automations
 from jacobi_forcing.tasks import mlflow_runs
 from jacobi_forcing.tasks.round_tasks import flow_run_state
 
-pytestmark = pytest.mark.timeout(400)
+pytestmark = [pytest.mark.timeout(400), pytest.mark.slow]  # waits through the automations' windows
 
 
 @flow(name="jf-heartbeat-probe")

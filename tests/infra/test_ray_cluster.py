@@ -20,7 +20,7 @@ from jacobi_forcing.infra import ray_cluster
 from jacobi_forcing.infra.ray_cluster import RayAuthError, check_join_auth, is_loopback, ray_session
 from tests.infra.sockets import SocketWatch
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
 
 

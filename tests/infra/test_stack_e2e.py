@@ -53,9 +53,9 @@ SMALL = {
 @pytest.fixture(scope="module")
 def stack_env(tmp_path_factory):
     from jacobi_forcing.infra import stack
-    from jf_core.toy.bootstrap import ensure_embedded_model
+    from jf_core.toy.bootstrap import embedded_model
 
-    model = ensure_embedded_model()  # the session's cached model (bootstrapped once when missing)
+    model = embedded_model()  # the shipped weights, copied into the cache once
     home = tmp_path_factory.mktemp("jf_home")
     (home / "models").mkdir()
     (home / "models" / model.name).symlink_to(model)

@@ -1,9 +1,11 @@
 """`jf run` interrupted mid-round by Ctrl-C (SIGINT to its whole process group, as a terminal sends it) or SIGTERM
 (`kill`, a scheduler stopping it): it exits, its flow run is closed (`Crashed`), and every process it started (the
 temporary Prefect server, the round's Ray: GCS, raylet, agents, workers) is gone. Before the fixes, a Ctrl-C left
-Ray's dashboard agent running; a Ctrl-C during the embedded model's bootstrap also killed the temporary Prefect server
-(started in jf's process group), and jf then retried for minutes to report the crash to it; and a SIGTERM after the
-Ray stage (Ray's own handler, left installed) killed `jf run` or `jf ablate` on the spot, orphaning the server."""
+Ray's dashboard agent running; a Ctrl-C also killed the temporary Prefect server (started in jf's process group),
+and jf then retried for minutes to report the crash to it (first seen during the embedded model's bootstrap, which
+the round no longer runs: the SIGINT case below sends the Ctrl-C to the whole group, server's old group included);
+and a SIGTERM after the Ray stage (Ray's own handler, left installed) killed `jf run` or `jf ablate` on the spot,
+orphaning the server."""
 
 from __future__ import annotations
 
@@ -56,10 +58,9 @@ def default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-# id: (command after `jf`, signal, when: during the embedded model's bootstrap, during the round's Ray stage, or in
-# training after it). SIGINT goes to the process group (a terminal's Ctrl-C), SIGTERM to jf alone (`kill`).
+# id: (command after `jf`, signal, when: during the round's Ray stage, or in training after it). SIGINT goes to the
+# process group (a terminal's Ctrl-C), SIGTERM to jf alone (`kill`).
 CASES = {
-    "run-SIGINT-in-bootstrap": (["run"], signal.SIGINT, "bootstrap"),
     "run-SIGINT-in-ray": (["run"], signal.SIGINT, "ray"),
     "run-SIGTERM-in-ray": (["run"], signal.SIGTERM, "ray"),
     # ray.init installs its own SIGTERM handler and ray.shutdown left it in place: a SIGTERM during training then
@@ -77,8 +78,7 @@ LONG_TRAINING = 100000  # steps: the signal lands in training, after the traject
 def test_an_interrupted_run_leaves_no_process_behind(run_env, tmp_path, case):
     command, sig, when = CASES[case]
     path, env = run_env
-    extra = {"after-ray": ["--set", f"training.steps={LONG_TRAINING}"], "bootstrap": ["--set", "model.path=embedded"]}
-    extra = extra.get(when, [])  # JF_HOME is empty: the embedded model is bootstrapped
+    extra = ["--set", f"training.steps={LONG_TRAINING}"] if when == "after-ray" else []
     log = tmp_path / "out.log"  # a file, not a pipe: a full pipe would block the child and hang this test
     with log.open("w") as out:
         proc = subprocess.Popen(
@@ -100,8 +100,6 @@ def test_an_interrupted_run_leaves_no_process_behind(run_env, tmp_path, case):
 
     def ready() -> bool:
         look()
-        if when == "bootstrap":
-            return "bootstrapping the embedded model (first run only): step 0/" in log.read_text()
         ray_up = bool(raylets()) and any("prefect" in what for _, what in started.values())
         if not (ray_up and when == "after-ray"):
             return ray_up
@@ -113,7 +111,7 @@ def test_an_interrupted_run_leaves_no_process_behind(run_env, tmp_path, case):
             time.sleep(0.5)
         assert proc.poll() is None, log.read_text()[-3000:]
         assert ready(), f"not at the point to interrupt within 300 s: {log.read_text()[-3000:]}"
-        assert raylets() or when == "bootstrap", "the round never started its Ray"
+        assert raylets(), "the round never started its Ray"
         time.sleep(2)
         look()
         if sig == signal.SIGINT:

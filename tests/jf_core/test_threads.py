@@ -194,3 +194,17 @@ def test_a_fixed_count_beside_a_busy_process_is_kept_and_its_user_told(restore_t
     told = [r for r in caplog.records if r.name == "jf.threads"]
     assert len(told) == 1 and told[0].levelno == logging.WARNING, caplog.records
     assert "compute.threads set to the CPUs left free" in told[0].getMessage()
+
+
+def test_jf_cpus_caps_the_budget_and_a_bad_value_is_named(monkeypatch):
+    """An operator's cap on a shared machine: it lowers the budget (and so a training's thread count), never raises
+    it above what the affinity mask allows, and a value that is not a count fails naming the variable."""
+    machine = len(os.sched_getaffinity(0))
+    monkeypatch.setenv("JF_CPUS", "1")
+    assert cpu_budget() == 1 and ThreadGovernor.for_training().fixed == 1
+    monkeypatch.setenv("JF_CPUS", str(machine + 8))
+    assert cpu_budget() <= machine
+    for bad in ("0", "two", "-1", ""):
+        monkeypatch.setenv("JF_CPUS", bad)
+        with pytest.raises(ValueError, match="JF_CPUS="):
+            cpu_budget()

@@ -49,9 +49,9 @@ def _compare(vllm_python, tmp_path, model, prompts, *args) -> dict:
 
 
 def ensure_embedded() -> Path:
-    from jf_core.toy.bootstrap import ensure_embedded_model
+    from jf_core.toy.bootstrap import embedded_model
 
-    return ensure_embedded_model()
+    return embedded_model()
 
 
 @pytest.fixture(scope="module")

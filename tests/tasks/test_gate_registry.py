@@ -19,7 +19,7 @@ from jf_core.evaluation.gate import Figures
 from jf_core.models import stop_tokens
 from jf_core.round.report import RoundReport
 from jf_core.round.results import Registration
-from jf_core.toy.bootstrap import ensure_embedded_model
+from jf_core.toy.bootstrap import embedded_model
 from jf_core.trajectory.prompts import PromptFormat
 from tests.reports import round_report
 
@@ -54,7 +54,7 @@ def evaluations(embedded):
 
 @pytest.fixture()
 def registry(tmp_path, monkeypatch, profile, evaluations):
-    model_dir = str(ensure_embedded_model())  # from the project cache, before JF_HOME moves to tmp
+    model_dir = str(embedded_model())  # in the project cache, before JF_HOME moves to tmp
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.setenv("JF_HOME", str(tmp_path / "home"))

@@ -1,9 +1,46 @@
-"""The embedded model's cache key: what trains a different model names a different directory."""
+"""The embedded model: the shipped weights are `jf bootstrap`'s default recipe, a bootstrap learns and makes a
+directory that loads as the shipped one does, and the cache key names what trains a different model."""
 
 from __future__ import annotations
 
+import json
+import math
+
 from jf_core.threads import cpu_budget
-from jf_core.toy.bootstrap import BootstrapConfig, ensure_embedded_model
+from jf_core.toy.bootstrap import SHIPPED_DIR, BootstrapConfig, BootstrapReport, ensure_embedded_model
+
+
+def test_the_shipped_weights_are_the_default_recipe_on_two_threads():
+    """A changed recipe (task, model, training, seed) must ship new weights: the shipped report's key is the one the
+    default config on 2 threads trains, and its accuracy is what the docs promise (1.000 on 500 held-out items)."""
+    report = BootstrapReport.read(SHIPPED_DIR)
+    assert report.key == BootstrapConfig(threads=2).key()
+    assert report.accuracy == 1.0 and report.test_size == 500
+
+
+def test_a_short_bootstrap_learns_and_loads_as_the_shipped_model_does(tmp_path):
+    """`jf bootstrap` still makes the model from scratch: a few dozen steps lower the loss, and its directory holds
+    the shipped one's files and loads through the same door, a Qwen2 of the shipped tokenizer."""
+    from jf_core.models import load_model
+    from jf_core.toy.model import ToyModelConfig
+    from jf_core.training.trainer import TrainConfig
+
+    cfg = BootstrapConfig(
+        model=ToyModelConfig(hidden_size=32, num_hidden_layers=1, intermediate_size=64),
+        train=TrainConfig(steps=40, lr=3e-3, warmup_steps=4, log_every=10),
+        train_size=640, test_size=4, batch_size=16, threads=1,
+    )  # fmt: skip
+    out = ensure_embedded_model(cfg, home=tmp_path, progress=False)
+    curve = BootstrapReport.read(out).loss_curve
+    vocab = json.loads((out / "config.json").read_text())["vocab_size"]
+    assert curve[0][1] > 0.9 * math.log(vocab), curve  # it starts from about a uniform guess over the vocabulary
+    assert curve[-1][1] < 0.7 * curve[0][1], curve  # and learns: its loss falls well below that
+    shipped = {p.name for p in SHIPPED_DIR.iterdir() if p.is_file()}
+    assert shipped <= {p.name for p in out.iterdir()}, "a bootstrap makes every file the package ships"
+    model, tok = load_model(str(out), dtype="float32")
+    shipped_model, shipped_tok = load_model(str(SHIPPED_DIR), dtype="float32")
+    assert type(model) is type(shipped_model) and tok.get_vocab() == shipped_tok.get_vocab()
+    assert json.loads((out / "config.json").read_text())["vocab_size"] == shipped_model.config.vocab_size
 
 
 def test_the_thread_count_is_part_of_the_key():
