@@ -1,6 +1,6 @@
 """`jf`: the command line over jf_core (and, for orchestration commands, over tasks/ and flows/).
 
-jf bootstrap                                   train and cache the embedded default model
+jf bootstrap                                   train the embedded default model from scratch (it ships)
 jf models import SOURCE --out DIR              GGUF weights (a file or an installed package) -> a model directory
 jf decode --prompt TEXT [--model PATH_OR_ID] [--block-size N]
 jf bench forward [--model M] [--widths 1 16 32 64]   the cost of a window at each width (break-even TPF)
@@ -113,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("bootstrap", help="train and cache the embedded default model")
+    p = sub.add_parser("bootstrap", help="train the embedded default model from scratch (the package ships one)")
     p.add_argument("--force", action="store_true", help="retrain even when cached")
     p.add_argument(
         "--threads",

@@ -149,7 +149,7 @@ def cmd_stack(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("run", help="the main job: one jf-round flow run (bootstraps the embedded model if needed)")
+    p = sub.add_parser("run", help="the main job: one jf-round flow run (the embedded default's, unless --profile)")
     p.add_argument("--profile", default="tiny", help="profile name or YAML path")
     p.add_argument("--model", help="starting model: directory, hub id or models:/<name>@<alias>")
     p.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="override a profile field")

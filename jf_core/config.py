@@ -27,7 +27,7 @@ class StrictModel(BaseModel):
 
 
 class ModelConfig(StrictModel):
-    path: str = "embedded"  # local directory, hub id, or "embedded" (bootstrapped on first use)
+    path: str = "embedded"  # local directory, hub id, or "embedded" (the model the package ships)
     # fp32: greedy Jacobi decoding is token-for-token greedy AR. bf16/fp16: every committed token is the argmax of
     # the forward that verified it, but a wide window and a one-token step run different kernels and near-tied
     # argmaxes can flip (measured and reported as the identical fraction): docs/decoding.md, "numerics".

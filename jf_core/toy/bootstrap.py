@@ -98,14 +98,13 @@ def embedded_model(home: Path | None = None) -> Path:
         raise FileNotFoundError(f"{sums}: the embedded model's weights are missing from this installation")
     digest = hashlib.sha256(sums.read_bytes()).hexdigest()[:12]
     out = (home or jf_home()) / "models" / f"embedded-qwen2-shipped-{digest}"
-    if (out / REPORT).is_file():
-        return out
-    with exclusive(out):
-        if not (out / REPORT).is_file():
-            verify(SHIPPED_DIR)  # a damaged installation is refused naming the file, never copied on
-            with atomic_dir(out) as tmp:
-                shutil.copytree(SHIPPED_DIR, tmp, ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True)
-    return out
+
+    def copy() -> None:
+        verify(SHIPPED_DIR)  # a damaged installation is refused naming the file, never copied on
+        with atomic_dir(out) as tmp:
+            shutil.copytree(SHIPPED_DIR, tmp, ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True)
+
+    return _made_once(out, copy)
 
 
 def ensure_embedded_model(
@@ -117,11 +116,17 @@ def ensure_embedded_model(
     """The cached embedded model's directory; bootstraps it first when it is not there (`on_log(step, row)`: the
     training's logged rows, for a caller whose terminal bar nobody sees, such as a flow's task)."""
     out = embedded_model_dir(cfg, home)
-    if (out / REPORT).is_file():
-        return out
-    with exclusive(out, say=print if progress else None):
-        if not (out / REPORT).is_file():  # another process may have made it while this one waited
-            bootstrap(cfg or BootstrapConfig(), out, progress=progress, on_log=on_log)
+    say = print if progress else None
+    return _made_once(out, lambda: bootstrap(cfg or BootstrapConfig(), out, progress=progress, on_log=on_log), say)
+
+
+def _made_once(out: Path, make: Callable[[], object], say: Callable[[str], None] | None = None) -> Path:
+    """`out`, made by `make` unless its report is there; one maker at a time on a machine (`exclusive`), and a
+    process that waited for another finds its model and makes nothing."""
+    if not (out / REPORT).is_file():
+        with exclusive(out, say=say):
+            if not (out / REPORT).is_file():
+                make()
     return out
 
 
