@@ -15,7 +15,30 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("MLFLOW_ENABLE_TELEMETRY", "false")
 os.environ.setdefault("DO_NOT_TRACK", "true")
 
-torch.set_num_threads(min(2, torch.get_num_threads()))
+# The suite runs in two pytest-xdist workers side by side (pyproject.toml's addopts), most of whose slow tests wait on
+# servers, windows and leases: each worker takes one CPU, for its own ops and for every process it starts (jf reads
+# JF_CPUS), so the two never contend for a core and a thread is never descheduled mid-op.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("JF_CPUS", "1")
+torch.set_num_threads(min(2 if "JF_CPUS" not in os.environ else int(os.environ["JF_CPUS"]), torch.get_num_threads()))
+
+
+def pytest_collection_modifyitems(config, items):
+    """The longest files first, so the two workers (which take whole files, in this order) finish together instead of
+    one starting the stack test as the other ends: files with a `slow` test before the rest, and among them the longer
+    `timeout` their author gave first; the order within a file is kept."""
+
+    def timeout(item) -> float:
+        mark = item.get_closest_marker("timeout")
+        return float(mark.args[0]) if mark and mark.args else 0.0
+
+    files: dict[str, tuple[bool, float]] = {}
+    for item in items:
+        slow, longest = files.get(item.path, (False, 0.0))
+        files[item.path] = (slow or item.get_closest_marker("slow") is not None, max(longest, timeout(item)))
+    rank = {path: (not slow, -longest) for path, (slow, longest) in files.items()}
+    items.sort(key=lambda item: rank[item.path])  # stable: a file's tests stay together and in order
+
 
 VOCAB = 512
 PAD = 0
@@ -61,13 +84,23 @@ def _temporary_prefect_servers_stop_inside_the_session():
     yield
     if (server := sys.modules.get("prefect.server.api.server")) is None:
         return
+    _drain_prefect_workers()  # what they hold goes to the server before it stops
+    for running in list(server.SubprocessASGIServer._instances.values()):
+        running.stop()
+
+
+def _drain_prefect_workers(timeout: float = 30) -> None:
+    """Send what Prefect's events and log workers hold, waiting at most `timeout` seconds each. Prefect's test harness
+    drains them with no timeout as it exits, and an events worker whose client never answers held a module's teardown
+    until pytest's timeout (seen in an order of modules the one-process suite never met: a worker started in an earlier
+    module, for another server, still held the events; the harness then waited on it). Drained here, the workers
+    are stopped and gone from Prefect's registry: the next event starts a worker for the current server, and the
+    harness's own drain finds nothing left."""
     from prefect.events.worker import EventsWorker
     from prefect.logging.handlers import APILogWorker
 
-    for worker in (EventsWorker, APILogWorker):  # what they hold goes to the server before it stops
-        worker.drain_all(timeout=30)
-    for running in list(server.SubprocessASGIServer._instances.values()):
-        running.stop()
+    for worker in (EventsWorker, APILogWorker):
+        worker.drain_all(timeout=timeout)
 
 
 @pytest.fixture(scope="module")
@@ -76,8 +109,10 @@ def prefect_server():
     from prefect.settings import PREFECT_API_URL
     from prefect.testing.utilities import prefect_test_harness
 
+    _drain_prefect_workers()  # a worker started for another server (a test's own) would send this module's there
     with prefect_test_harness(server_startup_timeout=120):
         yield PREFECT_API_URL.value()
+        _drain_prefect_workers()
 
 
 @pytest.fixture(scope="session", params=sorted(TINY_MODELS))
