@@ -16,6 +16,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import yaml
+
 from jf_cli.common import UsageError, add_threads_option, args_profile, model_path, positive, set_threads
 
 if TYPE_CHECKING:
@@ -201,19 +203,25 @@ def _sampling(args: argparse.Namespace):
         raise UsageError(f"--{err}") from None
 
 
+def grid_item(text: str) -> tuple[str, list]:
+    """`--grid block_size=16,32` -> ("block_size", [16, 32]); each value read as YAML reads it (16, 0.85, true)."""
+    name, sep, values = text.partition("=")
+    if not sep or not name or not values:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected FIELD=V1,V2 (block_size=16,32)")
+    return name.strip(), [yaml.safe_load(v) for v in values.split(",")]
+
+
 def cmd_tune(args: argparse.Namespace) -> int:
-    from jf_core.config import TuneConfig
     from jf_core.round.stages import stage_tune
 
     if not (Path(args.model) / "config.json").is_file():
         raise ValueError(f"--model {args.model} is not a model directory (the decode config is saved beside it)")
     set_threads(args)
-    # The options are named after TuneConfig's fields (the knobs are defined there, once), but for two.
-    given = {name: getattr(args, name, None) for name in TuneConfig.model_fields}
-    seeded = None if args.seed_drafts is None else [bool(x) for x in args.seed_drafts]
-    tune = given | {"enabled": True, "prompts": args.num_prompts, "seed_drafts": seeded}
+    given = {"prompts": args.num_prompts, "repeats": args.repeats, "crossover_batch_sizes": args.crossover_batch_sizes}
     profile = args_profile(args, evaluation={"max_new_tokens": args.max_new_tokens})
-    tune = {**profile.evaluation.tune.model_dump(), **{k: v for k, v in tune.items() if v is not None}}
+    tune = profile.evaluation.tune.model_dump()
+    tune |= {k: v for k, v in given.items() if v is not None} | {"enabled": True}
+    tune["grid"] = {**tune["grid"], **dict(args.grid or ())}
     profile = args_profile(args, evaluation={"max_new_tokens": args.max_new_tokens, "tune": tune})
 
     def show(i: int, total: int, t) -> None:
@@ -297,7 +305,7 @@ def register(sub, bench_sub) -> None:
 
     p = sub.add_parser(
         "tune",
-        help="search (n, K, pool_size, r) for the best TPS here; save the model's decode config (the round's tune "
+        help="search the decode config grid for the best TPS here; save the model's decode config (the round's tune "
         "stage, on the profile's evaluation.tune unless an option below says otherwise)",
     )
     _common(p)
@@ -311,53 +319,14 @@ def register(sub, bench_sub) -> None:
         type=positive("--max-new-tokens"),
         help=f"tokens per prompt (default: {prof}.max_new_tokens, else the profile's evaluation.max_new_tokens)",
     )
-    p.add_argument("--block-sizes", type=int, nargs="+", help=f"candidate Jacobi n (default: {prof}.block_sizes)")
     p.add_argument(
-        "--num-blocks", type=int, nargs="+", help=f"candidate blocks in flight, K (default: {prof}.num_blocks)"
-    )
-    p.add_argument(
-        "--pool-sizes", type=int, nargs="+", help=f"candidate n-gram pool sizes, 0: none (default: {prof}.pool_sizes)"
-    )
-    p.add_argument(
-        "--spawn-ratios",
-        type=float,
-        nargs="+",
-        help=f"candidate r: a block's share accepted before the next starts (default: {prof}.spawn_ratios)",
-    )
-    p.add_argument(
-        "--ngrams", type=int, nargs="+", help=f"recycled candidate lengths, 0: n - 1 (default: {prof}.ngrams)"
-    )
-    p.add_argument(
-        "--seed-drafts",
-        type=int,
-        nargs="+",
-        choices=[0, 1],
-        help=f"fresh drafts from recycled n-grams (default: {prof}.seed_drafts)",
-    )
-    p.add_argument(
-        "--width-scales",
-        type=float,
-        nargs="+",
-        help=f"adaptive width: slots per expected accepted token, 0: full windows (default: {prof}.width_scales)",
-    )
-    p.add_argument(
-        "--width-margins",
-        type=int,
-        nargs="+",
-        help=f"adaptive width: slots beyond that (default: {prof}.width_margins)",
-    )
-    p.add_argument(
-        "--draft-spans",
-        type=int,
-        nargs="+",
-        help=f"a draft adapter's chain: slots it covers, 0: every slot read (default: {prof}.draft_spans; tried "
-        "only for a model with an adapter)",
-    )
-    p.add_argument(
-        "--lookups",
-        type=int,
-        nargs="+",
-        help=f"prompt lookup's longest guess, verified beside the window, 0: off (default: {prof}.lookups)",
+        "--grid",
+        action="append",
+        type=grid_item,
+        metavar="FIELD=V1,V2",
+        help=f"values to try for a decode config field, named as JFDecodeConfig names it (block_size=16,32 "
+        f"num_blocks=1,2 pool_size=0,4 lookup=0,16 adaptive_width=false,true ...); repeat for each field; "
+        f"the others as {prof}.grid says",
     )
     p.add_argument(
         "--repeats", type=positive("--repeats"), help=f"runs per candidate, fastest kept (default: {prof}.repeats)"

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, create_model, fi
 from jf_core.paths import jf_home
 from jf_core.training.config import JFTrainConfig
 from jf_core.trajectory.config import TrajectoryConfig
-from jf_core.trajectory.prompts import PromptSourceConfig, held_out_whole
+from jf_core.trajectory.prompt_source import PromptSourceConfig, held_out_whole
 
 PROFILES_DIR = Path(__file__).parent / "profiles"
 
@@ -76,26 +76,26 @@ class TuneConfig(StrictModel):
 
     enabled: bool = False
     prompts: int = Field(12, ge=1)  # calibration prompts
-    block_sizes: list[int] = [16, 32, 64]
-    num_blocks: list[int] = [1, 2, 3]
-    pool_sizes: list[int] = [0, 2, 4]
-    spawn_ratios: list[float] = [0.5, 0.85]
-    ngrams: list[int] = [0]  # recycled candidate length; 0 = n - 1
-    seed_drafts: list[bool] = [False, True]  # fresh drafts from recycled n-grams
-    # Adaptive width (jf_core/decoding/width.py): slots per expected accepted token, 0 = full-width windows; and the
-    # slots beyond that. Narrow windows lose some TPF and gain more in cost per forward wherever width costs compute.
-    width_scales: list[float] = [0.0, 2.0]
-    width_margins: list[int] = [2]
-    # A draft adapter's chain (JacobiConfig.draft_span), 0 = every slot read: more than the first only with an adapter.
-    draft_spans: list[int] = [0]
-    lookups: list[int] = [0]  # prompt lookup's longest guess, a branch beside the window (decoding/lookup.py); 0: off
+    # Each decode config field searched (JFDecodeConfig's names; one left out keeps its default) -> the values tried:
+    # every combination, less those that decode alike (JFDecodeConfig.canonical: K = 1 ignores r, ...).
+    grid: dict[str, list[bool | int | float]] = {
+        "block_size": [16, 32, 64],
+        "num_blocks": [1, 2, 3],  # K
+        "pool_size": [0, 2, 4],
+        "spawn_ratio": [0.5, 0.85],  # r
+        "seed_drafts": [False, True],  # fresh drafts from recycled n-grams
+        "adaptive_width": [False, True],  # narrow windows: less TPF, and less cost a forward where width costs
+        "width_scale": [2.0],
+        "width_margin": [2],
+    }
 
-    @field_validator("width_scales", "width_margins", "draft_spans", "lookups")
+    @field_validator("grid")
     @classmethod
-    def _non_negative(cls, values: list, info):
-        if not values or any(v < 0 for v in values):
-            raise ValueError(f"{info.field_name} must be a non-empty list of numbers >= 0, got {values}")
-        return values
+    def _grid_of_decode_config_fields(cls, grid: dict[str, list]) -> dict[str, list]:
+        from jf_core.decoding import JFDecodeConfig  # the knobs' one definition (imports torch, as tuning does)
+
+        JFDecodeConfig.check_grid(grid)
+        return grid
 
     repeats: int = Field(2, ge=1)  # runs per candidate, fastest kept: single runs let machine noise pick the winner
     # Tokens each calibration prompt decodes while tuning (None: evaluation.max_new_tokens): where a forward costs

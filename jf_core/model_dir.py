@@ -249,15 +249,46 @@ def hardware_name(device: Any = None) -> str:
     return f"CPU {cpu} ({torch.get_num_threads()} threads)"
 
 
-def crossover_block(crossover: Crossover, device: Any, dtype: str) -> dict:
-    """The block's entries for a measured crossover: the dispatch's prior, and where it was measured."""
-    return {
-        "ar_above_batch": crossover.ar_above_batch,
-        "break_even_tpf": round(crossover.break_even_tpf, 4),
-        "crossover": asdict(crossover),
-        "hardware": hardware_name(device),
-        "dtype": dtype,
-    }
+@dataclass(frozen=True)
+class ServingPrior:
+    """The dispatch's prior, typed once: the crossover `jf tune` measured, what follows from it, and where it was
+    measured. Written into the model's block by the tune (its result holds it too); read by every dispatch (the
+    server, `jf decode`, the evaluation's dispatched row, the vLLM plugin) through `ServingPrior.of_block`."""
+
+    crossover: Crossover
+    ar_above_batch: int | None  # above this batch size AR was measured faster (None: Jacobi paid at every size)
+    break_even_tpf: float  # the running TPF below which a Jacobi forward costs more than it gives
+    hardware: str
+    dtype: str
+
+    @classmethod
+    def measured(cls, crossover: Crossover, device: Any, dtype: str) -> ServingPrior:
+        even = round(crossover.break_even_tpf, 4)
+        return cls(crossover, crossover.ar_above_batch, even, hardware_name(device), dtype)
+
+    @classmethod
+    def of_block(cls, block: dict | None) -> ServingPrior | None:
+        """The prior a model's block stores (None: never tuned with a crossover)."""
+        if not block or not block.get("crossover"):
+            return None
+        return cls(
+            Crossover(**block["crossover"]),
+            block.get("ar_above_batch"),
+            block["break_even_tpf"],
+            block["hardware"],
+            block["dtype"],
+        )
+
+    def block(self) -> dict:
+        """Its entries in the model's block (`update_block(model_dir, **prior.block())`)."""
+        return asdict(self)
+
+    def speedup_at(self, batch_size: int) -> float:
+        """Jacobi's TPS over AR's by the crossover at the largest measured batch size <= `batch_size` (the smallest
+        measured, below it)."""
+        cross = self.crossover
+        at = [x for b, x in zip(cross.batch_sizes, cross.speedup_vs_ar, strict=True) if b <= batch_size]
+        return at[-1] if at else cross.speedup_vs_ar[0]
 
 
 # -- what the model is ----------------------------------------------------------------------------------------------

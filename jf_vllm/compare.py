@@ -139,7 +139,7 @@ def _our_runner(settings: Settings, method: str):
     import torch
 
     from jf_core.decoding import ar_decode, decode, load_decode_config
-    from jf_core.model_dir import read_block
+    from jf_core.model_dir import ServingPrior, read_block
     from jf_core.models import load_model, stop_tokens
 
     if settings.threads:
@@ -147,8 +147,9 @@ def _our_runner(settings: Settings, method: str):
     model, tokenizer = load_model(settings.model, dtype="float32")
     stop = stop_tokens(model, tokenizer)
     config = load_decode_config(settings.model, block_size=settings.block_size, max_new_tokens=settings.max_tokens)
-    above = (read_block(settings.model) or {}).get("ar_above_batch")
-    above = above if settings.ar_above_batch == "stored" else settings.ar_above_batch
+    prior = ServingPrior.of_block(read_block(settings.model))
+    stored = prior.ar_above_batch if prior else None
+    above = stored if settings.ar_above_batch == "stored" else settings.ar_above_batch
 
     def run(batch: list[list[int]]) -> tuple[list[list[int]], Turn]:
         start = time.perf_counter()

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from jf_core.decoding.draft import DraftInit, DraftInitName, make_draft_init, sequence_rng
-from jf_core.decoding.recycling import NgramPool
+from jf_core.decoding.proposers.recycling import NgramPool
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from jf_core.model_dir import read_block
+from jf_core.model_dir import ServingPrior, read_block
 from jf_vllm.proposer import PROPOSER_CLASS
 
 DEFAULT_BLOCK_SIZE = 16
@@ -37,7 +37,9 @@ def speculative_config(
         raise ValueError(f"block_size must be >= 2 for speculative decoding, got {n}")
     k = n - 1
     config: dict = {"method": "custom_class", "model": PROPOSER_CLASS, "num_speculative_tokens": k}
-    above = block.get("ar_above_batch") if ar_above_batch == "stored" else ar_above_batch
+    prior = ServingPrior.of_block(block)
+    stored = prior.ar_above_batch if prior else None
+    above = stored if ar_above_batch == "stored" else ar_above_batch
     if above is not None:
         above = int(above)
         if above < 0:

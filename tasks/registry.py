@@ -144,9 +144,9 @@ def register(
         **{f"gate.{c.name}": f"{'passed' if c.passed else 'failed'}: {c.reason}" for c in decision.checks},
     }
     serving = serving_spec(report.model, report.eval.decode_config)
-    if serving.crossover:  # where a server should switch to AR, and on what it was measured
-        tags["ar_above_batch"] = str(serving.ar_above_batch)
-        tags["hardware"] = str(serving.hardware)
+    if (prior := serving.prior) is not None:  # where a server should switch to AR, and on what it was measured
+        tags["ar_above_batch"] = str(prior.ar_above_batch)
+        tags["hardware"] = prior.hardware
     version = mlflow.register_model(info.model_uri, name, tags=tags).version
     client.set_registered_model_alias(name, "challenger", version)
     if decision.passed:

@@ -23,6 +23,26 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 torch.set_num_threads(min(2 if "JF_CPUS" not in os.environ else int(os.environ["JF_CPUS"]), torch.get_num_threads()))
 
 
+@pytest.fixture(autouse=True)
+def _the_cpus(request, tmp_path_factory):
+    """Beside the other worker, a test marked `alone` (it measures the machine's load) runs with the CPUs to itself:
+    it takes the workers' lock file exclusively, every other test shared. A turnstile ahead of the lock lets an
+    `alone` test in before the other worker's next test, which would otherwise always find the lock free first."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield
+        return
+    import fcntl
+
+    root = tmp_path_factory.getbasetemp().parent  # one directory for all the workers of this run
+    alone = request.node.get_closest_marker("alone") is not None
+    with open(root / "cpus.turnstile", "a") as turnstile, open(root / "cpus.lock", "a") as lock:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        if not alone:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        yield  # both released when the files close
+
+
 def pytest_collection_modifyitems(config, items):
     """The longest files first, so the two workers (which take whole files, in this order) finish together instead of
     one starting the stack test as the other ends: files with a `slow` test before the rest, and among them the longer
@@ -113,6 +133,14 @@ def prefect_server():
     with prefect_test_harness(server_startup_timeout=120):
         yield PREFECT_API_URL.value()
         _drain_prefect_workers()
+
+
+def serving_prior(ar_above_batch: int | None, break_even_tpf: float = 0.0, hardware: str = "test CPU"):
+    """A serving prior as `jf tune` stores one, saying `ar_above_batch` and `break_even_tpf` (0: any acceptance
+    pays); its crossover is a nominal one (the dispatch reads the two)."""
+    from jf_core.model_dir import Crossover, ServingPrior
+
+    return ServingPrior(Crossover([1], [1.0], [1.0]), ar_above_batch, break_even_tpf, hardware, "float32")
 
 
 @pytest.fixture(scope="session", params=sorted(TINY_MODELS))

@@ -3,12 +3,12 @@
 and the registry's model. A plain Jacobi config, or a Jacobi Forcing one (multi-block, recycling) when it sets any of
 their fields.
 
-`ServingSpec` is that config with the dispatch's prior stored beside it (the crossover `jf tune` measured): how every
-consumer decodes the model, the evaluation's headline as much as the server."""
+`ServingSpec` is that config with the dispatch's prior stored beside it (`model_dir.ServingPrior`: the crossover
+`jf tune` measured): how every consumer decodes the model, the evaluation's headline as much as the server."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Annotated
 
@@ -16,7 +16,7 @@ from pydantic import PlainSerializer, PlainValidator
 
 from jf_core.decoding.jacobi import JacobiConfig
 from jf_core.decoding.multiblock import JFDecodeConfig
-from jf_core.model_dir import read_block, saved_decode_config
+from jf_core.model_dir import ServingPrior, read_block, saved_decode_config
 
 
 def config_from_dict(data: dict) -> JacobiConfig:
@@ -48,11 +48,12 @@ def load_decode_config(model_dir: str | Path | None, **overrides) -> JacobiConfi
 @dataclass
 class ServingSpec:
     decode: JacobiConfig
-    ar_above_batch: int | None = None  # above this batch size AR was measured faster (None: never, or not measured)
-    break_even_tpf: float | None = None
-    crossover: dict = field(default_factory=dict)
-    hardware: str | None = None
-    dtype: str | None = None
+    prior: ServingPrior | None = None  # None: never tuned with a crossover (a hub id, a plain model)
+
+    @property
+    def ar_above_batch(self) -> int | None:
+        """Above this batch size AR was measured faster (None: never, or not measured)."""
+        return self.prior.ar_above_batch if self.prior else None
 
     @property
     def tuned(self) -> JFDecodeConfig | None:
@@ -62,15 +63,8 @@ class ServingSpec:
 
 def serving_spec(model_dir: str | Path, decode: JacobiConfig) -> ServingSpec:
     """`decode` with the dispatch's prior the model directory stores (none for a hub id or a plain model)."""
-    block = (read_block(model_dir) if Path(model_dir).is_dir() else None) or {}
-    return ServingSpec(
-        decode=decode,
-        ar_above_batch=block.get("ar_above_batch"),
-        break_even_tpf=block.get("break_even_tpf"),
-        crossover=block.get("crossover") or {},
-        hardware=block.get("hardware"),
-        dtype=block.get("dtype"),
-    )
+    block = read_block(model_dir) if Path(model_dir).is_dir() else None
+    return ServingSpec(decode=decode, prior=ServingPrior.of_block(block))
 
 
 def load_serving_spec(model_dir: str | Path, **overrides) -> ServingSpec:

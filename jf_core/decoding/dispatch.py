@@ -79,13 +79,6 @@ def bucket(batch_size: int) -> int:
     return 1 << max(batch_size - 1, 0).bit_length()
 
 
-def prior_speedup(crossover: dict, batch_size: int) -> float | None:
-    """Jacobi's TPS over AR's by the block's crossover at the largest measured batch size <= `batch_size`."""
-    sizes, speedups = crossover.get("batch_sizes") or [], crossover.get("speedup_vs_ar") or []
-    at = [x for b, x in zip(sizes, speedups, strict=False) if b <= batch_size]
-    return at[-1] if at else (speedups[0] if speedups else None)
-
-
 def _other(method: Decoder) -> Decoder:
     return "ar" if method == "jacobi" else "jacobi"
 

@@ -9,14 +9,14 @@ after it opens the next block. Every forward commits >= 1 token, so output equal
 at most as many forwards.
 
 Sequences in a batch accept different counts per forward; `KVState` keeps their caches exact with per-row slot
-masks. Extensions (rejection recycling, multi-block) change what goes into a window and how the verdict is read,
-through `JacobiDecoder.layout` (extra branches verified in the same forward) and `JacobiDecoder.settle`; the
-forward and verification below are the only copy of the Jacobi step.
+masks. Multi-block decoding (multiblock.py) changes how much of the window runs and how the verdict is settled,
+through `JacobiDecoder.room`, `layout` and `settle`; the forward and verification below are the only copy of the
+Jacobi step.
 
-Proposal and verification read apart: the next guesses come from the decoder's drafter (drafters.py), the model's
-own picks, or with a draft adapter (jf_core/draft_adapter/) a chain of the window's draft tokens computed in the
-same forward and never verified; the window and any branches are verified by the base alone. Acceptance is
-unchanged, so the output is the base's greedy output (or, sampling, the base's sample).
+Proposal and verification read apart: the decoder's proposers (proposers/: a draft adapter's chain, prompt lookup,
+recycling) add branches and draft chains to the window's layout, and may replace the next guesses with their own;
+with none, the next guesses are the model's own picks. The window and every branch are verified by the base alone.
+Acceptance is unchanged, so the output is the base's greedy output (or, sampling, the base's sample).
 
 Sampling changes one thing: the token after each slot is the `Sampler`'s pick (the Gumbel-max sample with the
 request's noise at that output position) instead of the argmax. Given the noise it is a function of the prefix, so
@@ -29,8 +29,9 @@ Why one module of 350 lines: the Jacobi step (layout, forward, verification, com
 from __future__ import annotations
 
 import random
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -47,9 +48,9 @@ from jf_core.decoding.common import (
     model_device,
 )
 from jf_core.decoding.draft import DraftInitName, make_draft_init, sequence_rng
-from jf_core.decoding.drafters import drafter_for
 from jf_core.decoding.kv import KVState
 from jf_core.decoding.layout import Layout, tree_positions_and_mask
+from jf_core.decoding.proposers import Room, proposers_for
 from jf_core.decoding.sampling import Sampler, Sampling
 from jf_core.decoding.stats import DecodeStats, SequenceStats, Timer
 from jf_core.decoding.verify import accepted_length
@@ -127,6 +128,8 @@ class SequenceState:
     output: list[int] = field(default_factory=list)  # final tokens so far (committed + the known-correct next)
     done: bool = False
     streamed: int = 0  # how much of `output` went to on_tokens
+    memory: dict = field(default_factory=dict)  # each proposer's own, by its name
+    wins: Counter = field(default_factory=Counter)  # forwards won by a branch other than the window, by its owner
 
 
 class JacobiDecoder:
@@ -148,7 +151,7 @@ class JacobiDecoder:
         self.recorder = recorder
         self.on_tokens = on_tokens
         self.draft_init = make_draft_init(config.draft_init, model.config.vocab_size)
-        self.drafter = drafter_for(model, config)  # who proposes the next guesses: the model itself, or its adapter
+        self.proposers = proposers_for(model, config)  # who adds to the window's forward (none: the window alone)
 
     @torch.inference_mode()
     def decode(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int] | None = None) -> DecodeOutput:
@@ -189,7 +192,9 @@ class JacobiDecoder:
         return DecodeOutput(sequences=[s.output for s in seqs], stats=stats)
 
     def new_sequence(self, index: int, prompt: list[int]) -> SequenceState:
-        return SequenceState(index=index, prompt=prompt, rng=sequence_rng(self.config.seed, prompt))
+        seq = SequenceState(index=index, prompt=prompt, rng=sequence_rng(self.config.seed, prompt))
+        seq.memory = {p.name: memory for p in self.proposers if (memory := p.begin(seq)) is not None}
+        return seq
 
     # -- the Jacobi step ---------------------------------------------------------------------------------------
 
@@ -197,7 +202,7 @@ class JacobiDecoder:
         """One forward for every active sequence: run its layout, verify every branch, commit the best one's
         accepted prefix, rebuild the window."""
         self.plan(kv, active)
-        layouts = [self.drafter.extend(self.layout(s), len(s.window)) for s in active]
+        layouts = [self._proposed(s) for s in active]
         width = max(len(lay.tokens) for lay in layouts)
         device = kv.valid.device
         rows = [lay.tokens + [self.pad_token_id] * (width - len(lay.tokens)) for lay in layouts]
@@ -207,7 +212,9 @@ class JacobiDecoder:
             logits = kv.forward(tokens)
         else:
             depth, mask = tree_positions_and_mask(layouts, width, device)
-            with self.drafter.acting(self.model, layouts, width, device):
+            with ExitStack() as acting:
+                for proposer in self.proposers:
+                    acting.enter_context(proposer.acting(self.model, layouts, width, device))
                 logits = kv.forward(tokens, depth, mask)
         greedy = self._pick(logits, active, depth).tolist()
         live = [[False] * width for _ in active]
@@ -224,7 +231,12 @@ class JacobiDecoder:
             for i in lay.branches[best][:accepted]:
                 live[row][i] = True
             kept = max(kept, lay.branches[best][accepted - 1] + 1)
-            self.settle(seq, lay, self.drafter.guesses(lay, greedy[row], accepted), best, accepted)
+            picks = greedy[row]
+            for proposer in self.proposers:
+                picks = proposer.guesses(lay, picks, accepted)
+            for proposer in self.proposers:
+                proposer.learn(seq, lay, picks, best, accepted)
+            self.settle(seq, lay, picks, best, accepted)
         kv.keep(torch.tensor(live, device=device), kept)
 
     def _pick(self, logits: torch.Tensor, active: list[SequenceState], depth: torch.Tensor | None) -> torch.Tensor:
@@ -240,9 +252,20 @@ class JacobiDecoder:
     def plan(self, kv: KVState, active: list[SequenceState]) -> None:
         """Before a forward's layouts are built: decisions that look at the whole batch (extensions)."""
 
-    def layout(self, seq: SequenceState) -> Layout:
-        """What a sequence puts into the next forward: its window as one chain (extensions add branches)."""
-        return Layout(list(seq.window), [list(range(len(seq.window)))])
+    def _proposed(self, seq: SequenceState) -> Layout:
+        room = self.room(seq)
+        lay = self.layout(seq, room)
+        for proposer in self.proposers:
+            lay = proposer.extend(seq, lay, room)
+        return lay
+
+    def room(self, seq: SequenceState) -> Room:
+        """How much of the window the next forward runs (all of it) and where branches must stop (its end)."""
+        return Room(run=len(seq.window), window=len(seq.window), block_left=len(seq.window))
+
+    def layout(self, seq: SequenceState, room: Room) -> Layout:
+        """The window's part of the next forward: its first `room.run` tokens as one chain (proposers add to it)."""
+        return Layout(seq.window[: room.run], [list(range(room.run))])
 
     def settle(self, seq: SequenceState, layout: Layout, greedy: list[int], branch: int, accepted: int) -> None:
         width = len(layout.branches[0])  # the window is the row's first `width` slots
@@ -302,8 +325,13 @@ class JacobiDecoder:
             self._emit(seq, list(seq.window))
 
     def new_draft(self, seq: SequenceState, context: list[int], length: int) -> list[int]:
-        """The initial draft of `length` tokens after `context` (extensions may seed it)."""
-        return self.draft_init(context, length, seq.rng)
+        """The initial draft of `length` tokens after `context`: the first proposer's seed that offers one, the rest
+        from the draft initialiser."""
+        seed: list[int] = []
+        for proposer in self.proposers:
+            if seed := proposer.seed(seq, context, length):
+                break
+        return seed + self.draft_init(context + seed, length - len(seed), seq.rng)
 
     def _check_done(self, seq: SequenceState) -> bool:
         seq.output, seq.done = finish(seq.committed + seq.window[:1], self.eos, self.config.max_new_tokens)

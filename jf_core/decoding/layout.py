@@ -1,6 +1,6 @@
 """What a sequence puts into one forward (`Layout`): its window as a chain from the known-correct token, the
-branches verified beside it (recycled candidates) and the draft chains computed but never verified (a draft
-adapter's); and the relative positions and ancestor mask of such tree-shaped layouts."""
+branches verified beside it (proposers': recycled candidates, a lookup's guess) and the draft chains computed but
+never verified (a draft adapter's); and the relative positions and ancestor mask of such tree-shaped layouts."""
 
 from __future__ import annotations
 
@@ -12,13 +12,19 @@ import torch
 @dataclass
 class Layout:
     """A sequence's part of one forward: `tokens`, and `branches`, chains of indices into `tokens` that all start
-    at index 0 (the known-correct token). Branch 0 is the window; others (recycled candidates) share its root and
-    see only their own chain, so each is verified exactly as if it were the window."""
+    at index 0 (the known-correct token). Branch 0 is the window; others (a proposer's: recycled candidates, a
+    lookup's guess) share its root and see only their own chain, so each is verified exactly as if it were the
+    window. `owners` names who laid out each branch ("window", or a proposer's name)."""
 
     tokens: list[int]
     branches: list[list[int]]
     # Chains computed in the same forward but never verified: the draft adapter's, whose picks are the next guesses.
     drafts: list[list[int]] = field(default_factory=list)
+    owners: list[str] = field(default_factory=lambda: ["window"])
+
+    def __post_init__(self) -> None:
+        if len(self.owners) != len(self.branches):
+            raise ValueError(f"layout: {len(self.branches)} branches but {len(self.owners)} owners")
 
 
 def tree_positions_and_mask(layouts: list[Layout], width: int, device) -> tuple[torch.Tensor, torch.Tensor]:

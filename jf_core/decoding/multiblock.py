@@ -8,12 +8,11 @@ the last forward did not change). Verification is the usual longest greedy prefi
 promoted block keeps its draft and progress and is verified against the committed prefix like any window (upstream
 drops the pseudo-active blocks' progress on promotion).
 
-Rejection recycling: candidates from an n-gram pool (recycling.py) keyed by the window's known-correct first token
-ride along as extra branches of the same forward; the branch with the longest accepted prefix wins and the KV
-cache keeps exactly its slots (tree layout in one row: no cache copies, see jacobi.Layout). With `seed_drafts`, a
-fresh block's draft (otherwise tokens sampled from the context) starts with the pool's newest continuation of the
-token before it: the candidate rides in the window's own slots, so on hardware where every extra slot costs
-compute (CPUs) recycling still pays.
+Proposers (proposers/) add branches to the window's forward: rejection recycling's candidates from an n-gram pool
+keyed by the window's known-correct first token, prompt lookup's guess; the branch with the longest accepted prefix
+wins and the KV cache keeps exactly its slots (tree layout in one row: no cache copies, see layout.py). Their
+branches stop at the real-active block's end. With `seed_drafts`, a fresh block's draft (otherwise tokens sampled
+from the context) starts with the pool's newest continuation of the token before it.
 
 Draft EOS cut: when the window's draft already holds EOS, only the window through that EOS is run. The positions
 after it matter only if that EOS is rejected, and then the next forward runs them again; until then their compute
@@ -28,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields, replace
 
 import torch
 
@@ -36,8 +35,7 @@ from jf_core.decoding.common import DecodeOutput, StopTokens, TokenSink, first_e
 from jf_core.decoding.jacobi import BlockRecorder, JacobiConfig, JacobiDecoder, SequenceState
 from jf_core.decoding.kv import KVState
 from jf_core.decoding.layout import Layout
-from jf_core.decoding.lookup import prompt_lookup
-from jf_core.decoding.recycling import NgramPool
+from jf_core.decoding.proposers import Room
 from jf_core.decoding.sampling import Sampling
 from jf_core.decoding.verify import accepted_length
 from jf_core.decoding.width import RowWidth, WidthPolicy
@@ -58,8 +56,8 @@ class JFDecodeConfig(JacobiConfig):
     width_margin: int = 4
     width_floor: int = 4
     ar_below: float = 0.0  # a row accepting fewer tokens per forward runs AR steps (0: never)
-    # Prompt lookup (lookup.py): up to this many tokens continuing the latest earlier occurrence of the text's last
-    # `lookup_ngram` (or fewer) tokens ride as one more branch of the window's forward (0: off).
+    # Prompt lookup (proposers/prompt_lookup.py): up to this many tokens continuing the latest earlier occurrence of
+    # the text's last `lookup_ngram` (or fewer) tokens ride as one more branch of the window's forward (0: off).
     lookup: int = 0
     lookup_ngram: int = 3
 
@@ -91,6 +89,38 @@ class JFDecodeConfig(JacobiConfig):
             parts.append(f"lookup={self.lookup}")
         return " ".join(parts)
 
+    @classmethod
+    def check_grid(cls, grid: dict[str, list]) -> None:
+        """A tune grid (a profile's `evaluation.tune.grid`): each key a field of this config other than
+        `max_new_tokens` (the tune's own), each value one the field takes. Raises ValueError naming the first that
+        is not, when the profile is read rather than after training."""
+        known = {f.name for f in fields(cls)} - {"max_new_tokens"}
+        if unknown := sorted(set(grid) - known):
+            raise ValueError(f"unknown decode config field(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+        for name, values in grid.items():
+            if not values:
+                raise ValueError(f"{name}: no values to try")
+            for value in values:
+                cls(**{name: value})
+
+    def canonical(self, adapter: bool = True) -> JFDecodeConfig:
+        """This config with each knob its other values leave unused at its default, so that two configs that decode
+        alike compare equal (the tune grid keeps one). `adapter`: the model drafts with a draft adapter (without one
+        a chain's span changes nothing)."""
+        unused = []
+        if self.num_blocks == 1:
+            unused.append("spawn_ratio")
+        if not self.pool_size:
+            unused.append("ngram")
+        if not self.adaptive_width:
+            unused += ["width_scale", "width_margin", "width_floor", "ar_below"]
+        if not self.lookup:
+            unused.append("lookup_ngram")
+        if not adapter or self.draft_span >= self.block_size - 2:  # the chain stops at n - 2 slots anyway
+            unused.append("draft_span")
+        defaults = {f.name: f.default for f in fields(JFDecodeConfig)}
+        return replace(self, **{name: defaults[name] for name in unused})
+
     def width_policy(self) -> WidthPolicy | None:
         if not self.adaptive_width:
             return None
@@ -101,11 +131,9 @@ class JFDecodeConfig(JacobiConfig):
 
 @dataclass
 class _JFSequence(SequenceState):
-    pool: NgramPool | None = None
     origin: int = 0  # generated position of the window's first token (= len(committed))
     width: RowWidth | None = None  # adaptive width's running estimate
-    stats_extra: dict = field(default_factory=lambda: {"recycled_wins": 0, "lookup_wins": 0, "spawned": 0, "seeded": 0})
-    lookup_branch: int = 0  # the branch of the last layout that holds the prompt lookup's guess (0: none)
+    spawned: int = 0  # pseudo-active blocks opened
 
 
 class JFDecoder(JacobiDecoder):
@@ -129,9 +157,8 @@ class JFDecoder(JacobiDecoder):
 
     def new_sequence(self, index: int, prompt: list[int]) -> _JFSequence:
         seq = super().new_sequence(index, prompt)
-        pool = NgramPool(max(1, self.cfg.block_size - 1)) if self.cfg.pool_size or self.cfg.seed_drafts else None
         width = RowWidth(self.policy.initial) if self.policy else None
-        return _JFSequence(**{f: getattr(seq, f) for f in seq.__dataclass_fields__}, pool=pool, width=width)
+        return _JFSequence(**{f: getattr(seq, f) for f in seq.__dataclass_fields__}, width=width)
 
     def plan(self, kv: KVState, active: list[_JFSequence]) -> None:
         """Adaptive width: the slots every row may run in the next forward. The batch's forward is padded to one
@@ -142,45 +169,15 @@ class JFDecoder(JacobiDecoder):
             wanted = [seq.width.wanted(self.policy) for seq in active]
             self.limit = math.ceil(sum(wanted) / len(wanted))
 
-    def _run_length(self, seq: _JFSequence) -> int:
-        """How much of the window the next forward runs: all of it, or through the first EOS of its draft, and
-        no more than the batch's slot limit."""
+    def room(self, seq: _JFSequence) -> Room:
+        """The next forward runs the whole window, or through the first EOS of its draft, and no more than the
+        batch's slot limit; branches cover the real-active block's remaining positions at most (beyond it they would
+        compete with pseudo-active drafts that condition on more context)."""
         window = seq.window
         end = first_eos(window, self.eos, start=1) if self.cfg.cut_at_draft_eos else None
         run = end + 1 if end is not None else len(window)
-        return min(run, self.limit) if self.limit else run
-
-    def layout(self, seq: _JFSequence) -> Layout:
-        run = self._run_length(seq)
-        tokens, branches = seq.window[:run], [list(range(run))]
-        # Branches cover the real-active block's remaining positions at most: beyond it they would compete with
-        # pseudo-active drafts that condition on more context.
-        block_left = self._block_end(seq) - seq.origin
-        if self.cfg.pool_size and run > 1:
-            reach = min(run, block_left) - 1  # recycled candidates: within the run, like the window they replace
-            span = min(reach, self.cfg.ngram) if self.cfg.ngram else reach
-            for cand in seq.pool.candidates(seq.window[0], self.cfg.pool_size, span, seq.window[1:]):
-                start = len(tokens)
-                tokens += cand
-                branches.append([0, *range(start, start + len(cand))])
-        seq.lookup_branch = 0
-        if self.cfg.lookup and run > 1:
-            # The guess is not held to the run: adaptive width sizes the window by what the drafts earn, while a
-            # guess that copies the text earns by its own length.
-            far = min(len(seq.window), block_left) - 1
-            guess = prompt_lookup(
-                seq.prompt + seq.committed + seq.window[:1], self.cfg.lookup_ngram, min(far, self.cfg.lookup)
-            )
-            # Where the guess agrees with the window's draft the branch runs through the window's own slots: only
-            # the rest costs slots (every slot costs compute on a CPU).
-            shared = 0
-            while shared < len(guess) and 1 + shared < run and guess[shared] == seq.window[1 + shared]:
-                shared += 1
-            if shared < len(guess):
-                seq.lookup_branch, start = len(branches), len(tokens)
-                tokens += guess[shared:]
-                branches.append([*range(1 + shared), *range(start, start + len(guess) - shared)])
-        return Layout(tokens, branches)
+        run = min(run, self.limit) if self.limit else run
+        return Room(run=run, window=len(window), block_left=self._block_end(seq) - seq.origin)
 
     def settle(self, seq: _JFSequence, layout: Layout, greedy: list[int], branch: int, accepted: int) -> None:
         main = layout.branches[0]
@@ -189,16 +186,14 @@ class JFDecoder(JacobiDecoder):
         main_greedy = greedy[: len(main)]
         win_tokens = [layout.tokens[i] for i in win]
         win_greedy = [greedy[i] for i in win]
-        if seq.pool is not None:
-            # Each branch's greedy guesses: the next forward's draft, and past the mismatch the replacement of a
-            # rejected tail. Drafts are harvested here, once, as they are made; fresh sampled drafts never are.
-            for b in layout.branches:
-                seq.pool.add([layout.tokens[b[0]], *(greedy[i] for i in b)])
-        if branch:
-            seq.stats_extra["lookup_wins" if branch == seq.lookup_branch else "recycled_wins"] += 1
+        won = next(p for p in self.proposers if p.name == layout.owners[branch]) if branch else None
+        if won is not None:
+            seq.wins[won.name] += 1
         if seq.width is not None:
-            # A won lookup says nothing of what the window's drafts earn: the width follows the window's own count.
-            own = accepted_length(window[: len(main)], main_greedy) if branch == seq.lookup_branch > 0 else accepted
+            # A branch whose guess earns by its own length (a lookup's) says nothing of what the window's drafts
+            # earn: the width then follows the window's own count.
+            speaks = won is None or won.speaks_for_the_window
+            own = accepted if speaks else accepted_length(window[: len(main)], main_greedy)
             seq.width.observe(self.policy, len(main), own)
         seq.stats.forwards += 1
         seq.stats.accepted.append(accepted)
@@ -252,15 +247,7 @@ class JFDecoder(JacobiDecoder):
             return
         length = min(n, limit - end)
         seq.window = seq.window + self.new_draft(seq, seq.prompt + seq.committed + seq.window, length)
-        seq.stats_extra["spawned"] += 1
-
-    def new_draft(self, seq: _JFSequence, context: list[int], length: int) -> list[int]:
-        if not self.cfg.seed_drafts or seq.pool is None:
-            return super().new_draft(seq, context, length)
-        seed = next(iter(seq.pool.candidates(context[-1], 1, length)), [])
-        if seed:
-            seq.stats_extra["seeded"] += 1
-        return seed + super().new_draft(seq, context + seed, length - len(seed))
+        seq.spawned += 1
 
 
 def jf_decode(

@@ -25,5 +25,5 @@ The one seam, as TRL puts PEFT behind `peft_config` -> `get_peft_model`: the pro
 section is a `DraftLora` (config.py, no torch); from adapter.py training calls `for_training` (and
 `directory_parts` to save), loading `load_draft_adapter`, planning `target_projections`, and decoding and training
 build their gates from one rule (`drafted_slots` -> `draft_gate`). Decoding's use of it, the draft chain, is
-`decoding/drafters.AdapterDrafter`.
+`decoding/proposers/adapter_chain.AdapterChain`.
 """

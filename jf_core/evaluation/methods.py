@@ -144,7 +144,7 @@ def build_methods(
     - `ar` (unless `ar` is False): our AR, the baseline;
     - `jacobi` at each of `block_sizes`: plain Jacobi;
     - `lookup` at each of `lookup_sizes`: Jacobi with prompt lookup's guess verified beside the window
-      (jf_core/decoding/lookup.py; one block, no recycling pool);
+      (jf_core/decoding/proposers/prompt_lookup.py; one block, no recycling pool);
     - `recycling`, `multiblock`, `recycling_multiblock` (with `variants_at` = n; those of them in
       `variant_kinds`): Jacobi Forcing's decoding at n, rejection recycling with seeded drafts, two blocks in
       flight, and both;

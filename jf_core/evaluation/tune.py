@@ -1,6 +1,5 @@
-"""Autotune: the decode config (n, K, pool_size, r, seeded drafts, adaptive width's scale and margin, prompt lookup, a
-draft adapter's chain) with the best
-TPS on this hardware, on calibration prompts.
+"""Autotune: the decode config (n, K, pool_size, r, seeded drafts, adaptive width, prompt lookup, a draft adapter's
+chain: whatever fields the profile's grid names) with the best TPS on this hardware, on calibration prompts.
 
 Every candidate decodes the same prompts at the same batch size after a warmup, the candidates taking turns batch
 by batch (`speed.run_interleaved`: a drifting CPU must not pick the winner); TPF is reported beside TPS. The
@@ -12,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 
@@ -20,69 +19,32 @@ from jf_core.config import TuneConfig
 from jf_core.decoding import JacobiConfig, JFDecodeConfig, StopTokens, ar_decode, decode
 from jf_core.draft_adapter.adapter import draft_adapter
 from jf_core.evaluation.speed import run_interleaved, whole_batches
-from jf_core.model_dir import Crossover
+from jf_core.model_dir import Crossover, ServingPrior
 
 
 @dataclass(frozen=True)
 class TuneSpace:
-    """The grid `tune` searches: the search knobs of a profile's `evaluation.tune` (jf_core/config.py TuneConfig,
-    where they and their defaults are defined, once), as tuples."""
+    """The grid `tune` searches: a profile's `evaluation.tune.grid` (jf_core/config.py TuneConfig), each decode config
+    field named as JFDecodeConfig names it, to the values tried."""
 
-    block_sizes: tuple[int, ...]
-    num_blocks: tuple[int, ...]  # K
-    pool_sizes: tuple[int, ...]
-    spawn_ratios: tuple[float, ...]  # r
-    ngrams: tuple[int, ...]  # recycled candidate length; 0 = n - 1
-    seed_drafts: tuple[bool, ...]
-    width_scales: tuple[float, ...]  # adaptive width's scale (width.py); 0 = full-width windows
-    width_margins: tuple[int, ...]
-    draft_spans: tuple[int, ...]  # tried only for a model with a draft adapter (without one: 0)
-    lookups: tuple[int, ...]  # prompt lookup's longest guess (0: off)
+    grid: dict[str, tuple]
 
     @classmethod
-    def of(cls, cfg: TuneConfig | None = None, **knobs) -> TuneSpace:
-        """The search space a profile's `evaluation.tune` names (default: TuneConfig's), `knobs` overriding it."""
-        cfg = (cfg or TuneConfig()).model_copy(update=knobs)
-        return cls(**{f.name: tuple(getattr(cfg, f.name)) for f in fields(cls)})
+    def of(cls, cfg: TuneConfig | None = None, **grid: Sequence) -> TuneSpace:
+        """The search space a profile's `evaluation.tune` names (default: TuneConfig's), the fields in `grid`
+        replacing or joining its own."""
+        merged = TuneConfig.model_validate({"grid": {**(cfg or TuneConfig()).grid, **grid}}).grid
+        return cls({name: tuple(values) for name, values in merged.items()})
 
     def configs(self, max_new_tokens: int, adapter: bool = False) -> list[JFDecodeConfig]:
-        """Every distinct config of the grid; `adapter`: the model drafts with a draft adapter, so its chain's
-        span is a knob (without one, a span changes nothing)."""
-        out = []
-        spans = self.draft_spans if adapter else (0,)  # a plain model has no chain to cut
-        grid = itertools.product(
-            self.block_sizes,
-            self.num_blocks,
-            self.pool_sizes,
-            self.spawn_ratios,
-            self.ngrams,
-            self.seed_drafts,
-            self.width_scales,
-            self.width_margins,
-            spans,
-            self.lookups,
-        )
-        for n, k, pool, r, ngram, seed, scale, margin, span, lookup in grid:
-            if (k == 1 and r != self.spawn_ratios[0]) or (pool == 0 and ngram != self.ngrams[0]):
-                continue  # r only matters with more than one block, the n-gram length only with recycling
-            if not scale and margin != self.width_margins[0]:
-                continue  # the margin only matters with adaptive width
-            if span and span >= n - 2:
-                continue  # the chain already stops at n - 2 slots: the same config as span 0
-            width = {"adaptive_width": True, "width_scale": scale, "width_margin": margin} if scale else {}
-            cfg = JFDecodeConfig(
-                block_size=n,
-                num_blocks=k,
-                pool_size=pool,
-                spawn_ratio=r,
-                ngram=ngram,
-                seed_drafts=seed,
-                max_new_tokens=max_new_tokens,
-                draft_span=span,
-                lookup=lookup,
-                **width,
-            )
-            out.append(cfg)
+        """Every distinct config of the grid, in its order; `adapter`: the model drafts with a draft adapter, so its
+        chain's span is a knob."""
+        out: list[JFDecodeConfig] = []
+        for values in itertools.product(*self.grid.values()):
+            knobs = dict(zip(self.grid, values, strict=True))
+            cfg = JFDecodeConfig(**knobs, max_new_tokens=max_new_tokens).canonical(adapter)
+            if cfg not in out:
+                out.append(cfg)
         return out
 
     def for_model(self, model: torch.nn.Module, max_new_tokens: int) -> list[JFDecodeConfig]:
@@ -168,10 +130,10 @@ def store_crossover(
     *,
     repeats: int = 1,
     progress: Callable[[int, float, float], None] | None = None,
-) -> dict | None:
+) -> ServingPrior | None:
     """`measure_crossover`, stored in the model's jacobi_forcing block with the hardware and dtype it was measured
-    on; returns the block's serving fields (None when `batch_sizes` is empty)."""
-    from jf_core.model_dir import crossover_block, update_block
+    on (None when `batch_sizes` is empty)."""
+    from jf_core.model_dir import update_block
     from jf_core.models import stop_tokens
 
     if not batch_sizes:
@@ -186,6 +148,6 @@ def store_crossover(
         progress=progress,
     )
     weights = next(model.parameters())
-    block = crossover_block(found, weights.device, str(weights.dtype).removeprefix("torch."))
-    update_block(model_dir, **block)
-    return block
+    prior = ServingPrior.measured(found, weights.device, str(weights.dtype).removeprefix("torch."))
+    update_block(model_dir, **prior.block())
+    return prior

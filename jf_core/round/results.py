@@ -24,7 +24,7 @@ from jf_core.atomic import write_json_atomic
 from jf_core.decoding import JFDecodeConfig
 from jf_core.evaluation.gate import Check
 from jf_core.evaluation.tune import TuneTrial
-from jf_core.model_dir import DONE
+from jf_core.model_dir import DONE, ServingPrior
 from jf_core.training.noise import NoiseProfile
 from jf_core.training.trainer import TrainSummary
 
@@ -77,36 +77,13 @@ class TrainResult(TrainSummary, StageResult):
     """The training stage: the run's summary (jf_core/training/trainer.py), as the model directory's marker."""
 
 
-class CrossoverFigures(BaseModel):
-    """AR against the tuned config at several batch sizes (jf_core/model_dir.py `Crossover`)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    batch_sizes: list[int]
-    speedup_vs_ar: list[float]  # Jacobi TPS / AR TPS at each batch size
-    tpf: list[float]
-
-
-class Serving(BaseModel):
-    """The serving fields the tune stage stored in the model's block (jf_core/model_dir.py `crossover_block`):
-    AR above `ar_above_batch` (None: Jacobi paid at every batch size measured)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    ar_above_batch: int | None
-    break_even_tpf: float
-    crossover: CrossoverFigures
-    hardware: str
-    dtype: str
-
-
 class TuneResult(StageResult):
     """The tune stage: the chosen decode config (also in the model's config.json), every trial, and the crossover."""
 
     best: JFDecodeConfig
     calibration_prompts: int
     trials: list[TuneTrial]
-    serving: Serving | None = None
+    serving: ServingPrior | None = None  # the crossover, also stored in the model's block
 
     @property
     def best_trial(self) -> TuneTrial:

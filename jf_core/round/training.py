@@ -24,7 +24,7 @@ from jf_core.training.losses import JacobiForcingObjective, check_lean_head, tra
 from jf_core.training.noise import NoiseSchedule
 from jf_core.training.parallel import Distributed, enable_activation_checkpointing, shard_fsdp2
 from jf_core.training.precision import resolve_compute_dtype
-from jf_core.training.trainer import Checkpoints, Every, Measure, TrainConfig, TrainSummary, train
+from jf_core.training.trainer import Checkpoints, Every, Probe, TrainConfig, TrainSummary, train
 
 
 def train_round(
@@ -138,9 +138,9 @@ def _hooks(profile: Profile, examples, model, tok, checkpoints: Path, distribute
     t = profile.training
     hooks: list = []
     if t.tpf_probe_every and not distributed:
-        hooks.append(Measure(tpf_probe(profile, model, tok), Every(t.tpf_probe_every)))
+        hooks.append(Probe(tpf_probe(profile, model, tok), Every(t.tpf_probe_every)))
     if t.onpolicy_every:  # draws new states into the pools; not after the last step, where nothing would use them
-        hooks.append(Measure(on_policy(profile, examples, model, tok), Every(t.onpolicy_every, at_end=False)))
+        hooks.append(Probe(on_policy(profile, examples, model, tok), Every(t.onpolicy_every, at_end=False)))
     return [*hooks, Checkpoints(checkpoints, Every(t.every()), keep=t.keep_checkpoints)]
 
 

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Literal
 
 from jf_core.decoding import Decoder, Dispatch, Sampling, ServingSpec, load_serving_spec
-from jf_core.decoding.dispatch import prior_speedup
 from jf_core.serving.stream import TextStream
 
 Method = Literal["auto", "jacobi", "ar"]
@@ -113,9 +112,11 @@ class Engine:
     # -- dispatch -------------------------------------------------------------------------------------------------
 
     def choose(self, batch_size: int) -> Decoder:
-        spec = self.spec
-        prior = prior_speedup(spec.crossover, batch_size)
-        return self.dispatch.choose(batch_size, spec.ar_above_batch, spec.break_even_tpf, prior)
+        prior = self.spec.prior
+        if prior is None:
+            return self.dispatch.choose(batch_size, None, None, None)
+        speedup = prior.speedup_at(batch_size)
+        return self.dispatch.choose(batch_size, prior.ar_above_batch, prior.break_even_tpf, speedup)
 
     # -- decoding -------------------------------------------------------------------------------------------------
 

@@ -180,7 +180,7 @@ class Hook(Protocol):
 
 
 @dataclass
-class Measure:
+class Probe:
     """Figures of the model in eval mode, merged into that step's history row: a TPF probe (every N steps and after
     the last), or an on-policy refresh, which may also change the data the batches are drawn from (those changes
     live in memory only: a resumed run starts again from the packed data). One process only: a measurement on one

@@ -22,7 +22,8 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from jf_core.trajectory.prompts import PromptSourceConfig, read_rows, usable_rows
+from jf_core.trajectory.prompt_source import PromptSourceConfig
+from jf_core.trajectory.prompts import read_rows, usable_rows
 
 
 @dataclass

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from jf_core.atomic import atomic_path
 from jf_core.paths import jf_home
-from jf_core.trajectory.prompts import PromptSourceConfig, PromptSourceError, read_rows
+from jf_core.trajectory.prompt_source import PromptSourceConfig
+from jf_core.trajectory.prompts import PromptSourceError, read_rows
 
 
 @dataclass(frozen=True)

@@ -42,8 +42,7 @@ SMALL = {
         "tune": {  # merged into the profile's tune section: only what differs
             "prompts": 4,
             "repeats": 1,
-            "block_sizes": [16],
-            "seed_drafts": [False],
+            "grid": {"block_size": [16], "seed_drafts": [False]},
             "crossover_batch_sizes": [1, 4],
         },
     },

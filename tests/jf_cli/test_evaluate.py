@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from jf_cli.main import main
+from tests.conftest import serving_prior
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -63,7 +64,7 @@ def test_bench_decode_per_batch_size_with_a_sampling_jf_model(profile, profile_y
     jf = tmp_path / "jf"
     shutil.copytree(profile.model.path, jf)
     save_decode_config(jf, JFDecodeConfig(block_size=4, num_blocks=2, pool_size=2, max_new_tokens=12))
-    update_block(jf, ar_above_batch=1)
+    update_block(jf, **serving_prior(ar_above_batch=1).block())
     out = tmp_path / "bench"
     argv = ["bench", "decode", "--profile", profile_yaml, "--num-prompts", "4", "--repeats", "1", "--block-sizes", "4"]
     argv += ["--jf-model", str(jf), "--temperature", "2", "--top-k", "20", "--batch-sizes", "1", "2", "--out", str(out)]
@@ -91,10 +92,10 @@ def test_tune_saves_a_decode_config_from_calibration_prompts(profile, profile_ya
     model = tmp_path / "model"
     shutil.copytree(profile.model.path, model)
     argv = ["tune", "--model", str(model), "--profile", profile_yaml, "--num-prompts", "2", "--repeats", "1"]
-    space = ["--block-sizes", "4", "--num-blocks", "1", "2", "--pool-sizes", "0", "--spawn-ratios", "0.5"]
-    space += ["--width-scales", "0", "2", "--width-margins", "1"]
+    space = ["--grid", "block_size=4", "--grid", "num_blocks=1,2", "--grid", "pool_size=0", "--grid", "spawn_ratio=0.5"]
+    space += ["--grid", "adaptive_width=false,true", "--grid", "width_scale=2", "--grid", "width_margin=1"]
     crossover = ["--crossover-batch-sizes", "1", "2"]
-    assert main([*argv, *space, "--ngrams", "0", "--seed-drafts", "0", "--max-new-tokens", "12", *crossover]) == 0
+    assert main([*argv, *space, "--grid", "seed_drafts=false", "--max-new-tokens", "12", *crossover]) == 0
     block = json.loads((model / "config.json").read_text())["jacobi_forcing"]
     saved = block["decode"]
     assert saved["block_size"] == 4 and saved["num_blocks"] in (1, 2)
@@ -111,3 +112,16 @@ def test_tune_saves_a_decode_config_from_calibration_prompts(profile, profile_ya
         for t in report["trials"]
     }
     assert widths == {(False, 1.5, 4), (True, 2.0, 1)}
+
+
+def test_tune_names_a_grid_field_the_decode_config_does_not_have(profile, profile_yaml, tmp_path, capsys):
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(profile.model.path, model)
+    with pytest.raises(SystemExit) as exc:
+        main(["tune", "--model", str(model), "--profile", profile_yaml, "--grid", "blok_size=4"])
+    assert exc.value.code == 2 and "unknown decode config field(s) blok_size" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["tune", "--model", str(model), "--grid", "block_size"])
+    assert exc.value.code == 2 and "expected FIELD=V1,V2" in capsys.readouterr().err

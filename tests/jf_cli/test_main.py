@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from jf_cli.main import main
+from tests.conftest import serving_prior
 from tests.jf_core.test_models import save_tiny
 
 
@@ -56,7 +57,7 @@ def test_decode_runs_ar_where_the_models_crossover_says_ar_is_faster_at_batch_1(
     assert main(argv) == 0
     jacobi = capsys.readouterr()
     assert "[n=4]" in jacobi.err
-    update_block(tiny_dir, ar_above_batch=0)
+    update_block(tiny_dir, **serving_prior(ar_above_batch=0).block())
     assert main(argv) == 0
     ar = capsys.readouterr()
     assert ar.out == jacobi.out and "[AR: the model's crossover at batch 1] 12 tokens in 12 forwards" in ar.err
@@ -168,7 +169,7 @@ def test_every_option_of_every_command_says_what_it_does_and_its_default(capsys)
     assert "the HTTP port (default: 8000)" in help_text
     assert "--name NAME the model id clients send (default: from MODEL)" in help_text  # said once, not twice
     code, out = run(capsys, "tune", "--help")
-    assert "candidate Jacobi n (default: the profile's evaluation.tune.block_sizes)" in " ".join(out.out.split())
+    assert "repeat for each field; the others as the profile's evaluation.tune.grid says" in " ".join(out.out.split())
     code, out = run(capsys, "decode", "--help")
     assert "same text) (default: 0)" in " ".join(out.out.split())  # a 0 default is shown (0 == False)
 

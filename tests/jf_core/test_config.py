@@ -23,13 +23,13 @@ def test_overrides_merge_and_ignore_none():
 
 def test_nested_overrides_change_only_the_fields_they_name():
     tiny = load_profile("tiny")
-    tune = {"tune": {"prompts": 4, "block_sizes": [16]}}
+    tune = {"tune": {"prompts": 4, "grid": {"block_size": [16]}}}
     p = load_profile("tiny", evaluation=tune)
-    assert p.evaluation.tune.prompts == 4 and p.evaluation.tune.block_sizes == [16]
+    assert p.evaluation.tune.prompts == 4 and p.evaluation.tune.grid["block_size"] == [16]
     # the profile's other tune fields stand (a shallow merge reset them to the config's defaults)
-    assert p.evaluation.tune.enabled and p.evaluation.tune.ngrams == tiny.evaluation.tune.ngrams == [8]
+    assert p.evaluation.tune.enabled and p.evaluation.tune.grid["ngram"] == tiny.evaluation.tune.grid["ngram"] == [8]
     assert p.evaluation.block_sizes == tiny.evaluation.block_sizes
-    assert tune == {"tune": {"prompts": 4, "block_sizes": [16]}}  # the caller's overrides are not touched
+    assert tune == {"tune": {"prompts": 4, "grid": {"block_size": [16]}}}  # the caller's overrides are not touched
     # a flow's typed overrides carry only the nested fields given, so they merge the same way
     typed = overrides_dict(ProfileOverrides.model_validate({"evaluation": tune}))
     assert typed == {"evaluation": tune} and load_profile("tiny", **typed) == p
@@ -44,6 +44,20 @@ def test_bad_profiles_are_named(tmp_path):
     bad.write_text("name: bad\ntrajectory:\n  blok_size: 3\n")
     with pytest.raises(ValueError, match="blok_size"):
         load_profile(str(bad))
+
+
+def test_the_tune_grid_names_decode_config_fields_and_values_they_take():
+    from jf_core.config import TuneConfig
+
+    assert TuneConfig(grid={"lookup": [0, 16], "adaptive_width": [True]}).grid["lookup"] == [0, 16]
+    with pytest.raises(ValueError, match=r"grid\n.*unknown decode config field\(s\) lookups"):
+        TuneConfig(grid={"lookups": [0, 16]})
+    with pytest.raises(ValueError, match="block_size"):
+        TuneConfig(grid={"block_size": [0]})
+    with pytest.raises(ValueError, match="num_blocks: no values to try"):
+        TuneConfig(grid={"num_blocks": []})
+    with pytest.raises(ValueError, match="max_new_tokens"):  # the tune's own field, not a knob
+        TuneConfig(grid={"max_new_tokens": [8]})
 
 
 def test_real_profile_is_the_papers_recipe():

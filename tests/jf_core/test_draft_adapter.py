@@ -10,10 +10,10 @@ import torch
 
 from jf_core.decoding.ar import ar_decode
 from jf_core.decoding.common import StopTokens
-from jf_core.decoding.drafters import AdapterDrafter
 from jf_core.decoding.jacobi import JacobiConfig, JacobiDecoder, jacobi_decode
 from jf_core.decoding.layout import Layout
 from jf_core.decoding.multiblock import JFDecodeConfig, jf_decode
+from jf_core.decoding.proposers import AdapterChain, Room
 from jf_core.decoding.sampling import Sampling
 from jf_core.draft_adapter.adapter import FILE, adapter_file, attach_draft_adapter, base_state_dict, gated
 from tests.conftest import PAD, VOCAB
@@ -88,10 +88,10 @@ def test_a_forward_carries_the_window_and_only_the_draft_slots_that_are_read(tin
         assert widths[1] == 8 + extra  # [0] is the prefill
 
 
-class _FullChain(AdapterDrafter):
+class _FullChain(AdapterChain):
     """The chain as it was: a copy of every window slot after the root (2n - 1 tokens)."""
 
-    def extend(self, lay: Layout, window: int) -> Layout:
+    def extend(self, seq, lay: Layout, room: Room) -> Layout:
         main = lay.branches[0]
         if len(main) == 1:
             return lay
@@ -107,8 +107,8 @@ def test_the_dropped_draft_slot_was_never_read(tiny_model, block_size):
     prompts, cfg = _prompts(), JacobiConfig(block_size=block_size, max_new_tokens=40)
     ours = jacobi_decode(drafted, prompts, cfg, stop=STOP)
     decoder = JacobiDecoder(drafted, cfg, stop=STOP)
-    assert isinstance(decoder.drafter, AdapterDrafter)  # the model keeps an adapter: it drafts
-    decoder.drafter = _FullChain()
+    assert [type(p) for p in decoder.proposers] == [AdapterChain]  # the model keeps an adapter: it drafts
+    decoder.proposers = [_FullChain()]
     full = decoder.decode(prompts)
     assert ours.sequences == full.sequences
     assert [s.accepted for s in ours.stats.sequences] == [s.accepted for s in full.stats.sequences]
@@ -218,7 +218,7 @@ SEAM = {
     "jf_core/round/training.py": "what trains (for_training) and what a directory keeps (directory_parts)",
     "jf_core/models.py": "loading (load_draft_adapter)",
     "jf_core/planning.py": "the projections a rank-r adapter adds to (target_projections)",
-    "jf_core/decoding/drafters.py": "decoding's drafter: the adapter's chain, gated by the same rule",
+    "jf_core/decoding/proposers/adapter_chain.py": "decoding's proposer: the adapter's chain, gated by the same rule",
     "jf_core/evaluation/tune.py": "an adapter model's tune grid has the chain's span",
     "jf_vllm/launch.py": "the file's name: vLLM does not run the adapter, and says so",
     "bench/gpu_check.py": "a random adapter for the GPU check's timing",
@@ -245,13 +245,12 @@ def test_the_adapter_is_reached_through_its_seam():
 def test_decoding_and_training_gate_by_one_rule():
     """The decoder's chain and training's noisy block: the root (slot 0) is the base's, the adapter acts from the
     first drafted slot on, on exactly the slots `draft_gate` is given."""
-    from jf_core.decoding.drafters import AdapterDrafter
     from jf_core.decoding.layout import Layout
     from jf_core.draft_adapter.adapter import draft_gate, drafted_slots
 
     assert list(drafted_slots(range(10, 14))) == [11, 12, 13]
     assert list(drafted_slots(range(10, 14), first_drafted=0)) == [11, 12, 13]  # the root never
     assert list(drafted_slots(range(10, 14), first_drafted=2)) == [12, 13]
-    lay = AdapterDrafter().extend(Layout([5, 6, 7, 8], [[0, 1, 2, 3]]), window=4)
+    lay = AdapterChain().extend(None, Layout([5, 6, 7, 8], [[0, 1, 2, 3]]), Room(run=4, window=4, block_left=4))
     assert lay.tokens == [5, 6, 7, 8, 6, 7] and lay.drafts == [[0, 4, 5]]  # 2n - 2 tokens
     assert draft_gate([drafted_slots(lay.drafts[0])], 6).tolist() == [[0, 0, 0, 0, 1, 1]]

@@ -47,6 +47,7 @@ def test_budget_follows_the_affinity_mask():
 
 
 @linux
+@pytest.mark.alone
 def test_others_load_sees_a_spinning_process_and_not_our_own_work():
     spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
@@ -63,10 +64,11 @@ def test_others_load_sees_a_spinning_process_and_not_our_own_work():
 
 
 @linux
+@pytest.mark.alone
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs to give one away")
 def test_the_governor_gives_a_thread_to_a_busy_neighbour_and_takes_it_back(restore_threads):
     governor = ThreadGovernor(budget=2, every_s=0.5)
-    assert governor.start() == 2  # nothing else running (the test suite runs one test at a time)
+    assert governor.start() == 2  # nothing else running (`alone`: the other test worker waits)
     spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         time.sleep(0.2)

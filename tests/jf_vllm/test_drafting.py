@@ -12,6 +12,7 @@ from jf_core.decoding.draft import prompt_sample, sequence_rng
 from jf_vllm.drafting import JacobiDraftConfig, JacobiDrafter, Row, Verification
 from jf_vllm.spec_config import speculative_config
 from jf_vllm.versions import UnsupportedVLLMVersion, check_vllm_version
+from tests.conftest import serving_prior
 
 
 def _row(sampled, verification=None, context=None, max_left=100, req_id="r"):
@@ -77,9 +78,8 @@ def test_block_size_and_versions_are_checked_by_name():
 def test_the_stored_decode_config_becomes_vllms_speculative_config(tmp_path):
     import json
 
-    (tmp_path / "config.json").write_text(
-        json.dumps({"jacobi_forcing": {"decode": {"block_size": 32}, "ar_above_batch": 4}})
-    )
+    block = {"decode": {"block_size": 32}, **serving_prior(ar_above_batch=4).block()}
+    (tmp_path / "config.json").write_text(json.dumps({"jacobi_forcing": block}))
     spec = speculative_config(tmp_path, max_num_seqs=16)
     assert spec["method"] == "custom_class" and spec["model"] == "jf_vllm.proposer.JacobiProposer"
     assert spec["num_speculative_tokens"] == 31

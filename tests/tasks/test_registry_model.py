@@ -21,6 +21,7 @@ from jf_core.decoding.common import StopTokens
 from jf_core.decoding.multiblock import JFDecodeConfig
 from jf_core.decoding.sampling import Sampling
 from jf_core.models import load_model
+from tests.conftest import serving_prior
 
 PROMPTS = ["program: a=85; step -8; return f", "program: a=3; step +2; step -1; return c"]
 
@@ -42,7 +43,7 @@ def registered(tmp_path, monkeypatch, profile):
     tuned = JFDecodeConfig(block_size=8, num_blocks=2, pool_size=2, max_new_tokens=24)
     save_decode_config(model_dir, tuned)
     (model_dir / "decode_tuning.json").write_text('{"trials": []}')  # the tune stage's marker: not in the artifact
-    update_block(model_dir, ar_above_batch=4, break_even_tpf=1.5, hardware="test CPU", dtype="float32")
+    update_block(model_dir, **serving_prior(ar_above_batch=4, break_even_tpf=1.5).block())
     p = profile.model_copy(update={"registry": profile.registry.model_copy(update={"tracking_uri": uri})})
     client, experiment = mlflow_runs.connect(p)
     run_id = mlflow_runs.start_run(client, experiment, "round")

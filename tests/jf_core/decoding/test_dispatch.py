@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from jf_core.decoding.dispatch import Dispatch, bucket, prior_speedup
+from jf_core.decoding.dispatch import Dispatch, bucket
+from jf_core.model_dir import Crossover, ServingPrior
 
 
 def test_batch_sizes_share_power_of_two_buckets():
@@ -45,9 +46,11 @@ def test_a_confident_crossover_probes_rarely_from_the_start():
         Dispatch(), 1, {"jacobi": 300, "ar": 100}, 50, ar_above_batch=16, break_even_tpf=None, prior_speedup=3.0
     )
     assert [i for i, m in enumerate(methods) if m == "ar"] == [16, 48]
-    crossover = {"batch_sizes": [1, 2, 4, 8], "speedup_vs_ar": [3.0, 2.5, 1.2, 0.8]}
-    assert [prior_speedup(crossover, b) for b in (1, 3, 8, 64)] == [3.0, 2.5, 0.8, 0.8]
-    assert prior_speedup({}, 4) is None
+    crossover = Crossover([2, 4, 8], [2.5, 1.2, 0.8], [3.0, 2.9, 2.8])
+    prior = ServingPrior.measured(crossover, "cpu", "float32")
+    assert [prior.speedup_at(b) for b in (1, 3, 8, 64)] == [2.5, 2.5, 0.8, 0.8]  # below the smallest: the smallest
+    assert prior.ar_above_batch == 4 and prior.break_even_tpf == 1.2
+    assert ServingPrior.of_block(prior.block()) == prior and ServingPrior.of_block({"decode": {}}) is None
 
 
 def test_close_rates_are_probed_every_8th_batch():

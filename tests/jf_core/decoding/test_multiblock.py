@@ -9,7 +9,6 @@ import pytest
 
 from jf_core.decoding.common import StopTokens
 from jf_core.decoding.multiblock import JFDecodeConfig, JFDecoder, jf_decode
-from jf_core.decoding.recycling import NgramPool
 from tests.conftest import PAD
 from tests.jf_core.decoding.test_jacobi import MAX_NEW, prompts, reference
 
@@ -123,9 +122,9 @@ def test_embedded_model_lossless_and_the_add_ons_engage(embedded):
     decoder.new_sequence = lambda i, p: seqs[i]  # keep handles on the sequences to read their counters
     out = decoder.decode(ps)
     assert out.sequences == expected.sequences
-    assert sum(s.stats_extra["spawned"] for s in seqs) > 0
-    assert sum(s.stats_extra["recycled_wins"] for s in seqs) > 0
-    assert sum(s.stats_extra["seeded"] for s in seqs) > 0
+    assert sum(s.spawned for s in seqs) > 0
+    assert sum(s.wins["recycling"] for s in seqs) > 0
+    assert sum(s.memory["recycling"].seeded for s in seqs) > 0
 
 
 def test_recorder_is_refused_and_bad_configs_are_named(tiny_model):
@@ -135,14 +134,3 @@ def test_recorder_is_refused_and_bad_configs_are_named(tiny_model):
         JFDecodeConfig(spawn_ratio=0.0)
     with pytest.raises(ValueError, match="BlockRecorder"):
         JFDecoder(tiny_model, JFDecodeConfig(), stop=StopTokens(None, PAD), recorder=object())
-
-
-def test_ngram_pool_keys_continuations_by_the_token_before_them():
-    pool = NgramPool(ngram=3, per_key=2)
-    pool.add([1, 2, 3, 4, 5])
-    assert pool.candidates(1, limit=4, length=3) == [[2, 3, 4]]
-    assert pool.candidates(2, limit=4, length=2) == [[3, 4]]
-    assert pool.candidates(1, limit=4, length=3, exclude=[2, 3, 4]) == []
-    pool.add([1, 7, 8, 9])
-    pool.add([1, 6, 6, 6])
-    assert pool.candidates(1, limit=4, length=3) == [[6, 6, 6], [7, 8, 9]]  # newest first, per_key kept

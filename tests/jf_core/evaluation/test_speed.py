@@ -85,8 +85,8 @@ def test_tune_picks_the_fastest_measured_config_and_round_trips(tmp_path):
 
     model = TINY_MODELS["qwen2"]()
     prompts = [[5, 6, 7, 8, 9], [10, 11, 12]]
-    knobs = {"block_sizes": [4, 8], "num_blocks": [1, 2], "pool_sizes": [0, 2], "spawn_ratios": [0.5, 0.85]}
-    space = TuneSpace.of(**knobs, width_scales=[0.0])
+    knobs = {"block_size": [4, 8], "num_blocks": [1, 2], "pool_size": [0, 2], "spawn_ratio": [0.5, 0.85]}
+    space = TuneSpace.of(**knobs, adaptive_width=[False])
     best, trials = tune(model, prompts, stop=StopTokens(None, PAD), max_new_tokens=16, space=space, repeats=2)
     assert len(trials) == 24  # r only varies when K > 1; every point with sampled and with seeded drafts
     assert max(t.tps for t in trials) == next(t.tps for t in trials if t.config == best)
@@ -100,8 +100,8 @@ def test_the_tuner_searches_adaptive_width():
     from jf_core.evaluation.tune import TuneSpace
 
     space = TuneSpace.of(
-        block_sizes=[8], num_blocks=[2], pool_sizes=[0], spawn_ratios=[0.85], seed_drafts=[False],
-        width_scales=[0.0, 2.0], width_margins=[2, 4],
+        block_size=[8], num_blocks=[2], pool_size=[0], spawn_ratio=[0.85], seed_drafts=[False],
+        adaptive_width=[False, True], width_scale=[2.0], width_margin=[2, 4],
     )  # fmt: skip
     configs = space.configs(16)
     assert [(c.adaptive_width, c.width_scale, c.width_margin) for c in configs] == [
@@ -115,8 +115,8 @@ def test_the_tuner_tries_a_draft_chains_span_only_for_a_model_with_an_adapter():
     from jf_core.evaluation.tune import TuneSpace
 
     space = TuneSpace.of(
-        block_sizes=[4, 8], num_blocks=[1], pool_sizes=[0], seed_drafts=[False], width_scales=[0.0],
-        draft_spans=[0, 2, 6],
+        block_size=[4, 8], num_blocks=[1], pool_size=[0], seed_drafts=[False], adaptive_width=[False],
+        draft_span=[0, 2, 6],
     )  # fmt: skip
     assert [(c.block_size, c.draft_span) for c in space.configs(16)] == [(4, 0), (8, 0)]
     # A span at or past n - 2 is the default chain again (n = 4: span 2; n = 8: span 6): not tried twice.
@@ -127,7 +127,7 @@ def test_the_tuner_tries_prompt_lookup_where_the_profile_names_it():
     from jf_core.evaluation.tune import TuneSpace
 
     space = TuneSpace.of(
-        block_sizes=[8], num_blocks=[1], pool_sizes=[0], seed_drafts=[False], width_scales=[0.0], lookups=[0, 16]
+        block_size=[8], num_blocks=[1], pool_size=[0], seed_drafts=[False], adaptive_width=[False], lookup=[0, 16]
     )
     assert [(c.block_size, c.lookup) for c in space.configs(16)] == [(8, 0), (8, 16)]
     assert [c.lookup for c in TuneSpace.of().configs(16)] == [0] * len(TuneSpace.of().configs(16))  # off by default

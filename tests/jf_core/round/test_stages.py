@@ -11,6 +11,7 @@ from functools import partial
 from jf_core.config import JFTrainConfig, TuneConfig
 from jf_core.evaluation.method import AR, TUNED, jacobi
 from jf_core.round.paths import RoundPaths, round_paths
+from tests.conftest import serving_prior
 
 
 def test_rounds_share_trajectories_exactly_when_trajectories_would_be_equal(profile, tmp_path):
@@ -47,11 +48,7 @@ def test_the_tune_stage_stores_the_decode_config_and_the_ar_crossover_in_the_mod
     tune = TuneConfig(
         enabled=True,
         prompts=2,
-        block_sizes=[4],
-        num_blocks=[1, 2],
-        pool_sizes=[0],
-        spawn_ratios=[0.5],
-        seed_drafts=[False],
+        grid={"block_size": [4], "num_blocks": [1, 2], "pool_size": [0], "spawn_ratio": [0.5], "seed_drafts": [False]},
         repeats=1,
         crossover_batch_sizes=[1, 2],
         max_new_tokens=6,  # tuned on shorter decodes than the evaluation's 12, stored at 12
@@ -68,7 +65,7 @@ def test_the_tune_stage_stores_the_decode_config_and_the_ar_crossover_in_the_mod
     block = json.loads((model / "config.json").read_text())["jacobi_forcing"]
     assert report.best.max_new_tokens == 6 and all(t.config.max_new_tokens == 6 for t in report.trials)
     assert block["decode"] == {**asdict(report.best), "max_new_tokens": 12}
-    serving = report.serving.model_dump(mode="json")
+    serving = report.serving.block()
     assert block["crossover"]["batch_sizes"] == [1, 2] and block == {**block, **serving}
     assert block["hardware"].startswith("CPU") and block["dtype"] == "float32"
     assert model_fingerprint(model) == before  # tuning says how to decode the model; it is the same model
@@ -98,13 +95,13 @@ def test_the_evaluations_headline_is_the_tuned_models_dispatched_decoding(profil
     )
     tuned = stage_evaluate(p, str(model)).headline
     assert tuned.method == TUNED and tuned.tpf > 1.0  # no crossover stored: Jacobi at every batch size
-    update_block(model, ar_above_batch=0)
+    update_block(model, **serving_prior(ar_above_batch=0).block())
     dispatched = stage_evaluate(p, str(model), reuse=False)
     assert dispatched.headline_method == TUNED and dispatched.headline.tpf == 1.0  # AR, forward for forward
     assert dispatched.row(jacobi(4)).tpf == tuned.tpf
     # A crossover between the passes' batch sizes: AR in the quality pass's batches of 2, Jacobi in the speed pass's
     # batch of 1. The row's TPF is the one its speed was measured with, never AR's TPF beside Jacobi's speed.
-    update_block(model, ar_above_batch=1)
+    update_block(model, **serving_prior(ar_above_batch=1).block())
     split = p.model_copy(
         update={
             "evaluation": evaluation.model_copy(update={"batch_size": 2, "speed_batch_size": 1, "speed_prompts": 1})
@@ -185,12 +182,7 @@ def test_a_rerun_reuses_every_stage_and_a_stage_made_again_remakes_the_ones_afte
     tune = TuneConfig(
         enabled=True,
         prompts=2,
-        block_sizes=[4],
-        num_blocks=[1],
-        pool_sizes=[0],
-        spawn_ratios=[0.5],
-        seed_drafts=[False],
-        width_scales=[0.0],
+        grid={"block_size": [4], "num_blocks": [1], "pool_size": [0], "seed_drafts": [False]},
         repeats=1,
         crossover_batch_sizes=[],
     )

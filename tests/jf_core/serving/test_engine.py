@@ -16,6 +16,7 @@ from jf_core.decoding.multiblock import JFDecodeConfig
 from jf_core.decoding.sampling import Sampling
 from jf_core.model_dir import Crossover, model_fingerprint, read_block, update_block
 from jf_core.serving.engine import Engine, Request, RequestError
+from tests.conftest import serving_prior
 
 PROMPTS = ["program: a=85; step -8; return f", "program: a=3; step +2; return c", "program: b=7; return b"]
 
@@ -59,7 +60,7 @@ def test_requests_with_different_budgets_and_stops_share_a_batch(engine, method)
 
 
 def test_dispatch_runs_ar_above_the_crossover(engine):
-    engine.spec = replace(engine.spec, ar_above_batch=2, break_even_tpf=None)
+    engine.spec = replace(engine.spec, prior=serving_prior(ar_above_batch=2))
     ids = [Request(engine.encode(p), 8) for p in PROMPTS]
     assert {c.method for c in engine.complete(ids[:2])} == {"jacobi"}
     assert {c.method for c in engine.complete(ids)} == {"ar"}  # 3 > 2
@@ -67,19 +68,19 @@ def test_dispatch_runs_ar_above_the_crossover(engine):
 
 
 def test_dispatch_falls_back_to_ar_when_acceptance_does_not_pay(engine):
-    engine.spec = replace(engine.spec, ar_above_batch=None, break_even_tpf=1e9)  # no acceptance can pay
+    engine.spec = replace(engine.spec, prior=serving_prior(None, break_even_tpf=1e9))  # no acceptance can pay
     engine.clock = itertools.count().__next__  # every batch takes "1 s": equal rates, so the prior decides
     request = [Request(engine.encode(PROMPTS[0]), 8)]
     methods = [engine.complete(request)[0].method for _ in range(10)]
     assert methods[0] == "jacobi" and methods[2] == "jacobi"  # two Jacobi batches before the running mean decides
     assert methods[1] == "ar" and methods[9] == "jacobi"  # a bucket's 2nd batch and every 8th after probe the other
     assert methods[3:9] == ["ar"] * 6
-    engine.spec = replace(engine.spec, break_even_tpf=0.5)  # any acceptance pays
+    engine.spec = replace(engine.spec, prior=serving_prior(None, break_even_tpf=0.5))  # any acceptance pays
     assert engine.complete(request)[0].method == "jacobi"
 
 
 def test_measured_tokens_per_second_override_the_crossover_and_stay_lossless(engine):
-    engine.spec = replace(engine.spec, ar_above_batch=1, break_even_tpf=None)  # the prior: AR for 3 requests
+    engine.spec = replace(engine.spec, prior=serving_prior(ar_above_batch=1))  # the prior: AR for 3 requests
     requests = [Request(engine.encode(p), 8) for p in PROMPTS]
     first = engine.complete(requests)
     assert {c.method for c in first} == {"ar"} and engine.dispatch.rates[("ar", 4)] > 0  # measured as it served
@@ -139,7 +140,7 @@ def test_bad_requests_are_named(engine):
 def test_the_block_is_about_the_model_not_of_it(engine, tmp_path):
     model_dir = tmp_path / "model"
     before = model_fingerprint(model_dir)
-    update_block(model_dir, ar_above_batch=16, hardware="elsewhere")
+    update_block(model_dir, **serving_prior(ar_above_batch=16, hardware="elsewhere").block())
     assert model_fingerprint(model_dir) == before
     assert read_block(model_dir)["decode"]["block_size"] == 4 and read_block(model_dir)["format"] == 1
     config = json.loads((model_dir / "config.json").read_text())

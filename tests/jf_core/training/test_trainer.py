@@ -11,8 +11,8 @@ from jf_core.training.trainer import (
     CausalLMLoss,
     Checkpoints,
     Every,
-    Measure,
     NonFiniteLossError,
+    Probe,
     TrainConfig,
     causal_lm_loss,
     lr_at,
@@ -199,7 +199,7 @@ def test_a_probe_measures_the_model_during_training_without_changing_what_it_lea
             causal_lm_loss,
             TrainConfig(steps=7, lr=3e-3, warmup_steps=1, log_every=2),
             progress=False,
-            hooks=[Measure(probe, Every(3))] if with_probe else (),
+            hooks=[Probe(probe, Every(3))] if with_probe else (),
         )
         runs.append((result.history, {k: v.clone() for k, v in model.state_dict().items()}, seen, model.training))
     (plain, plain_weights, _, _), (probed, probed_weights, seen, training_after) = runs
@@ -224,7 +224,7 @@ def test_a_hooks_figures_are_printed_as_they_come_when_progress_shows(capsys):
             causal_lm_loss,
             TrainConfig(steps=4, lr=3e-3, warmup_steps=1),
             progress=progress,
-            hooks=[Measure(probe, Every(2))],
+            hooks=[Probe(probe, Every(2))],
         )
         out = capsys.readouterr().out
         assert (out.splitlines() if progress else out) == (

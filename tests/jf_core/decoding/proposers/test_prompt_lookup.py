@@ -1,14 +1,14 @@
-"""Prompt lookup (jf_core/decoding/lookup.py): the guess is what followed the latest earlier occurrence of the text's
-longest matching tail; as a branch of the window's forward it is lossless, and it is actually verified and accepted
-where the text repeats itself."""
+"""Prompt lookup (jf_core/decoding/proposers/prompt_lookup.py): the guess is what followed the latest earlier
+occurrence of the text's longest matching tail; as a branch of the window's forward it is lossless, and it is
+actually verified and accepted where the text repeats itself."""
 
 from __future__ import annotations
 
 import pytest
 
 from jf_core.decoding.common import StopTokens
-from jf_core.decoding.lookup import prompt_lookup
 from jf_core.decoding.multiblock import JFDecodeConfig, JFDecoder
+from jf_core.decoding.proposers.prompt_lookup import prompt_lookup
 from tests.conftest import PAD
 from tests.jf_core.decoding.test_jacobi import MAX_NEW, prompts, reference
 
@@ -54,8 +54,8 @@ def test_where_the_answer_repeats_itself_the_lookup_branch_is_accepted(tiny_mode
     decoder.new_sequence = lambda i, p: seqs[i]  # keep handles on the sequences to read their counters
     out = decoder.decode(ps)
     assert out.sequences == [reference(tiny_model, p, MAX_NEW, None) for p in ps]
-    assert sum(s.stats_extra["lookup_wins"] for s in seqs) > 0
-    assert sum(s.stats_extra["recycled_wins"] for s in seqs) == 0  # no pool: every branch that won was lookup's
+    assert sum(s.wins["lookup"] for s in seqs) > 0
+    assert sum(s.wins["recycling"] for s in seqs) == 0  # no pool: every branch that won was lookup's
 
 
 def test_the_guess_reaches_past_an_adaptive_width_and_the_width_follows_the_window_alone(tiny_model):
@@ -72,7 +72,7 @@ def test_the_guess_reaches_past_an_adaptive_width_and_the_width_follows_the_wind
     settle = decoder.settle
 
     def recording_settle(seq, layout, greedy, branch, accepted):
-        runs.append((len(layout.branches[0]), accepted, branch == seq.lookup_branch > 0))
+        runs.append((len(layout.branches[0]), accepted, layout.owners[branch] == "lookup"))
         before = seq.width.estimate
         settle(seq, layout, greedy, branch, accepted)
         observed.append((before, seq.width.estimate, accepted))

@@ -1,0 +1,64 @@
+"""Prompt lookup: a draft that costs no forward. The text so far (prompt and committed tokens) is searched for an
+earlier occurrence of its last few tokens; what followed that occurrence is the guess for what follows now. Answers
+that copy their question (the numbers of a word problem, the identifiers of a function, a quoted passage) are
+guessed this way long before a model would be. HF's prompt lookup and vLLM's n-gram proposer draft the same way;
+here the guess is one more branch of the window's forward, verified by the base like any.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from jf_core.decoding.layout import Layout
+from jf_core.decoding.proposers.base import Proposer, Room
+
+
+def prompt_lookup(context: Sequence[int], max_ngram: int, length: int) -> list[int]:
+    """Up to `length` tokens that followed the latest earlier occurrence of `context`'s last n tokens, for the
+    longest n <= `max_ngram` that occurs; [] when none does.
+
+    Longest first: a longer match is less often a coincidence. Latest first: the text just written predicts its
+    own next words better than the prompt's first mention (HF takes the earliest; both are lossless)."""
+    if length < 1:
+        return []
+    end = len(context)
+    for n in range(min(max_ngram, end - 1), 0, -1):
+        tail = list(context[end - n :])
+        # Starts of earlier occurrences, latest first; an occurrence must leave at least one token after it.
+        for start in range(end - n - 1, -1, -1):
+            if context[start] == tail[0] and list(context[start : start + n]) == tail:
+                return list(context[start + n : start + n + length])
+    return []
+
+
+class PromptLookup(Proposer):
+    name = "lookup"
+    # Adaptive width sizes the window by what its drafts earn; a guess that copies the text earns by its own length.
+    speaks_for_the_window = False
+
+    def __init__(self, length: int, ngram: int) -> None:
+        self.length, self.ngram = length, ngram
+
+    @classmethod
+    def from_config(cls, model, config) -> PromptLookup | None:
+        """`config.lookup`: the longest guess (0: off); `config.lookup_ngram`: the longest tail matched."""
+        length = getattr(config, "lookup", 0)
+        return cls(length, config.lookup_ngram) if length else None
+
+    def extend(self, seq, lay: Layout, room: Room) -> Layout:
+        if room.run <= 1:
+            return lay
+        # The guess is not held to the run: adaptive width sizes the window by what the drafts earn, while a guess
+        # that copies the text earns by its own length.
+        far = min(room.window, room.block_left) - 1
+        guess = prompt_lookup(seq.prompt + seq.committed + seq.window[:1], self.ngram, min(far, self.length))
+        # Where the guess agrees with the window's draft the branch runs through the window's own slots: only the
+        # rest costs slots (every slot costs compute on a CPU).
+        shared = 0
+        while shared < len(guess) and 1 + shared < room.run and guess[shared] == seq.window[1 + shared]:
+            shared += 1
+        if shared == len(guess):
+            return lay
+        start = len(lay.tokens)
+        branch = [*range(1 + shared), *range(start, start + len(guess) - shared)]
+        return Layout(lay.tokens + guess[shared:], [*lay.branches, branch], lay.drafts, [*lay.owners, self.name])
