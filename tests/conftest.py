@@ -23,18 +23,23 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 torch.set_num_threads(min(2 if "JF_CPUS" not in os.environ else int(os.environ["JF_CPUS"]), torch.get_num_threads()))
 
 
-@pytest.fixture(autouse=True)
-def _the_cpus(request, tmp_path_factory):
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
     """Beside the other worker, a test marked `alone` (it measures the machine's load) runs with the CPUs to itself:
-    it takes the workers' lock file exclusively, every other test shared. A turnstile ahead of the lock lets an
-    `alone` test in before the other worker's next test, which would otherwise always find the lock free first."""
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
+    its whole protocol (the module fixtures it sets up and tears down included) holds the workers' lock file
+    exclusively, every other test's shared. A turnstile ahead of the lock lets an `alone` test in before the other
+    worker's next test, which would otherwise always find the lock free first."""
+    run = getattr(item.config, "workerinput", {}).get("testrunuid")  # xdist's id of this run, shared by its workers
+    if run is None:
         yield
         return
     import fcntl
+    import tempfile
+    from pathlib import Path
 
-    root = tmp_path_factory.getbasetemp().parent  # one directory for all the workers of this run
-    alone = request.node.get_closest_marker("alone") is not None
+    root = Path(tempfile.gettempdir()) / f"jf-pytest-{run}"
+    root.mkdir(exist_ok=True)
+    alone = item.get_closest_marker("alone") is not None
     with open(root / "cpus.turnstile", "a") as turnstile, open(root / "cpus.lock", "a") as lock:
         fcntl.flock(turnstile, fcntl.LOCK_EX)
         fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)

@@ -81,7 +81,9 @@ def run_interleaved(
 
     On a shared or boosting CPU the speed of the machine drifts over seconds (turbo budgets run out, neighbours
     wake up). Running method after method lets that drift decide a comparison; taking turns on each batch exposes
-    every method to the same machine, and keeping each batch's fastest run drops the spikes."""
+    every method to the same machine, and keeping each batch's fastest run drops the spikes. The order of the turns
+    rotates from batch to batch, so each method goes first as often as the others (to within one turn): a method
+    always timed first (caches cold, or the core just boosted) would carry that order's bias into every ratio."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     batches = batches_of(prompts, batch_size)
@@ -93,11 +95,13 @@ def run_interleaved(
         decode_batched(decoder, prompts[:warmup_prompts], batch_size)
     best: dict[K, list[DecodeOutput | None]] = {name: [None] * len(batches) for name in decoders}
     total, done, said = repeats * len(batches), 0, started
+    names = list(decoders)
     for rep in range(repeats):
         say(f"run {rep + 1}/{repeats}: {len(decoders)} methods taking turns on {len(batches)} batches")
         for b, batch in enumerate(batches):
-            for name, decoder in decoders.items():
-                out = decoder(batch)
+            turn = (rep * len(batches) + b) % len(names)
+            for name in names[turn:] + names[:turn]:
+                out = decoders[name](batch)
                 kept = best[name][b]
                 if kept is None or out.stats.seconds < kept.stats.seconds:
                     best[name][b] = out

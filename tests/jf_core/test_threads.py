@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from jf_core.decoding.common import StopTokens
-from jf_core.threads import ThreadGovernor, _sample, cpu_budget, others_load, threads_for
+from jf_core.threads import CPUS_ENV, ThreadGovernor, _sample, cpu_budget, others_load, threads_for
 
 linux = pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="the governor reads /proc/stat")
 
@@ -23,6 +23,16 @@ def restore_threads():
     before = torch.get_num_threads()
     yield
     torch.set_num_threads(before)
+
+
+# The machine's CPUs, whatever JF_CPUS caps jf to (each test worker takes one: tests/conftest.py).
+MACHINE_CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+@pytest.fixture
+def whole_machine(monkeypatch):
+    """For an `alone` test, which has the CPUs to itself: no JF_CPUS cap."""
+    monkeypatch.delenv(CPUS_ENV, raising=False)
 
 
 def test_threads_for_leaves_the_cores_others_use():
@@ -130,9 +140,10 @@ def _train_embedded_recipe(governor: ThreadGovernor, steps: int = 30) -> dict[st
 
 
 @linux
-@pytest.mark.skipif(cpu_budget() < 2, reason="needs 2 CPUs for a count the load could change")
+@pytest.mark.alone
+@pytest.mark.skipif(MACHINE_CPUS < 2, reason="needs 2 CPUs for a count the load could change")
 @pytest.mark.filterwarnings("ignore:other processes are using")  # the slowdown it is told about
-def test_training_gives_the_same_weights_alone_and_beside_a_busy_process(restore_threads):
+def test_training_gives_the_same_weights_alone_and_beside_a_busy_process(restore_threads, whole_machine):
     """The same command gives the same model whatever else runs: training keeps one thread count. (The adaptive
     governor beside a spinner takes 1 thread, and 1 and 2 threads sum gradients in different orders.)"""
     alone = _train_embedded_recipe(ThreadGovernor.for_training())
@@ -176,8 +187,9 @@ def test_decoding_gives_the_same_tokens_and_forwards_on_any_thread_count(embedde
 
 
 @linux
-@pytest.mark.skipif(cpu_budget() < 2, reason="needs 2 CPUs for others to take one")
-def test_a_fixed_count_beside_a_busy_process_is_kept_and_its_user_told(restore_threads, caplog):
+@pytest.mark.alone
+@pytest.mark.skipif(MACHINE_CPUS < 2, reason="needs 2 CPUs for others to take one")
+def test_a_fixed_count_beside_a_busy_process_is_kept_and_its_user_told(restore_threads, whole_machine, caplog):
     governor = ThreadGovernor(fixed=2, budget=2, every_s=0.5)
     governor.start()
     spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])

@@ -134,8 +134,8 @@ def test_the_tuner_tries_prompt_lookup_where_the_profile_names_it():
 
 
 def test_interleaved_runs_take_turns_and_keep_each_batchs_fastest_run():
-    """Decoders alternate batch by batch (so a drifting machine slows all alike) and each batch's fastest run is
-    the one counted; outputs stay in prompt order."""
+    """Decoders alternate batch by batch (so a drifting machine slows all alike), each first as often as the other,
+    and each batch's fastest run is the one counted; outputs stay in prompt order."""
     from jf_core.decoding.common import DecodeOutput
     from jf_core.decoding.stats import DecodeStats, SequenceStats
     from jf_core.evaluation.speed import run_interleaved
@@ -156,7 +156,8 @@ def test_interleaved_runs_take_turns_and_keep_each_batchs_fastest_run():
     prompts = [[10], [11], [12], [13]]
     out = run_interleaved({"a": decoder("a"), "b": decoder("b")}, prompts, 2, repeats=2, warmup_prompts=2)
     timed = calls[2:]  # after one warmup batch per decoder
-    assert timed[:4] == [("a", 10), ("b", 10), ("a", 12), ("b", 12)]  # turns, batch by batch
+    # Turns batch by batch, the order rotating: a first on batch 10 of run 1, b on batch 12, and so on.
+    assert timed == [("a", 10), ("b", 10), ("b", 12), ("a", 12), ("a", 10), ("b", 10), ("b", 12), ("a", 12)]
     assert out["a"].sequences == [[10], [11], [12], [13]] == out["b"].sequences
     assert out["a"].stats.decode_seconds == 2 * 1.0 and out["b"].stats.decode_seconds == 2 * 2.0
 
