@@ -24,6 +24,13 @@ pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
 
 
+def _default_sigint() -> None:
+    """In the child before it execs: SIGINT at its default, so Python installs its KeyboardInterrupt handler as it
+    does for a command started from a shell. An ignored SIGINT is inherited across exec, and a test worker's
+    disposition depends on what ran in it before (seen: the SIGINT cases exiting 0 under pytest-xdist)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _clean_env(home: Path) -> dict[str, str]:
     """The environment of a fresh process: no Ray settings inherited, a HOME of its own (to see ~/.ray writes)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
@@ -220,7 +227,7 @@ def test_a_signal_whose_exception_ray_init_loses_still_unwinds(tmp_path, sig, fa
     """Which signals arrived is read from Python's wakeup fd, not from the exception that reached us."""
     out = subprocess.run(
         [sys.executable, "-c", LOST_SIGNAL_SCRIPT, sig, fate], cwd=REPO, env=_clean_env(tmp_path),
-        capture_output=True, text=True, timeout=300,
+        capture_output=True, text=True, timeout=300, preexec_fn=_default_sigint,
     )  # fmt: skip
     assert out.returncode == 3, (out.returncode, out.stdout, out.stderr[-2000:])
     assert "RAY STAGE RAN" not in out.stdout
