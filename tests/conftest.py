@@ -51,17 +51,23 @@ def pytest_runtest_protocol(item, nextitem):
 def pytest_collection_modifyitems(config, items):
     """The longest files first, so the two workers (which take whole files, in this order) finish together instead of
     one starting the stack test as the other ends: files with a `slow` test before the rest, and among them the longer
-    `timeout` their author gave first; the order within a file is kept."""
+    `timeout` their author gave first; the order within a file is kept. Files holding an `alone` test go last: such a
+    test waits for the other worker's current test to end, and at the end of the run that is a short one (the slow
+    files' tests took minutes each to release it)."""
 
     def timeout(item) -> float:
         mark = item.get_closest_marker("timeout")
         return float(mark.args[0]) if mark and mark.args else 0.0
 
-    files: dict[str, tuple[bool, float]] = {}
+    files: dict[str, tuple[bool, bool, float]] = {}
     for item in items:
-        slow, longest = files.get(item.path, (False, 0.0))
-        files[item.path] = (slow or item.get_closest_marker("slow") is not None, max(longest, timeout(item)))
-    rank = {path: (not slow, -longest) for path, (slow, longest) in files.items()}
+        alone, slow, longest = files.get(item.path, (False, False, 0.0))
+        files[item.path] = (
+            alone or item.get_closest_marker("alone") is not None,
+            slow or item.get_closest_marker("slow") is not None,
+            max(longest, timeout(item)),
+        )
+    rank = {path: (alone, not slow, -longest) for path, (alone, slow, longest) in files.items()}
     items.sort(key=lambda item: rank[item.path])  # stable: a file's tests stay together and in order
 
 

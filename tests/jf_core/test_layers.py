@@ -1,71 +1,61 @@
 """Every jf_core package imports only what lies below it, so each can be read (and changed) without the ones above
 and no two packages import each other: a model directory knows no decoder, the decoders know no server, the
-embedded task knows no evaluation, and the evaluation knows no round."""
+embedded task knows no evaluation, and the evaluation knows no round. The rules are import-linter contracts in
+pyproject.toml; this file runs them, shows them bite, and keeps the checks no contract type expresses."""
 
 from __future__ import annotations
 
 import ast
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2] / "jf_core"
-# Bottom up: each may import only those before it (module-level, function-local and type-checking imports alike).
-LAYERS = [
-    "pins",
-    "checksums",
-    "paths",
-    "atomic",  # the one way a file is written whole
-    "threads",
-    "quiet",
-    "model_dir",
-    "packed_linear",  # CPU kernels for a model's layers: the draft adapter and loading use it
-    "draft_adapter",  # a part of the model: the decoders, training, loading and planning use it
-    "decoding",
-    "models",
-    "model_import",
-    "training",
-    "serving",
-    "toy",  # the embedded model and task
-    "model_ref",  # one function from a model reference to a directory or hub id
-    "trajectory",
-    "config",  # the profile's schema: names the implementations below it
-    "evaluation",
-    "planning",
-    "ablation",
-    "round",  # the stages and the report
-    "experiment",  # variants of a round, each its stages, measured side by side: the top
-]
+PYPROJECT = ROOT.parent / "pyproject.toml"
 
 
-def _arrows() -> dict[str, set[str]]:
-    """jf_core's package-level import graph: `decoding` for jf_core/decoding/*, `models` for jf_core/models.py."""
-    arrows: dict[str, set[str]] = {}
-    for path in ROOT.rglob("*.py"):
-        src = path.relative_to(ROOT).parts[0].removesuffix(".py")
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = []
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                names = [node.module]
-            for name in names:
-                parts = name.removeprefix("jacobi_forcing.").split(".")
-                if parts[0] == "jf_core" and len(parts) > 1 and parts[1] != src:
-                    arrows.setdefault(src, set()).add(parts[1])
-    return arrows
+def _contracts() -> dict[str, dict]:
+    import tomllib
+
+    return {c["id"]: c for c in tomllib.loads(PYPROJECT.read_text())["tool"]["importlinter"]["contracts"]}
 
 
-def test_every_package_imports_only_what_lies_below():
-    arrows = _arrows()
-    assert arrows["serving"], "the graph was read"
-    packages = {p.stem for p in ROOT.iterdir() if p.suffix == ".py" or (p / "__init__.py").is_file()}
-    assert set(LAYERS) == packages - {"__init__"}, "a package of jf_core is missing from LAYERS (or gone from jf_core)"
-    upward = {f"{pkg} -> {dst}" for i, pkg in enumerate(LAYERS) for dst in arrows.get(pkg, ()) if dst not in LAYERS[:i]}
-    assert upward == set()
+def _lint_imports(cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    """import-linter on `cwd`'s pyproject.toml, as CI runs it."""
+    exe = Path(sys.executable).parent / "lint-imports"
+    return subprocess.run([str(exe), "--no-cache"], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
-def test_nothing_in_the_library_depends_on_the_server():
-    arrows = _arrows()
-    assert sorted(pkg for pkg, dsts in arrows.items() if "serving" in dsts) == []
+def test_the_layer_circle_and_server_contracts_hold():
+    """pyproject.toml's [tool.importlinter] contracts: every jf_core package imports only the ones below it (module
+    level, function-local and type checking imports alike, indirect chains included), nothing in the library
+    reaches the server, and no modules or packages of jf_core, jf_cli and jf_vllm import each other round a circle."""
+    done = _lint_imports(ROOT.parent)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Contracts: 3 kept, 0 broken." in done.stdout
+
+
+def test_every_jf_core_package_has_a_layer():
+    """A package left out of the layers contract would be unconstrained: the contract names them all."""
+    layers = _contracts()["jf-core-layers"]["layers"]
+    packages = {p.stem for p in ROOT.iterdir() if p.suffix == ".py" or (p / "__init__.py").is_file()} - {"__init__"}
+    assert set(layers) == packages and len(layers) == len(packages)
+
+
+def test_an_upward_import_breaks_the_layers_contract(tmp_path):
+    """The contracts bite: a copy of the library whose lowest module imports the round inside a function (the kind
+    of import a reader misses) is refused, naming the import."""
+    shutil.copytree(ROOT, tmp_path / "jf_core", ignore=shutil.ignore_patterns("__pycache__", "embedded"))
+    for name in ("jf_cli", "jf_vllm"):
+        shutil.copytree(ROOT.parent / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(PYPROJECT, tmp_path / "pyproject.toml")
+    pins = tmp_path / "jf_core" / "pins.py"
+    pins.write_text(pins.read_text() + "\n\ndef _probe():\n    from jf_core.round import stages\n\n    return stages\n")
+    done = _lint_imports(tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert done.returncode != 0 and "every jf_core package imports only the ones below it BROKEN" in done.stdout
+    assert "jf_core.pins -> jf_core.round.stages" in done.stdout
 
 
 def test_the_decoding_front_door_exports_what_it_names():
@@ -100,7 +90,9 @@ def _module_graph() -> dict[str, set[str]]:
 
 
 def test_no_modules_import_each_other_round_a_circle():
-    """No import circle, of two modules or more, anywhere in the project (Tarjan's strongly connected components)."""
+    """No import circle, of two modules or more, anywhere in the project (Tarjan's strongly connected components).
+    import-linter's acyclic contract covers jf_core, jf_cli and jf_vllm; tasks, flows and infra install under the
+    setuptools-mapped `jacobi_forcing` namespace, which its graph cannot read, so this graph of every package stays."""
     graph = _module_graph()
     assert sum(map(len, graph.values())) > 300, "the graph was read"
     index: dict[str, int] = {}
