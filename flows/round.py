@@ -111,9 +111,11 @@ def jf_round(
         logger.info("round directory %s", root)
         traj, packed, trained = round_tasks.train_chain(prof, model_in, paths)
         round_tasks.tune(prof, root, trained)
+        untrained_tune = round_tasks.tune_untrained(prof, model_in)
         base = round_tasks.evaluate(prof, model_in, "input model")
         jf_model = str(paths.model)
-        jf = round_tasks.evaluate(prof, jf_model, f"{prof.training.method_name} model")
+        # The trained model's evaluation carries the input model's untrained anchors, timed in the same run.
+        jf = round_tasks.evaluate(prof, jf_model, f"{prof.training.method_name} model", model_in, untrained_tune)
         origin = lineage_base(model_in)  # the gate holds every round to the chain's original base model
         lineage = None
         if origin != model_in:

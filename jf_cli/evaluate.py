@@ -21,6 +21,7 @@ import yaml
 from jf_cli.common import UsageError, add_threads_option, args_profile, model_path, positive, set_threads
 
 if TYPE_CHECKING:
+    from jf_core.evaluation.method import Method
     from jf_core.evaluation.results import Evaluation
 
 
@@ -36,10 +37,13 @@ def _load(profile, model: str | None):
     return path, loaded, tok
 
 
-def _report(result: Evaluation, args: argparse.Namespace, meta: dict) -> list:
+def _report(result: Evaluation, args: argparse.Namespace, meta: dict, trained: Method | None = None) -> list:
     """Print the table and the headline; with `--out`, write bench.md, bench.json and the table's figures. Returns
-    the table's rows."""
+    the table's rows. `trained`: the row of a trained model beside this (untrained) one, held to the fastest of
+    this model's untrained decoders (HF prompt lookup, our tuned decoder); else the round's anchors, if any ran."""
+    from jf_core.evaluation.method import HF_PROMPT_LOOKUP, TUNED
     from jf_core.evaluation.plots import bench_figures, save_figures
+    from jf_core.evaluation.results import against_untrained
     from jf_core.evaluation.tables import format_markdown, format_table, write_json
 
     rows = result.rows()
@@ -50,7 +54,14 @@ def _report(result: Evaluation, args: argparse.Namespace, meta: dict) -> list:
         f"{result.headline.speedup_vs_ar:.2f}x our AR on the same model"
         + (f" (n={result.speedup_block_size} chosen on calibration prompts)" if result.calibration.tps else "")
     )
-    meta = {**meta, "result": result.model_dump(mode="json", exclude={"methods"})}
+    if trained is None:
+        best, x = result.best_untrained, result.speedup_vs_untrained
+    else:
+        best = result.fastest([HF_PROMPT_LOOKUP, TUNED])
+        x = None if best is None else result.row(trained).tps / best.tps
+    print(f"{trained or result.headline_method}: " + against_untrained(x, best and best.name, result.timing_spread))
+    result_fields = result.model_dump(mode="json", exclude={"methods"})
+    meta = {**meta, "speedup_vs_untrained": x, "best_untrained": best and best.name, "result": result_fields}
     if getattr(args, "out", None):
         out = Path(args.out)
         save_figures(bench_figures(rows), out)
@@ -123,6 +134,7 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
     lookup_sizes = cfg.block_sizes if args.lookup else ()
     extra = build_methods(model, stop, cfg.max_new_tokens, ar=False, hf=True, lookup_sizes=lookup_sizes)
     same: dict[Method, Method] = {}
+    tuning, trained = None, None
     if args.jf_model:
         # One door for every model option: `models:/name@champion`, `package:`, a hub id or a directory.
         args.jf_model = model_path(args.jf_model, profile)
@@ -145,6 +157,8 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
         )
         extra.update(rows)
         same = dict.fromkeys(rows, AR.of("jf"))  # the trained model's rows reproduce its own AR
+        trained = Method("autotuned" if saved.tuned else "jacobi", jf_n if not saved.tuned else None, "jf")
+        tuning = _untrained_tuning(profile, path)
     sizes = args.batch_sizes or [args.batch_size]
     tables: dict[int, list] = {}
     for batch_size in sizes:
@@ -159,6 +173,7 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
             loaded=(model, tok),
             extra_methods=extra,
             same_output_as=same,
+            tuning=tuning,
             progress=_say,
         )
         meta = {
@@ -180,13 +195,28 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
         if len(sizes) > 1:
             where.out = str(Path(args.out) / f"batch{batch_size}") if args.out else None
             where.json = str(Path(args.json).with_suffix(f".batch{batch_size}.json")) if args.json else None
-        tables[batch_size] = _report(result, where, meta)
+        tables[batch_size] = _report(result, where, meta, trained)
     if args.out and len(sizes) > 1:
         from jf_core.evaluation.plots import save_figures, speed_against_batch_size
 
         save_figures({"speed_against_batch_size": speed_against_batch_size(tables)}, Path(args.out))
         print(f"wrote {args.out}/speed_against_batch_size.png", file=sys.stderr)
     return 0
+
+
+def _untrained_tuning(profile, path: str):
+    """The base model's own tuned config and crossover for its `tuned` row, the untrained anchor a trained model is
+    held to: the round's untrained tune (kept under the runs directory, so a base is tuned once) where the base's
+    directory stores none and the profile tunes. None: the row is the stored config's, or there is none."""
+    from jf_core.decoding import load_serving_spec
+    from jf_core.round.stages import stage_tune_untrained
+
+    if load_serving_spec(path).tuned is not None:
+        return None
+    found = stage_tune_untrained(profile, path, lambda line: _say(f"untrained tune: {line}"))
+    if found is None:
+        return None
+    return found.best, found.serving.ar_above_batch if found.serving is not None else None
 
 
 def _sampling(args: argparse.Namespace):
@@ -217,7 +247,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if not (Path(args.model) / "config.json").is_file():
         raise ValueError(f"--model {args.model} is not a model directory (the decode config is saved beside it)")
     set_threads(args)
-    given = {"prompts": args.num_prompts, "repeats": args.repeats, "crossover_batch_sizes": args.crossover_batch_sizes}
+    given = {
+        "prompts": args.num_prompts,
+        "repeats": args.repeats,
+        "rungs": args.rungs,
+        "crossover_batch_sizes": args.crossover_batch_sizes,
+    }
     profile = args_profile(args, evaluation={"max_new_tokens": args.max_new_tokens})
     tune = profile.evaluation.tune.model_dump()
     tune |= {k: v for k, v in given.items() if v is not None} | {"enabled": True}
@@ -330,6 +365,12 @@ def register(sub, bench_sub) -> None:
     )
     p.add_argument(
         "--repeats", type=positive("--repeats"), help=f"runs per candidate, fastest kept (default: {prof}.repeats)"
+    )
+    p.add_argument(
+        "--rungs",
+        type=positive("--rungs"),
+        help=f"successive halving: the prompts in this many slices, the slower half of the configs stopping after "
+        f"each but the last (1: every config on every prompt; default: {prof}.rungs)",
     )
     p.add_argument(
         "--crossover-batch-sizes",

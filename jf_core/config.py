@@ -2,6 +2,10 @@
 
 A profile (YAML under jf_core/profiles/, or any path) names a model, a prompt source and the knobs of each stage.
 `tiny` is the embedded default (CPU, minutes); real profiles (a 7B coder model on GPUs) use the same code.
+
+Why one module of about 370 lines: it is the profile's schema, one class per YAML section in the order a profile is
+read, and the loading that merges overrides into it; the sections whose knobs belong to one stage's implementation
+(training, trajectories, prompt sources) already live beside it and are imported here.
 """
 
 from __future__ import annotations
@@ -98,6 +102,9 @@ class TuneConfig(StrictModel):
         return grid
 
     repeats: int = Field(2, ge=1)  # runs per candidate, fastest kept: single runs let machine noise pick the winner
+    # Successive halving (evaluation/tune.py `tune`): the prompts in this many slices, the slower half of the
+    # configurations stopping after each slice but the last; 1: every configuration decodes every prompt.
+    rungs: int = Field(1, ge=1)
     # Tokens each calibration prompt decodes while tuning (None: evaluation.max_new_tokens): where a forward costs
     # tens of milliseconds (a real model on a CPU), a shorter decode keeps the grid to minutes.
     max_new_tokens: int | None = Field(None, ge=1)
@@ -127,6 +134,14 @@ class EvalConfig(StrictModel):
     # With prompts.hash_splits: evaluate on the benchmark rows of the prompt file in this hash split only (held out
     # from training and calibration by construction); `source` defaults to the prompt file (another is read whole).
     split: str | None = None
+    # An AR-against-AR control row in every timed pass (`ar_control`): our AR timed twice, taking turns like every
+    # method, so its ratio (ideally 1.00) shows the timer's order bias and spread beside the figures it qualifies.
+    control: bool = True
+    # A trained model's evaluation in a round also decodes its input model (the untrained base, in a first round) by
+    # what a user would pick instead of training: HF prompt lookup, and our decoder with the config the same tune
+    # found on that model (`base_*` rows, taking turns with the trained model's). The gate holds the trained model
+    # to the best of them (registry.gate.untrained_margin).
+    untrained: bool = True
     _splits: tuple[dict[str, float], str] | None = PrivateAttr(default=None)  # (fractions, text field), set by Profile
 
     @property
@@ -139,8 +154,8 @@ class GateConfig(StrictModel):
     """When a round's model becomes `champion` (it is always registered and aliased `challenger`); every check is
     in jf_core/evaluation/gate.py. Accuracy first, against the round's input and the lineage's original base (small
     drops would otherwise compound over rounds); TPF against the champion's at the same block size and decode
-    config, on the same evaluation; decoding not slower than the model's own AR; and the outputs may not turn
-    degenerate against the input model's."""
+    config, on the same evaluation; decoding not slower than the model's own AR, and faster than the best untrained
+    decoding of its input model; and the outputs may not turn degenerate against the input model's."""
 
     max_accuracy_drop: float = 0.03  # against the round's input model, on the same evaluation set
     max_base_accuracy_drop: float = 0.05  # against the lineage's original base model, on the same evaluation set
@@ -150,6 +165,11 @@ class GateConfig(StrictModel):
     # 0.9 leaves room for the spread of a few speed prompts on a busy CPU (an AR-dispatched model measures ~1.0).
     # None: not checked.
     min_speedup_vs_ar: float | None = Field(0.9, gt=0)
+    # The headline's tokens/s over the best untrained anchor's (evaluation.untrained), in the same run: a trained
+    # model must be faster than what a user gets without training by more than the timing's spread, the larger of
+    # this floor and the widest |x - 1| of the run's AR-against-AR pairs (Evaluation.timing_spread). None, or a
+    # profile whose evaluation.untrained is off: not checked (`Profile.gate`).
+    untrained_margin: float | None = Field(0.03, ge=0)
     max_repetition_increase: float = Field(0.05, ge=0)  # repeated-n-gram fraction of the outputs, over the input's
     max_length_change: float = Field(0.25, ge=0)  # |mean output length / the input model's - 1|
     max_truncated_increase: float = Field(0.05, ge=0)  # fraction of outputs hitting max_new_tokens, over the input's
@@ -192,6 +212,14 @@ class Profile(StrictModel):
     @property
     def model_name(self) -> str:
         return self.registry.model_name or f"jf-{self.name}"
+
+    @property
+    def gate(self) -> GateConfig:
+        """The gate this profile's rounds pass: `registry.gate`, without the check against the untrained anchors
+        where the evaluation does not time them (`evaluation.untrained: false`, the one way to turn it off from
+        `--set`, which cannot set a null)."""
+        gate = self.registry.gate
+        return gate if self.evaluation.untrained else gate.model_copy(update={"untrained_margin": None})
 
     def worker_device(self) -> str:
         """Where a Ray worker of this profile runs its model: CUDA when Ray gives it GPUs, else the model's device

@@ -50,7 +50,7 @@ def registration_key(profile: Profile, report: RoundReport) -> str:
         "accuracy": report.accuracy,
         "base_accuracy": report.base_accuracy,
         "tpf": report.headline.tpf,
-        "gate": profile.registry.gate.model_dump(mode="json"),
+        "gate": profile.gate.model_dump(mode="json"),
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -117,7 +117,7 @@ def register(
         input_model=figures.input,
         base_model=figures.lineage_base,
         champion=None if current is None else (champion_at or recorded or UNMEASURED),
-        cfg=profile.registry.gate,
+        cfg=profile.gate,
     )
     _log_checks(client, run_id, decision.checks)
     with tempfile.TemporaryDirectory() as tmp, mlflow.start_run(run_id=run_id):

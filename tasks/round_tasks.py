@@ -32,7 +32,15 @@ from jacobi_forcing.tasks.trajectories import generate_trajectories
 from jf_core.config import Profile
 from jf_core.round.paths import RoundPaths
 from jf_core.round.results import PackResult, Registration, TrainResult, TrajectoriesResult, TuneResult
-from jf_core.round.stages import stage_evaluate, stage_pack, stage_train, stage_trajectories, stage_tune
+from jf_core.round.stages import (
+    stage_evaluate,
+    stage_pack,
+    stage_train,
+    stage_trajectories,
+    stage_tune,
+    stage_tune_untrained,
+    untrained_anchors,
+)
 
 if TYPE_CHECKING:
     from jf_core.evaluation.gate import Figures
@@ -254,18 +262,44 @@ def tune(profile: Profile, root: str, trained: TrainResult) -> TuneResult | Stat
     return reuse.state(result)
 
 
-@_stage_task("evaluate", "evaluate {label}")
-def evaluate(profile: Profile, model_path: str, label: str) -> Evaluation | State:
+@_stage_task("tune-untrained", "autotune the untrained input model")
+def tune_untrained(profile: Profile, model_in: str) -> TuneResult | State | None:
+    """The same tune on the round's input model: its anchor rows' decode config (what our decoder gives a user who
+    does not train)."""
     logger, reuse = get_run_logger(), Reuse()
+    result = stage_tune_untrained(profile, model_in, lambda line: logger.info("untrained: %s", line), on_reuse=reuse)
+    if result is not None and reuse.line is None:
+        logger.info("untrained decode config: %s", result.best.describe())
+    return reuse.state(result)
+
+
+@_stage_task("evaluate", "evaluate {label}")
+def evaluate(
+    profile: Profile, model_path: str, label: str, untrained_from: str | None = None, tuning: TuneResult | None = None
+) -> Evaluation | State:
+    """`untrained_from`: the input model whose untrained anchors join the evaluation, decoded with `tuning` (its
+    untrained tune) where the tune ran."""
+    logger, reuse = get_run_logger(), Reuse()
+    anchors = untrained_anchors(profile, untrained_from, tuning) if untrained_from else None
     result = stage_evaluate(
         profile,
         model_path,
+        untrained=anchors,
         progress=lambda line: logger.info("%s: %s", label, line),  # a real model on a CPU evaluates for minutes
         on_reuse=reuse,
         hold=partial(gpu_slots, profile, "evaluate"),
     )
     tpf = ", ".join(f"n={n}: {v:.2f}" for n, v in result.tpf.items())
     logger.info("%s: accuracy %.3f, TPF %s", label, result.accuracy, tpf)
+    if (best := result.best_untrained) is not None:
+        logger.info(
+            "%s: %.2fx the best untrained decoding (%s, %.2fx AR); timing spread %s",
+            label,
+            result.speedup_vs_untrained,
+            best.name,
+            best.speedup_vs_ar,
+            "unmeasured" if result.timing_spread is None else f"{result.timing_spread:.3f}",
+        )
     return reuse.state(result)
 
 

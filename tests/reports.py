@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from jf_core.evaluation.gate import Figures
-from jf_core.evaluation.method import AR, TUNED, Method, jacobi
+from jf_core.evaluation.method import AR, AR_CONTROL, TUNED, UNTRAINED, Method, jacobi
 from jf_core.evaluation.results import Calibration, Evaluation
 from jf_core.evaluation.speed import MethodResult
 from jf_core.round.report import RoundReport, Threads
@@ -44,9 +44,12 @@ def evaluation(
     tuned: dict | None = None,
     speedup_block_size: int | None = None,
     output: dict[str, float] | None = None,
+    untrained: dict[str, tuple[float, float]] | None = None,
+    control_tps: float | None = None,
 ) -> Evaluation:
     """Plain Jacobi's rows at `tpf`'s block sizes, our AR's, and a `tuned` row ({tpf, tps, config}) when given;
-    every speedup is against the AR row's TPS, as `speed.bench` computes it."""
+    `untrained`: anchor rows by kind ({"tuned": (tpf, tps)}: `base_tuned`); `control_tps`: the AR-against-AR row.
+    Every speedup is against the AR row's TPS, as `speed.bench` computes it."""
     ar = tps["ar"]
 
     def row(method: Method, tpf: float, tps: float) -> MethodResult:
@@ -61,6 +64,9 @@ def evaluation(
     if tuned is not None:
         rows.append(row(TUNED, tuned["tpf"], tuned["tps"]))
         config = tuned["config"]
+    rows += [row(Method(kind, model=UNTRAINED), *figures) for kind, figures in (untrained or {}).items()]
+    if control_tps is not None:
+        rows.append(row(AR_CONTROL, 1.0, control_tps))
     return Evaluation(
         benchmark="embedded",
         items=8,

@@ -163,6 +163,9 @@ HOW = {
     ".venv/bin/jf bench decode --jf-model ROUND/model --batch-sizes 1 4 16 48 --num-prompts 48 --repeats 2 "
     "--block-sizes 8 16 32 64 --threads 1 --out bench": (
         "same command", "tests/jf_cli/test_evaluate.py::test_bench_decode_per_batch_size_with_a_sampling_jf_model"),
+    ".venv/bin/jf bench decode --jf-model models:/jf-tiny@champion --batch-sizes 1 4 16 --num-prompts 16 "
+    "--block-sizes 16 --repeats 2 --out bench": (
+        "same command", "tests/jf_cli/test_evaluate.py::test_bench_decode_per_batch_size_with_a_sampling_jf_model"),
     ".venv/bin/jf run [--profile tiny] [--set section.key=value]": (
         "same command", "tests/test_readme_main_job.py::main_job"),
     ".venv/bin/jf run --set evaluation.tune.prompts=8": ("same command", "tests/test_readme_main_job.py::main_job"),

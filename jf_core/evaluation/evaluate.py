@@ -15,6 +15,10 @@ One function, `evaluate_model`, serves the round (jf_core/round/stages.py), `jf 
 3. **Block size**: plain Jacobi's n is chosen by TPS on calibration prompts, taking turns likewise, never on the
    test timings. The headline speedup is that n's on the test prompts, or the tuned decode config's when the model
    has one (tuned on calibration prompts too).
+4. **Controls and anchors**: every timed pass carries our AR twice (`ar_control`: its ratio to AR is the timer's
+   bias and spread in this run), and a trained model's evaluation can carry its untrained anchors (`Untrained`):
+   its input model decoded by HF prompt lookup and by our decoder with the config the same tune found on it, each
+   checked against that model's own greedy AR, so "is training worth it?" is answered in the same run.
 
 Prompts are rendered like the trajectories' prompts were (`prompts.format_prompt`: chat template and system prompt
 from the profile), so a model is evaluated on inputs shaped like its training data.
@@ -23,7 +27,7 @@ from the profile), so a model is evaluated on inputs shaped like its training da
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 
 import torch
@@ -32,7 +36,7 @@ from jf_core.config import EvalConfig, Profile
 from jf_core.decoding import JacobiConfig, StopTokens, decode
 from jf_core.evaluation.benchmarks import BenchmarkItem, load_benchmark, score
 from jf_core.evaluation.degeneracy import output_stats
-from jf_core.evaluation.method import TUNED, Method, jacobi
+from jf_core.evaluation.method import AR, AR_CONTROL, TUNED, UNTRAINED, Method, jacobi
 from jf_core.evaluation.methods import build_methods
 from jf_core.evaluation.results import Calibration, Evaluation
 from jf_core.evaluation.speed import Decoder, MethodResult, bench, run_interleaved
@@ -50,6 +54,49 @@ class EvalSet:
     benchmark: str
     items: list[BenchmarkItem]
     prompts: list[list[int]]  # the items' rendered prompts, tokenized
+
+
+@dataclass(frozen=True)
+class Untrained:
+    """The untrained anchors of a trained model's evaluation: the model it was trained from (the round's input) and
+    the decode config the same tune found on that model, with the batch size above which its dispatch runs AR
+    (None, None: the tune is off, and prompt lookup is the only anchor)."""
+
+    model_path: str
+    tuned: JacobiConfig | None = None
+    ar_above_batch: int | None = None
+
+
+def untrained_methods(
+    untrained: Untrained, cfg: EvalConfig, decode_kwargs: dict
+) -> tuple[dict[Method, Decoder], dict[Method, Method]]:
+    """The anchors' rows (`base_ar`, `base_hf_prompt_lookup`, `base_tuned`) and, for each, the greedy reference its
+    output must equal: the input model's own AR."""
+    from jf_core.models import load_model, stop_tokens
+
+    model, tok = load_model(untrained.model_path, **decode_kwargs)
+    rows = build_methods(
+        model,
+        stop_tokens(model, tok),
+        cfg.max_new_tokens,
+        model_tag=UNTRAINED,
+        prompt_lookup=True,
+        tuned=untrained.tuned,
+        ar_above_batch=untrained.ar_above_batch,
+    )
+    return rows, dict.fromkeys(rows, AR.of(UNTRAINED))
+
+
+def with_control(methods: dict[Method, Decoder], enabled: bool = True) -> dict[Method, Decoder]:
+    """`methods` with our AR's decoder timed a second time as `ar_control`, right after AR (none without AR)."""
+    if not enabled or AR not in methods:
+        return methods
+    out: dict[Method, Decoder] = {}
+    for method, decoder in methods.items():
+        out[method] = decoder
+        if method == AR:
+            out[AR_CONTROL] = decoder
+    return out
 
 
 def held_out(cfg: EvalConfig) -> Callable[[dict], bool] | None:
@@ -80,6 +127,7 @@ def evaluate_model(
     ar_above_batch: int | None = None,
     extra_methods: dict[Method, Decoder] | None = None,
     same_output_as: dict[Method, Method] | None = None,
+    timed_only: Collection[Method] = (),
     exact_methods: Callable[[Method], bool] = lambda method: method.ours,
     progress: Callable[[str], None] | None = None,
 ) -> Evaluation:
@@ -89,7 +137,9 @@ def evaluate_model(
     the greedy reference of each (default: this model's AR). `exact_methods` says which methods the fp32 contract
     covers (ours; HF's own methods are rows to compare, not ours to guarantee). `ar_above_batch`: the tuned
     model's stored crossover, so its row (the headline) is what the model's dispatch delivers: AR at a batch size
-    where AR was measured faster, the tuned config elsewhere."""
+    where AR was measured faster, the tuned config elsewhere. `timed_only`: methods that are references for the
+    timing (the untrained anchors), run in the speed pass alone where it is a pass of its own, their outputs checked
+    there against their `same_output_as`; the AR-against-AR control is always one of them."""
     started = time.perf_counter()
     dtype = next(model.parameters()).dtype
     data = eval_set(cfg, tokenizer, fmt)
@@ -97,15 +147,18 @@ def evaluate_model(
     own = build_methods(
         model, stop, cfg.max_new_tokens, block_sizes=cfg.block_sizes, tuned=tuned, ar_above_batch=ar_above_batch
     )
-    methods = {**own, **(extra_methods or {})}
+    methods = with_control({**own, **(extra_methods or {})}, cfg.control)
     say = progress or (lambda _m: None)
     speed_prompts = data.prompts[: cfg.speed_prompts]
     one_pass = len(speed_prompts) == len(data.prompts) and cfg.speed_batch_size == cfg.batch_size
-    say(f"quality: {len(methods)} methods on {len(data.prompts)} {data.benchmark} prompts, batch {cfg.batch_size}")
+    # What only the timing needs (the control, the anchors) costs the quality pass its largest batches for nothing.
+    skip = set() if one_pass else {AR_CONTROL, *timed_only}
+    assessed = {m: d for m, d in methods.items() if m not in skip}
+    say(f"quality: {len(assessed)} methods on {len(data.prompts)} {data.benchmark} prompts, batch {cfg.batch_size}")
     quality = {
         r.method: r
         for r in bench(
-            methods,
+            assessed,
             data.prompts,
             batch_size=cfg.batch_size,
             repeats=cfg.repeats if one_pass else 1,
@@ -117,11 +170,17 @@ def evaluate_model(
     }
     if dtype in EXACT_DTYPES:
         check_lossless(quality, exact_methods, dtype)
-    speed = quality if one_pass else _speed_pass(methods, speed_prompts, cfg, say)
+    speed = quality if one_pass else _speed_pass(methods, speed_prompts, cfg, same_output_as, say)
+    timed = {m: speed[m] for m in methods if m not in quality}
+    if dtype in EXACT_DTYPES:
+        check_lossless(timed, exact_methods, dtype)
     # A row dispatched by batch size (the tuned model's: AR above its crossover) decodes differently in the quality
     # pass's batches than in the speed pass's: its TPF is the speed pass's, measured with the speed it reports.
     dispatched = {TUNED} if ar_above_batch is not None and not one_pass else set()
-    rows = {m.label: with_quality(speed[m], q, tpf_from_speed=m in dispatched) for m, q in quality.items()}
+    rows = {
+        m.label: with_quality(speed[m], quality[m], tpf_from_speed=m in dispatched) if m in quality else timed[m]
+        for m in methods
+    }
     best_n, calibrated = choose_block_size(model, stop, cfg, calibration, say)
     return Evaluation(
         benchmark=data.benchmark,
@@ -138,13 +197,18 @@ def evaluate_model(
 
 
 def _speed_pass(
-    methods: dict[Method, Decoder], prompts: list[list[int]], cfg: EvalConfig, say: Callable[[str], None]
+    methods: dict[Method, Decoder],
+    prompts: list[list[int]],
+    cfg: EvalConfig,
+    same_output_as: dict[Method, Method] | None,
+    say: Callable[[str], None],
 ) -> dict[Method, MethodResult]:
     """The timed pass where it is not the quality pass (fewer prompts, or another batch size): every method taking
     turns, each batch's fastest of `cfg.repeats` runs."""
     b = cfg.speed_batch_size
     say(f"speed: {len(methods)} methods taking turns on {len(prompts)} prompts, batch {b}, x{cfg.repeats}")
-    return {r.method: r for r in bench(methods, prompts, batch_size=b, repeats=cfg.repeats, progress=say)}
+    rows = bench(methods, prompts, batch_size=b, repeats=cfg.repeats, same_output_as=same_output_as, progress=say)
+    return {r.method: r for r in rows}
 
 
 def _scorer(tokenizer, data: EvalSet) -> Callable[[int, list[int]], bool]:
@@ -221,19 +285,32 @@ def evaluate_profile(
     loaded: tuple | None = None,
     extra_methods: dict[Method, Decoder] | None = None,
     same_output_as: dict[Method, Method] | None = None,
+    untrained: Untrained | None = None,
+    tuning: tuple[JacobiConfig, int | None] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> Evaluation:
     """`evaluate_model` for a model directory or hub id as a profile evaluates it: the profile's dtype, benchmark,
     prompt format and calibration prompts, and the model's tuned decode config when it has one, dispatched by its
     stored crossover (AR where AR was measured faster) as every consumer decodes it. `loaded`: (model, tokenizer)
     already loaded from `model_path` (`jf bench decode` evaluates one model at several batch sizes); `extra_methods`
-    and `same_output_as` as `evaluate_model` takes them."""
+    and `same_output_as` as `evaluate_model` takes them; `untrained`: the anchors' rows join every pass (with
+    `evaluation.untrained`); `tuning`: a decode config and crossover tuned for this model elsewhere (the untrained
+    tune of `jf bench decode`'s base), its `tuned` row where the model's directory stores none."""
     from jf_core.decoding import load_serving_spec
     from jf_core.models import load_model, stop_tokens
 
     cfg = profile.evaluation
     model, tok = loaded or load_model(model_path, **profile.model.decode_kwargs())
     spec = load_serving_spec(model_path, max_new_tokens=cfg.max_new_tokens)
+    tuned, above = (spec.tuned, spec.ar_above_batch) if spec.tuned else (tuning or (None, None))
+    if tuned is not None:
+        tuned = replace(tuned, max_new_tokens=cfg.max_new_tokens)
+    extra, same, anchors = dict(extra_methods or {}), dict(same_output_as or {}), []
+    if untrained is not None and cfg.untrained:
+        rows, refs = untrained_methods(untrained, cfg, profile.model.decode_kwargs())
+        extra.update(rows)
+        same.update(refs)
+        anchors = list(rows)
     return evaluate_model(
         model,
         tok,
@@ -241,9 +318,10 @@ def evaluate_profile(
         fmt=PromptFormat.of(profile.prompts),
         stop=stop_tokens(model, tok),
         calibration=calibration_prompts(profile.prompts, tok, cfg.tune.prompts, cfg.calibration_split),
-        tuned=spec.tuned,
-        ar_above_batch=spec.ar_above_batch if spec.tuned else None,
-        extra_methods=extra_methods,
-        same_output_as=same_output_as,
+        tuned=tuned,
+        ar_above_batch=above if tuned is not None else None,
+        extra_methods=extra,
+        same_output_as=same,
+        timed_only=anchors,
         progress=progress,
     )

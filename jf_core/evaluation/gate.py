@@ -15,7 +15,11 @@ model is promoted only when all pass:
    evaluation, at least `min_speedup_vs_ar`: a tuned model's headline is its dispatched decoding (AR where AR was
    measured faster), so a model that makes its consumers slower than plain AR is not promoted, however high its TPF
    (on a CPU, TPF 1.3 in a window that costs 1.7 steps is 0.6x AR);
-5. `repetition`, `length`, `truncated`: the outputs may not turn degenerate against the input model's (repeated
+5. `speed_vs_untrained`: the headline's tokens/s over the best untrained anchor's (the input model decoded by HF
+   prompt lookup or by our decoder tuned on it, timed in the same evaluation), more than 1 + the timing's spread:
+   the larger of `untrained_margin` and the widest |x - 1| of the run's AR-against-AR pairs (`timing_spread`).
+   Training that a user could skip for the same speed is not promoted;
+6. `repetition`, `length`, `truncated`: the outputs may not turn degenerate against the input model's (repeated
    n-grams, mean length, outputs cut at `max_new_tokens`; see degeneracy.py), the ways a model inflates its TPF
    without being faster at being right.
 
@@ -53,6 +57,9 @@ class Figures:
     eval_key: str  # the evaluation these were measured in (set, prompts, dtype, lengths)
     output: dict[str, float] = field(default_factory=dict)  # degeneracy.output_stats of the headline's outputs
     speedup_vs_ar: float | None = None  # the headline's tokens/s over our AR's (None: figures recorded before it)
+    speedup_vs_untrained: float | None = None  # over the best untrained anchor's (None: no anchor ran)
+    best_untrained: str | None = None  # that anchor's row
+    timing_spread: float | None = None  # the widest |x - 1| of its AR-against-AR pairs (None: no control ran)
 
     @classmethod
     def of(cls, evaluation: Evaluation, eval_key: str) -> Figures:
@@ -64,6 +71,9 @@ class Figures:
             eval_key=eval_key,
             output=dict(evaluation.headline.output_stats),
             speedup_vs_ar=evaluation.headline.speedup_vs_ar,
+            speedup_vs_untrained=evaluation.speedup_vs_untrained,
+            best_untrained=best.name if (best := evaluation.best_untrained) is not None else None,
+            timing_spread=evaluation.timing_spread,
         )
 
     def to_json(self) -> str:
@@ -105,6 +115,7 @@ def decide(
             ),
             *([_tpf(candidate, champion)] if cfg.tpf_not_below_champion else []),
             *([_speed(candidate, cfg.min_speedup_vs_ar)] if cfg.min_speedup_vs_ar is not None else []),
+            *([_untrained(candidate, cfg.untrained_margin)] if cfg.untrained_margin is not None else []),
             *_degeneracy(candidate, input_model, cfg),
         ]
     )
@@ -151,6 +162,22 @@ def _speed(candidate: Figures, floor: float) -> Check:
         return Check(name, False, x, f"decoding at {x:.2f}x our AR is slower than AR (floor {floor}): tune the model "
                      "so that its dispatch runs AR where no width pays")  # fmt: skip
     return Check(name, True, x, f"decoding at {x:.2f}x our AR (floor {floor})")
+
+
+def _untrained(candidate: Figures, margin: float) -> Check:
+    name, x = "speed_vs_untrained", candidate.speedup_vs_untrained
+    if x is None or x != x:
+        missing = (
+            "the best untrained decoding was not measured beside this model: evaluate with evaluation.untrained on "
+            "(a round does), or set registry.gate.untrained_margin: null"
+        )
+        return Check(name, False, None, missing)
+    spread = max(margin, candidate.timing_spread or 0.0)
+    how = f"spread {spread:.3f}: the larger of the floor {margin} and the run's AR-against-AR pairs"
+    said = f"decoding at {x:.2f}x the best untrained decoding ({candidate.best_untrained})"
+    if x <= 1.0 + spread + 1e-12:
+        return Check(name, False, x, f"{said} is not faster beyond the timing's {how}: training does not pay yet")
+    return Check(name, True, x, f"{said}, beyond the timing's {how}")
 
 
 def _degeneracy(candidate: Figures, input_model: Figures, cfg: GateConfig) -> list[Check]:

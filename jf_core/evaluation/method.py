@@ -12,6 +12,7 @@ MethodKind = Literal[
     "hf_generate",  # HF's greedy search
     "hf_prompt_lookup",  # HF's prompt lookup decoding (batch 1)
     "ar",  # our AR: every speedup's baseline and every greedy method's reference
+    "ar_control",  # our AR again, timed as one more method: its ratio to AR is the timer's bias and spread
     "jacobi",  # plain Jacobi at `block_size`
     "lookup",  # Jacobi at `block_size` with prompt lookup's guess verified beside the window (one block, no pool)
     "recycling",  # Jacobi Forcing decoding: rejection recycling with seeded drafts
@@ -20,6 +21,12 @@ MethodKind = Literal[
     "tuned",  # the model's stored decode config, dispatched by its stored crossover
     "autotuned",  # the same for a second model in a bench (the trained model beside a base)
 ]
+
+# The tag of the untrained anchors' rows in a trained model's evaluation: the round's input model (the base, in a
+# first round) decoded by what a user would pick instead of training (HF prompt lookup, our decoder tuned on it).
+UNTRAINED = "base"
+# The kinds an untrained anchor row may have: the best of them is what training has to beat.
+ANCHOR_KINDS = ("hf_prompt_lookup", "tuned")
 
 _HF = ("hf_generate", "hf_prompt_lookup")
 _SIZED = ("jacobi", "lookup")  # the kinds a row's block size names
@@ -61,6 +68,7 @@ class Method:
 
 
 AR = Method("ar")
+AR_CONTROL = Method("ar_control")
 TUNED = Method("tuned")
 HF_GENERATE = Method("hf_generate")
 HF_PROMPT_LOOKUP = Method("hf_prompt_lookup")

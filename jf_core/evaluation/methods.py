@@ -133,6 +133,7 @@ def build_methods(
     ar_above_batch: int | None = None,
     sampling: Sampling | None = None,
     hf: bool = False,
+    prompt_lookup: bool = False,
     prompt_lookup_tokens: int = 10,
     model_tag: str | None = None,
     draft_init: DraftInitName = "prompt_sample",
@@ -140,21 +141,21 @@ def build_methods(
 ) -> dict[Method, Decoder]:
     """One model's methods, in table order, each its `Method` on `model_tag`'s rows (a second model's: "jf"):
 
-    - `hf_generate`, `hf_prompt_lookup` (with `hf`): HF's greedy search, and its prompt lookup (batch 1 only);
+    - `hf_generate`, `hf_prompt_lookup` (with `hf`; `prompt_lookup`: that row alone): HF's greedy search, and its
+      prompt lookup (batch 1 only);
     - `ar` (unless `ar` is False): our AR, the baseline;
     - `jacobi` at each of `block_sizes`: plain Jacobi;
     - `lookup` at each of `lookup_sizes`: Jacobi with prompt lookup's guess verified beside the window
       (jf_core/decoding/proposers/prompt_lookup.py; one block, no recycling pool);
-    - `recycling`, `multiblock`, `recycling_multiblock` (with `variants_at` = n; those of them in
-      `variant_kinds`): Jacobi Forcing's decoding at n, rejection recycling with seeded drafts, two blocks in
-      flight, and both;
+    - `recycling`, `multiblock`, `recycling_multiblock` (with `variants_at` = n, those in `variant_kinds`): rejection
+      recycling with seeded drafts, two blocks in flight, and both, at n;
     - `tuned_kind` (with `tuned`): the model's tuned config, the model's default decode path: above
       `ar_above_batch` (its stored crossover) it runs AR; with `full_width` and an adaptive-width config, also
       the same config at full width (what adaptive width brings).
 
     With `sampling` every row but HF's samples, each prompt with a seed of its own tokens (the same in every method
-    and batch), so "identical" checks that sampled decoding is lossless. `draft_init`: how plain Jacobi's rows make
-    each block's first draft (an experiment drafts as its trajectories were collected)."""
+    and batch), so "identical" checks that sampled decoding is lossless. `draft_init`: how plain Jacobi's rows draft
+    a block first (an experiment drafts as its trajectories were collected)."""
 
     def seeds(prompts: list[list[int]]) -> list[int] | None:
         return prompt_seeds(prompts) if sampling else None
@@ -164,8 +165,9 @@ def build_methods(
 
     methods: dict[Method, Decoder] = {}
     if hf:
-        methods[HF_GENERATE] = hf_generate_decoder(model, stop, max_new_tokens)
-        methods[HF_PROMPT_LOOKUP] = hf_generate_decoder(
+        methods[HF_GENERATE.of(model_tag)] = hf_generate_decoder(model, stop, max_new_tokens)
+    if hf or prompt_lookup:
+        methods[HF_PROMPT_LOOKUP.of(model_tag)] = hf_generate_decoder(
             model, stop, max_new_tokens, batched=False, prompt_lookup_num_tokens=prompt_lookup_tokens
         )
     if ar:
@@ -193,6 +195,5 @@ def build_methods(
         own = replace(tuned, max_new_tokens=max_new_tokens)
         methods[Method(tuned_kind, model=model_tag)] = run(own, ar_above_batch)
         if full_width and getattr(tuned, "adaptive_width", False):
-            full = replace(tuned, max_new_tokens=max_new_tokens, adaptive_width=False)
-            methods[Method(tuned_kind, model=model_tag, full_width=True)] = run(full)
+            methods[Method(tuned_kind, model=model_tag, full_width=True)] = run(replace(own, adaptive_width=False))
     return methods

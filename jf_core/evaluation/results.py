@@ -9,7 +9,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from jf_core.decoding import DecodeConfig
-from jf_core.evaluation.method import AR, TUNED, Method, jacobi
+from jf_core.evaluation.method import ANCHOR_KINDS, AR, AR_CONTROL, TUNED, UNTRAINED, Method, jacobi
 from jf_core.evaluation.speed import MethodResult
 
 
@@ -86,12 +86,51 @@ class Evaluation(JsonModel):
     def tuned(self) -> MethodResult | None:
         return self.methods.get(TUNED.label)
 
+    @property
+    def timing_spread(self) -> float | None:
+        """How far two timings of the same work land apart in this run (the order's bias, the machine's noise, a
+        second model's weights in the caches): the largest |x - 1| of its AR-against-AR pairs, our AR against its
+        control row and against every other model's AR row (the untrained anchors' input model, a bench's trained
+        model: trained from the same architecture, the same work a token). None without the control row."""
+        if AR_CONTROL.label not in self.methods:
+            return None
+        pairs = [
+            r
+            for r in self.methods.values()
+            if r.method.kind == "ar_control" or (r.method.kind == "ar" and r.method.model)
+        ]
+        return max(abs(r.speedup_vs_ar - 1.0) for r in pairs)
+
+    @property
+    def untrained_rows(self) -> list[MethodResult]:
+        """The untrained anchors (`evaluation.untrained`): the input model decoded by HF prompt lookup and by our
+        decoder's config tuned on it, timed in this run beside the trained model's rows."""
+        return [r for r in self.methods.values() if r.method.model == UNTRAINED and r.method.kind in ANCHOR_KINDS]
+
+    @property
+    def best_untrained(self) -> MethodResult | None:
+        return max(self.untrained_rows, key=lambda r: r.tps, default=None)
+
+    @property
+    def speedup_vs_untrained(self) -> float | None:
+        """The headline's tokens/s over the best untrained anchor's (None: no anchor ran)."""
+        best = self.best_untrained
+        return None if best is None else self.headline.tps / best.tps
+
+    def fastest(self, methods: list[Method]) -> MethodResult | None:
+        """The fastest of `methods`' rows in this evaluation (those that ran; None: none did)."""
+        rows = [self.methods[m.label] for m in methods if m.label in self.methods]
+        return max(rows, key=lambda r: r.tps, default=None)
+
     def metrics(self) -> dict[str, float]:
         """The headline, plain Jacobi's TPF per block size and every method's TPS, as flat MLflow metrics."""
+        spread, untrained = self.timing_spread, self.speedup_vs_untrained
         return {
             "accuracy": self.accuracy,
             "headline_tpf": self.headline.tpf,
             "speedup_vs_ar": self.headline.speedup_vs_ar,  # against our own AR on the same model
+            **({} if spread is None else {"timing_spread": spread}),
+            **({} if untrained is None else {"speedup_vs_untrained": untrained}),
             **{f"tpf_n{n}": v for n, v in self.tpf.items()},
             **{f"tps_{name}": v for name, v in self.tps.items()},
         }
@@ -99,3 +138,12 @@ class Evaluation(JsonModel):
     def rows(self) -> list[MethodResult]:
         """Every method's row, for `tables.format_table` and the plots."""
         return list(self.methods.values())
+
+
+def against_untrained(speedup: float | None, best: str | None, spread: float | None) -> str:
+    """The line every report prints beside the headline: the trained model against the best untrained decoding of
+    its input model, measured in the same run, and the run's AR-against-AR spread."""
+    control = "" if spread is None else f"; timing spread (our AR against itself) {spread:.3f}"
+    if speedup is None:
+        return f"no untrained anchor in this run{control}"
+    return f"{speedup:.2f}x the best untrained decoding of the input model ({best}){control}"

@@ -16,10 +16,11 @@ from dataclasses import dataclass
 import torch
 
 from jf_core.config import TuneConfig
-from jf_core.decoding import JacobiConfig, JFDecodeConfig, StopTokens, ar_decode, decode
+from jf_core.decoding import DecodeOutput, JacobiConfig, JFDecodeConfig, StopTokens, ar_decode, decode
+from jf_core.decoding.common import concat_outputs
 from jf_core.draft_adapter.adapter import draft_adapter
 from jf_core.evaluation.speed import run_interleaved, whole_batches
-from jf_core.model_dir import Crossover, ServingPrior
+from jf_core.model_dir import Crossover
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,7 @@ class TuneTrial:
     config: JFDecodeConfig
     tps: float
     tpf: float
+    prompts: int | None = None  # the calibration prompts it decoded (fewer: stopped at a rung of the halving)
 
 
 def tune(
@@ -68,24 +70,52 @@ def tune(
     space: TuneSpace | None = None,
     batch_size: int = 1,
     repeats: int = 1,
+    rungs: int = 1,
     progress: Callable[[int, int, TuneTrial], None] | None = None,
     say: Callable[[str], None] | None = None,
 ) -> tuple[JFDecodeConfig, list[TuneTrial]]:
     """`progress(i, total, trial)` for each configuration once all are measured; `say(line)` while they run (the
-    configurations take turns batch by batch, so no trial is done before the last batch is)."""
+    configurations take turns batch by batch, so no trial is done before the last batch is).
+
+    `rungs` > 1: successive halving. The prompts are cut into that many slices (whole batches); every configuration
+    still running decodes the next slice, taking turns, and after each slice but the last the slower half (by
+    tokens/s over every prompt they have decoded, the same prompts for all) stops. Most of a grid is far from the
+    winner, so this keeps the winner's measurement on every prompt at about half the grid's cost (16 configurations
+    in 3 rungs: 112 configuration-slices of prompts instead of 192)."""
     configs = (space or TuneSpace.of()).for_model(model, max_new_tokens)
     if not configs:
         raise ValueError("the tuning space is empty")
-    decoders = {str(i): lambda ps, cfg=cfg: decode(model, ps, cfg, stop=stop) for i, cfg in enumerate(configs)}
-    outputs = run_interleaved(decoders, prompts, batch_size, repeats=repeats, progress=say)
+    if rungs < 1:
+        raise ValueError(f"rungs must be >= 1, got {rungs}")
+    slices = _slices(prompts, batch_size, rungs)
+    running = list(range(len(configs)))
+    outs: dict[int, list[DecodeOutput]] = {i: [] for i in running}
+    for r, part in enumerate(slices):
+        decoders = {i: lambda ps, cfg=configs[i]: decode(model, ps, cfg, stop=stop) for i in running}
+        rung = f"rung {r + 1}/{len(slices)}: {len(running)} configs, " if len(slices) > 1 else ""
+        lines = (lambda line, rung=rung: say(rung + line)) if say else None
+        warm = 2 if r == 0 else 0  # warm once: a configuration's code paths stay warm between rungs
+        measured = run_interleaved(decoders, part, batch_size, repeats=repeats, warmup_prompts=warm, progress=lines)
+        for i, out in measured.items():
+            outs[i].append(out)
+        if r < len(slices) - 1:
+            running = sorted(running, key=lambda i: -concat_outputs(outs[i]).stats.tps)[: max(1, len(running) // 2)]
     trials = []
     for i, cfg in enumerate(configs):
-        stats = outputs[str(i)].stats
-        trials.append(TuneTrial(cfg, stats.tps, stats.tpf))
+        stats = concat_outputs(outs[i]).stats
+        trials.append(TuneTrial(cfg, stats.tps, stats.tpf, len(stats.sequences)))
         if progress is not None:
             progress(i + 1, len(configs), trials[-1])
-    best = max(range(len(trials)), key=lambda i: trials[i].tps)
+    best = max(running, key=lambda i: trials[i].tps)  # among those that decoded every prompt
     return configs[best], trials
+
+
+def _slices(prompts: Sequence[Sequence[int]], batch_size: int, rungs: int) -> list[Sequence[Sequence[int]]]:
+    """`prompts` cut into at most `rungs` consecutive slices of whole batches, as even as the batches allow."""
+    batches = max(1, -(-len(prompts) // batch_size))
+    rungs = min(rungs, batches)
+    cuts = [round(k * batches / rungs) * batch_size for k in range(rungs + 1)]
+    return [prompts[a:b] for a, b in itertools.pairwise(cuts) if prompts[a:b]]
 
 
 def measure_crossover(
@@ -118,36 +148,3 @@ def measure_crossover(
         if progress is not None:
             progress(size, speedups[-1], tpfs[-1])
     return Crossover(sizes, speedups, tpfs)
-
-
-def store_crossover(
-    model: torch.nn.Module,
-    tokenizer,
-    prompts: Sequence[Sequence[int]],
-    config: JacobiConfig,
-    model_dir,
-    batch_sizes: Sequence[int],
-    *,
-    repeats: int = 1,
-    progress: Callable[[int, float, float], None] | None = None,
-) -> ServingPrior | None:
-    """`measure_crossover`, stored in the model's jacobi_forcing block with the hardware and dtype it was measured
-    on (None when `batch_sizes` is empty)."""
-    from jf_core.model_dir import update_block
-    from jf_core.models import stop_tokens
-
-    if not batch_sizes:
-        return None
-    found = measure_crossover(
-        model,
-        prompts,
-        config,
-        stop=stop_tokens(model, tokenizer),
-        batch_sizes=batch_sizes,
-        repeats=repeats,
-        progress=progress,
-    )
-    weights = next(model.parameters())
-    prior = ServingPrior.measured(found, weights.device, str(weights.dtype).removeprefix("torch."))
-    update_block(model_dir, **prior.block())
-    return prior

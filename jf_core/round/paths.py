@@ -7,6 +7,7 @@ configs; not the evaluation or the gate):
     <runs_dir>/<profile>/trajectories/n<block>-<key>/   (keyed by model, prompts and trajectory config only: rounds
                                                          that differ in training alone, e.g. ablations, share it)
     <runs_dir>/evals/<model fingerprint>-<eval config hash>.json   (shared: a base model is evaluated once)
+    <runs_dir>/tunes/<model fingerprint>-<tune config hash>.json   (an untrained model's tune, for its anchor rows)
 
 Each stage writes, last, a `done.json` marker (atomically) holding its result (jf_core/round/results.py).
 """
@@ -117,14 +118,24 @@ def round_dir(profile: Profile, model_in: str) -> Path:
     return profile.runs_dir() / profile.name / f"n{profile.trajectory.block_size}-{key}"
 
 
-def eval_path(profile: Profile, model_path: str) -> Path:
+def eval_path(profile: Profile, model_path: str, anchors: object = None) -> Path:
     """A model's evaluation under this profile: shared by rounds (a base model is evaluated once), keyed by the
-    model's content, the evaluation config and the model's stored decode config."""
+    model's content, the evaluation config, the model's stored decode config and its untrained `anchors` (what
+    they decode: the input model's identity and the config tuned on it)."""
     from jf_core.model_dir import saved_decode_config
 
     tuned = saved_decode_config(model_path)
-    key = f"{model_identity(model_path)}-{_digest([profile.evaluation.model_dump(), tuned])}"
+    parts = [profile.evaluation.model_dump(), tuned] + ([anchors] if anchors is not None else [])
+    key = f"{model_identity(model_path)}-{_digest(parts)}"
     return profile.runs_dir() / "evals" / f"{key}.json"
+
+
+def untrained_tune_path(profile: Profile, model_path: str) -> Path:
+    """The tune of a model a round trains from (its anchors' decode config), kept outside the model, which may be
+    read-only or shared: keyed by the model's content, the tune config, the length it decodes at and the numerics."""
+    e = profile.evaluation
+    key = _digest([e.tune.model_dump(), e.max_new_tokens, e.calibration_split, profile.model.decode_kwargs()])
+    return profile.runs_dir() / "tunes" / f"{model_identity(model_path)}-{key}.json"
 
 
 def eval_key(profile: Profile) -> str:

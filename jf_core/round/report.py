@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict
 from jf_core.config import Profile
 from jf_core.decoding import DecodeConfig
 from jf_core.evaluation.gate import Figures
-from jf_core.evaluation.method import AR, Method, jacobi
+from jf_core.evaluation.method import AR, AR_CONTROL, Method, jacobi
 from jf_core.evaluation.results import Evaluation, JsonModel
 from jf_core.evaluation.speed import MethodResult
 from jf_core.round.paths import RoundPaths, eval_key
@@ -49,6 +49,11 @@ class RoundSummary(BaseModel):
     speedup_vs_ar: float
     identical_fraction: float
     decode_config: DecodeConfig
+    # Against what a user gets without training, in the same run (evaluation.untrained): the headline's tokens/s over
+    # the best untrained anchor's, which anchor that was, and the run's AR-against-AR control |x - 1|.
+    speedup_vs_untrained: float | None = None
+    best_untrained: str | None = None
+    timing_spread: float | None = None
     train_seconds: float
     resumed_from_step: int | None = None
     dtype: str  # the evaluation's numerics (identity is promised in fp32, measured in bf16)
@@ -160,6 +165,30 @@ class RoundReport(JsonModel):
                     "speedup vs AR": round(tuned.speedup_vs_ar, 2),
                 }
             )
+        # What the trained model is held to, from the same run: the input model's untrained decoding (in the base
+        # columns) and our AR timed against itself (its ratio is the timing's spread).
+        for r in self.eval.untrained_rows:
+            rows.append(
+                {
+                    "block size n": f"untrained {r.name}",
+                    "base TPF": round(r.tpf, 3),
+                    f"{trained} TPF": "",
+                    f"{trained} TPS": "",
+                    "AR TPS": round(ar, 1),
+                    "speedup vs AR": round(r.speedup_vs_ar, 2),
+                }
+            )
+        if (control := self.eval.methods.get(AR_CONTROL.label)) is not None:
+            rows.append(
+                {
+                    "block size n": "control: our AR again",
+                    "base TPF": "",
+                    f"{trained} TPF": round(control.tpf, 3),
+                    f"{trained} TPS": round(control.tps, 1),
+                    "AR TPS": round(ar, 1),
+                    "speedup vs AR": round(control.speedup_vs_ar, 2),
+                }
+            )
         return rows
 
     def metrics(self) -> dict[str, float]:
@@ -182,6 +211,10 @@ class RoundReport(JsonModel):
         }
         if (tuned := self.tuned) is not None:
             m.update(tuned_tpf=tuned.tpf, tuned_tps=tuned.tps, tuned_speedup_vs_ar=tuned.speedup_vs_ar)
+        if (best := self.eval.best_untrained) is not None:
+            m.update(speedup_vs_untrained=self.eval.speedup_vs_untrained, untrained_speedup_vs_ar=best.speedup_vs_ar)
+        if (spread := self.eval.timing_spread) is not None:
+            m.update(timing_spread=spread)
         m.update({f"tpf_n{n}": v for n, v in self.tpf.items()})
         m.update({f"base_tpf_n{n}": v for n, v in self.base_tpf.items()})
         m.update({f"tps_{name}": v for name, v in self.eval.tps.items()})
@@ -204,6 +237,9 @@ class RoundReport(JsonModel):
             speedup_vs_ar=self.headline.speedup_vs_ar,
             identical_fraction=self.identical_fraction,
             decode_config=self.eval.decode_config,
+            speedup_vs_untrained=self.eval.speedup_vs_untrained,
+            best_untrained=best.name if (best := self.eval.best_untrained) is not None else None,
+            timing_spread=self.eval.timing_spread,
             train_seconds=self.train.train_seconds,
             resumed_from_step=self.train.resumed_from_step,
             dtype=self.eval.dtype,

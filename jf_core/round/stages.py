@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from jf_core.config import Profile
 from jf_core.model_dir import DECODE_TUNING, DONE
-from jf_core.round.paths import RoundPaths, eval_path
+from jf_core.round.paths import RoundPaths, eval_path, model_identity, untrained_tune_path
 from jf_core.round.results import (
     PackResult,
     TrainResult,
@@ -208,45 +208,77 @@ def stage_tune(
 
 
 def _tune(profile: Profile, model_dir: Path, say: Say, on_trial) -> TuneResult:
-    from jf_core.evaluation.tune import TuneSpace, store_crossover, tune
-    from jf_core.model_dir import save_decode_config
-    from jf_core.models import load_model, stop_tokens
+    from jf_core.model_dir import save_decode_config, update_block
+    from jf_core.models import load_model
+
+    model, tok = load_model(str(model_dir), **profile.model.decode_kwargs())
+    (model_dir / DECODE_TUNING).unlink(missing_ok=True)  # the old report no longer describes the stored config
+    result = tune_model(profile, model, tok, say, on_trial)
+    # Stored at the evaluation's length (what a consumer decodes by default), whatever length it was tuned at.
+    save_decode_config(model_dir, replace(result.best, max_new_tokens=profile.evaluation.max_new_tokens))
+    if result.serving is not None:
+        update_block(model_dir, **result.serving.block())
+    return result
+
+
+def tune_model(profile: Profile, model, tok, say: Say, on_trial=None) -> TuneResult:
+    """The profile's tune of a loaded model, stored nowhere: the grid's fastest decode config on calibration prompts
+    (`evaluation.tune`), then AR against it at the crossover batch sizes (its serving prior)."""
+    from jf_core.evaluation.tune import TuneSpace, measure_crossover, tune
+    from jf_core.model_dir import ServingPrior
+    from jf_core.models import stop_tokens
     from jf_core.trajectory.prompts import calibration_prompts
 
     cfg = profile.evaluation.tune
-    model, tok = load_model(str(model_dir), **profile.model.decode_kwargs())
     prompts = calibration_prompts(profile.prompts, tok, cfg.prompts, profile.evaluation.calibration_split)
     space, new_tokens = TuneSpace.of(cfg), cfg.max_new_tokens or profile.evaluation.max_new_tokens
     grid = f"tuning {len(space.for_model(model, new_tokens))} decode configs on {len(prompts)} prompts"
+    stop = stop_tokens(model, tok)
     best, trials = tune(
         model,
         prompts,
-        stop=stop_tokens(model, tok),
+        stop=stop,
         max_new_tokens=new_tokens,
         space=space,
         repeats=cfg.repeats,
+        rungs=cfg.rungs,
         progress=on_trial,
         say=lambda line: say(f"{grid}: {line}"),
     )
-    (model_dir / DECODE_TUNING).unlink(missing_ok=True)  # the old report no longer describes the stored config
-    # Stored at the evaluation's length (what a consumer decodes by default), whatever length it was tuned at.
-    save_decode_config(model_dir, replace(best, max_new_tokens=profile.evaluation.max_new_tokens))
-    serving = store_crossover(
-        model,
-        tok,
-        prompts,
-        best,
-        model_dir,
-        cfg.crossover_batch_sizes,
-        repeats=cfg.repeats,
-        progress=lambda b, x, tpf: say(f"crossover: batch {b}: Jacobi {x:.2f}x AR (TPF {tpf:.2f})"),
-    )
-    return TuneResult(
-        best=best,
-        calibration_prompts=len(prompts),
-        trials=trials,
-        serving=serving,
-    )
+    serving = None
+    if cfg.crossover_batch_sizes:
+        found = measure_crossover(
+            model,
+            prompts,
+            best,
+            stop=stop,
+            batch_sizes=cfg.crossover_batch_sizes,
+            repeats=cfg.repeats,
+            progress=lambda b, x, tpf: say(f"crossover: batch {b}: Jacobi {x:.2f}x AR (TPF {tpf:.2f})"),
+        )
+        weights = next(model.parameters())
+        serving = ServingPrior.measured(found, weights.device, str(weights.dtype).removeprefix("torch."))
+    return TuneResult(best=best, calibration_prompts=len(prompts), trials=trials, serving=serving)
+
+
+def stage_tune_untrained(
+    profile: Profile, model_in: str, progress: Say | None = None, *, on_reuse: Say | None = None
+) -> TuneResult | None:
+    """The same tune on the model a round trains from (`tune_model`), for its untrained anchor rows: what a user
+    would get from our decoder without training. Kept under the runs directory keyed by the model's content (the
+    input model may be a registry's or a package's, not ours to write), so rounds from the same base tune it once.
+    None when the tune or the anchors are off."""
+    if not (profile.evaluation.tune.enabled and profile.evaluation.untrained):
+        return None
+
+    def work() -> TuneResult:
+        from jf_core.models import load_model
+
+        model, tok = load_model(model_in, **profile.model.decode_kwargs())
+        return tune_model(profile, model, tok, progress or log.info)
+
+    what = f"the untrained tune of {model_in}"
+    return run_stage(untrained_tune_path(profile, model_in), TuneResult, work, what=what, on_reuse=on_reuse)
 
 
 @contextmanager
@@ -266,10 +298,25 @@ def eval_threads(profile: Profile) -> Iterator[int]:
         torch.set_num_threads(before)
 
 
+def untrained_anchors(profile: Profile, model_in: str, tuning: TuneResult | None):
+    """The anchors a trained model's evaluation carries (`evaluate.Untrained`): its input model, with the config
+    `stage_tune_untrained` found on it; None when `evaluation.untrained` is off."""
+    from jf_core.evaluation.evaluate import Untrained
+
+    if not profile.evaluation.untrained:
+        return None
+    if tuning is None:
+        return Untrained(model_in)
+    above = tuning.serving.ar_above_batch if tuning.serving is not None else None
+    best = replace(tuning.best, max_new_tokens=profile.evaluation.max_new_tokens)
+    return Untrained(model_in, best, above)
+
+
 def stage_evaluate(
     profile: Profile,
     model_path: str,
     *,
+    untrained=None,
     progress: Say | None = None,
     reuse: bool = True,
     on_reuse: Say | None = None,
@@ -278,17 +325,18 @@ def stage_evaluate(
     """Accuracy, TPF, identity with greedy AR and TPS (every method taking turns) of one model
     (jf_core/evaluation/evaluate.py). Its marker is the evaluation itself, at a path keyed by the model's content and
     the evaluation config (paths.eval_path): a model trained again to the same weights is not measured twice.
-    `progress` gets a line per batch (default: this module's log). `reuse=False` measures again and replaces the
-    kept evaluation (`jf eval`)."""
+    `untrained`: the anchors that join it (`untrained_anchors`). `progress` gets a line per batch (default: this
+    module's log). `reuse=False` measures again and replaces the kept evaluation (`jf eval`)."""
     from jf_core.evaluation.results import Evaluation
 
     def work() -> Evaluation:
         from jf_core.evaluation.evaluate import evaluate_profile
 
         with eval_threads(profile) as threads:
-            result = evaluate_profile(model_path, profile, progress=progress or log.info)
+            result = evaluate_profile(model_path, profile, untrained=untrained, progress=progress or log.info)
         return result.model_copy(update={"model": model_path, "torch_threads": threads})
 
-    out = eval_path(profile, model_path)
+    anchors = None if untrained is None else {**asdict(untrained), "model_path": model_identity(untrained.model_path)}
+    out = eval_path(profile, model_path, anchors)
     what = f"the evaluation of {model_path}"
     return run_stage(out, Evaluation, work, what=what, reuse=reuse, on_reuse=on_reuse, hold=hold)

@@ -20,10 +20,11 @@ def jf_env(tmp_path, monkeypatch, profile):
     data["registry"] = {
         "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
         "model_name": "jf-test",
-        # A 2-layer random model decodes Jacobi slower than AR (the host's work per step outweighs its forward): the
-        # speed check runs and is recorded, at a floor these flow tests pass (tests/jf_core/evaluation/test_gate.py
-        # and tests/tasks/test_gate_registry.py hold the check itself).
-        "gate": {"min_speedup_vs_ar": 0.05},
+        # A 2-layer random model decodes Jacobi slower than AR (the host's work per step outweighs its forward), and
+        # 3 training steps do not beat its untrained decoding: the speed check runs and is recorded, at a floor these
+        # flow tests pass, and the check against the untrained anchors is off (tests/jf_core/evaluation/test_gate.py
+        # and tests/tasks/test_gate_registry.py hold the checks themselves).
+        "gate": {"min_speedup_vs_ar": 0.05, "untrained_margin": None},
     }
     path = tmp_path / "test-profile.yaml"
     path.write_text(yaml.safe_dump(data))

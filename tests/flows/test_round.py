@@ -85,6 +85,11 @@ def test_round_registers_reuses_and_gates(prefect_server, jf_env):
     run = client.get_run(summary.mlflow_run_id)
     for key in ("accuracy", "tpf", "tps", "speedup_vs_ar", "loss", "tpf_n4", "tpf_n8"):
         assert key in run.data.metrics, key
+    # The trained model against its input model's untrained decoding, timed in its evaluation (this profile does
+    # not tune, so HF prompt lookup is the one anchor), and the run's AR-against-AR control.
+    assert report.eval.best_untrained.name == summary.best_untrained == "base_hf_prompt_lookup"
+    assert run.data.metrics["speedup_vs_untrained"] == pytest.approx(summary.speedup_vs_untrained)
+    assert run.data.metrics["timing_spread"] == pytest.approx(summary.timing_spread)
     assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [0, 2]  # logged steps
     assert "mlflow.parentRunId" in run.data.tags
     plots = {a.path for a in client.list_artifacts(run.info.run_id, "plots")}

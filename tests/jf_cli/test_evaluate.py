@@ -38,7 +38,8 @@ def test_eval_uses_the_profiles_benchmark(profile_yaml, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "gsm8k: accuracy" in printed and "chosen on calibration prompts" in printed
     data = json.loads(out.read_text())
-    assert data["meta"]["result"]["items"] == 4 and set(data["methods"]) == {"ar", "jacobi_n4", "jacobi_n8"}
+    assert data["meta"]["result"]["items"] == 4
+    assert set(data["methods"]) == {"ar", "ar_control", "jacobi_n4", "jacobi_n8"}
     assert all(m["identical_fraction"] == 1.0 for m in data["methods"].values())
 
 
@@ -47,7 +48,7 @@ def test_bench_decode_adds_hf_rows_on_the_profiles_prompts(profile_yaml, tmp_pat
     argv = ["bench", "decode", "--profile", profile_yaml, "--num-prompts", "3", "--repeats", "1"]
     assert main([*argv, "--block-sizes", "4", "--batch-size", "2", "--out", str(out)]) == 0
     data = json.loads((out / "bench.json").read_text())
-    assert set(data["methods"]) == {"ar", "jacobi_n4", "hf_generate", "hf_prompt_lookup"}
+    assert set(data["methods"]) == {"ar", "ar_control", "jacobi_n4", "hf_generate", "hf_prompt_lookup"}
     assert data["meta"]["benchmark"] == "gsm8k" and data["meta"]["batch_size"] == 2
     assert data["methods"]["hf_generate"]["identical_fraction"] == 1.0  # plain greedy, like our AR
     assert (out / "bench.md").is_file() and "hf_prompt_lookup" in capsys.readouterr().out
@@ -77,6 +78,11 @@ def test_bench_decode_per_batch_size_with_a_sampling_jf_model(profile, profile_y
         jf_rows = {k: v for k, v in data["methods"].items() if k.startswith("jf_")}
         assert "jf_autotuned" in jf_rows and all(m["identical_fraction"] == 1.0 for m in jf_rows.values())
     assert two["methods"]["jf_autotuned"]["tpf"] == two["methods"]["jf_ar"]["tpf"]  # batch 2 > the crossover: AR
+    # The trained model's dispatched row against the base's best untrained decoder, in the same run (the profile
+    # does not tune, so the base's anchor is HF prompt lookup alone).
+    x = one["methods"]["jf_autotuned"]["tps"] / one["methods"]["hf_prompt_lookup"]["tps"]
+    assert one["meta"]["best_untrained"] == "hf_prompt_lookup" and one["meta"]["speedup_vs_untrained"] == x
+    assert f"jf_autotuned: {x:.2f}x the best untrained decoding of the input model (hf_prompt_lookup)" in printed
     assert (out / "speed_against_batch_size.png").stat().st_size > 1000  # the batch sizes' one figure
 
 

@@ -97,7 +97,9 @@ def test_refusals_show_their_reasons_on_the_version_and_leave_the_champion(regis
     # at n = 8 (0.93x on one machine: at the floor's edge), and each refusal below is about one check, so the clean
     # model is given a clear speed; (d) is the slow one.
     assert measured.speedup_vs_ar == clean_eval.headline.speedup_vs_ar > 0
-    clean = replace(measured, speedup_vs_ar=2.0)
+    assert measured.speedup_vs_untrained is None  # evaluated without anchors: (e) gives them
+    assert measured.timing_spread == clean_eval.timing_spread is not None  # the control row is always there
+    clean = replace(measured, speedup_vs_ar=2.0, speedup_vs_untrained=1.5, best_untrained="base_tuned")
 
     first, decision, _ = register("r1", clean, clean, clean)
     assert (
@@ -140,8 +142,19 @@ def test_refusals_show_their_reasons_on_the_version_and_leave_the_champion(regis
     assert not decision.gate_passed and [c.name for c in decision.gate_checks if not c.passed] == ["speed_vs_ar"]
     assert tags["gate.speed_vs_ar"].startswith("failed: decoding at 0.63x our AR is slower than AR (floor 0.9)")
 
+    # (e) faster than AR, but not than what the input model decodes at untrained (issue 69's user round)
+    untrained = replace(clean, speedup_vs_ar=1.19, speedup_vs_untrained=0.9, timing_spread=0.02)
+    skippable, decision, run_id = register("r6", untrained, clean, clean)
+    tags = _tags(client, skippable)
+    assert [c.name for c in decision.gate_checks if not c.passed] == ["speed_vs_untrained"]
+    assert tags["gate.speed_vs_untrained"].startswith(
+        "failed: decoding at 0.90x the best untrained decoding (base_tuned) is not faster beyond the timing's spread "
+        "0.030"
+    )
+    assert client.get_run(run_id).data.metrics["gate_speed_vs_untrained"] == pytest.approx(0.9)
+
     assert str(client.get_model_version_by_alias("jf-gate", "champion").version) == first
-    assert str(client.get_model_version_by_alias("jf-gate", "challenger").version) == slow
+    assert str(client.get_model_version_by_alias("jf-gate", "challenger").version) == skippable
 
 
 KILLED_WHILE_PROMOTING = """
@@ -179,7 +192,7 @@ def test_a_registration_killed_before_its_promotion_is_completed_by_the_rerun(re
     client, register = registry
     # A clear speed, as above: this model's measured speed sits at the gate's floor (0.9x to 1.0x at n = 8), and the
     # gate deciding either way on a busy machine is not what this test is about.
-    clean = replace(Figures.of(evaluations[0], KEY), speedup_vs_ar=2.0)
+    clean = replace(Figures.of(evaluations[0], KEY), speedup_vs_ar=2.0, speedup_vs_untrained=1.5)
     first, decision, _ = register("r1", clean, clean, clean)
     assert decision.gate_passed, decision.gate_reasons
     faster = replace(clean, tpf={"8": clean.tpf["8"] + 0.5}, headline_tpf=clean.headline_tpf + 0.5)

@@ -28,6 +28,27 @@ def test_the_tuned_config_gets_its_own_row():
     assert rows[-1]["JF TPF"] == 7.8 and rows[-1]["speedup vs AR"] == 3.0
 
 
+def test_the_untrained_anchors_and_the_control_close_the_table_and_the_summary_states_them():
+    """What the trained model is held to, from its own run: the input model's untrained decoding (its TPF in the
+    base column) and our AR against itself."""
+    anchors = {"hf_prompt_lookup": (1.6, 700.0), "tuned": (1.5, 800.0)}
+    jf = evaluation({16: 3.35, 32: 4.16}, TPS, untrained=anchors, control_tps=510.0)
+    report = round_report(jf, REPORT.base_eval)
+    rows = report.metrics_rows()
+    assert [r["block size n"] for r in rows[2:]] == [
+        "untrained base_hf_prompt_lookup",
+        "untrained base_tuned",
+        "control: our AR again",
+    ]
+    assert rows[3]["base TPF"] == 1.5 and rows[3]["speedup vs AR"] == 1.6 and rows[3]["JF TPS"] == ""
+    assert rows[4]["speedup vs AR"] == 1.02 and rows[4]["JF TPF"] == 1.0
+    md = summary_markdown(report, None, None)
+    # The headline (plain Jacobi at n = 32: 1000 tokens/s) over the faster anchor's 800.
+    assert "1.25x the best untrained decoding of the input model (base_tuned); timing spread" in md
+    assert "(our AR against itself) 0.020" in md
+    assert "no untrained anchor in this run" in summary_markdown(REPORT, None, None)
+
+
 def test_the_table_names_the_method_that_trained_the_model():
     """The tiny profile trains with CLLM's objective: its table says so, as the round's log does."""
     rows = REPORT.model_copy(update={"training": {"method": "cllm"}}).metrics_rows()

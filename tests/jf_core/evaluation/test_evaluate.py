@@ -15,7 +15,7 @@ from jf_core.config import EvalConfig
 from jf_core.decoding.ar import ar_decode
 from jf_core.decoding.common import DecodeOutput, StopTokens
 from jf_core.evaluation.evaluate import LosslessnessError, eval_set, evaluate_model
-from jf_core.evaluation.method import AR, jacobi
+from jf_core.evaluation.method import AR, AR_CONTROL, jacobi
 from jf_core.evaluation.methods import hf_generate_decoder
 from jf_core.trajectory.prompts import PromptFormat, PromptSourceConfig, load_prompts
 from tests.conftest import PAD, TINY_MODELS
@@ -81,8 +81,12 @@ def test_fp32_evaluation_is_identical_calibrated_and_complete(gsm8k_file):
     calibration = [tok(t, add_special_tokens=False)["input_ids"] for t in ("Q: 7 + 7? A:", "Q: 1 + 2? A:")]
     result = evaluate_model(model, tok, _cfg(gsm8k_file), fmt=PromptFormat(), stop=_stop(tok), calibration=calibration)
     assert result.dtype == "float32" and result.items == 5
-    assert set(result.methods) == {"ar", "jacobi_n4", "jacobi_n8"}
+    assert set(result.methods) == {"ar", "ar_control", "jacobi_n4", "jacobi_n8"}
     assert all(r.identical_fraction == 1.0 for r in result.rows())  # fp32: the contract is identity
+    # The control: our AR timed again as one more method; its ratio to AR is this run's bias and spread.
+    control = result.row(AR_CONTROL)
+    assert control.tpf == 1.0 and result.timing_spread == abs(control.speedup_vs_ar - 1.0)
+    assert result.metrics()["timing_spread"] == result.timing_spread
     assert all(d is None for r in result.rows() for d in r.first_divergence)
     assert result.calibration.prompts == 2 and set(result.calibration.tps) == {"4", "8"}
     best = max(result.calibration.tps, key=result.calibration.tps.get)
@@ -90,6 +94,19 @@ def test_fp32_evaluation_is_identical_calibrated_and_complete(gsm8k_file):
     assert result.headline.speedup_vs_ar == pytest.approx(result.row(jacobi(int(best))).tps / result.row(AR).tps)
     assert 0.0 <= result.accuracy <= 1.0
     assert result.tpf == {str(n): result.row(jacobi(n)).tpf for n in (4, 8)}
+
+
+def test_the_control_row_follows_ar_or_is_left_out_on_request(gsm8k_file):
+    """The control is AR's decoder under a second row, right after AR (so it takes as many turns as AR), and
+    `evaluation.control: false` leaves it out, and with it the spread."""
+    tok = _tokenizer()
+    model = _model(tok)
+    on = evaluate_model(model, tok, _cfg(gsm8k_file, block_sizes=[4]), fmt=PromptFormat(), stop=_stop(tok))
+    assert list(on.methods)[:2] == ["ar", "ar_control"] and on.timing_spread is not None
+    assert on.row(AR_CONTROL).new_tokens == on.row(AR).new_tokens
+    cfg = _cfg(gsm8k_file, block_sizes=[4], control=False)
+    off = evaluate_model(model, tok, cfg, fmt=PromptFormat(), stop=_stop(tok))
+    assert "ar_control" not in off.methods and off.timing_spread is None and "timing_spread" not in off.metrics()
 
 
 def test_an_evaluation_reads_back_from_its_json_as_written(gsm8k_file, tmp_path):

@@ -1,5 +1,6 @@
 """The promotion gate's checks, each with its reason: accuracy against the input and the lineage's base, TPF
-against the champion's only where measured alike, and outputs that may not turn degenerate."""
+against the champion's only where measured alike, speed against AR and against the best untrained decoding, and
+outputs that may not turn degenerate."""
 
 from __future__ import annotations
 
@@ -12,8 +13,21 @@ CLEAN = {"repetition": 0.05, "mean_length": 74.0, "truncated": 0.0}
 CFG = GateConfig()
 
 
-def fig(accuracy=1.0, tpf=None, headline=3.0, decode="d16", key="e1", output=None, speedup=2.0) -> Figures:
-    return Figures(accuracy, tpf or {"16": 3.0}, headline, decode, key, dict(output or CLEAN), speedup)
+def fig(
+    accuracy=1.0, tpf=None, headline=3.0, decode="d16", key="e1", output=None, speedup=2.0, untrained=1.5, spread=0.01
+) -> Figures:
+    return Figures(
+        accuracy,
+        tpf or {"16": 3.0},
+        headline,
+        decode,
+        key,
+        dict(output or CLEAN),
+        speedup,
+        untrained,
+        "base_tuned",
+        spread,
+    )
 
 
 def gate(candidate, *, input_model=None, base=None, champion=None, cfg=CFG):
@@ -32,6 +46,7 @@ def test_first_champion_needs_accuracy_and_clean_outputs_only():
         "accuracy_vs_base",
         "tpf_vs_champion",
         "speed_vs_ar",
+        "speed_vs_untrained",
         "repetition",
         "length",
         "truncated",
@@ -119,6 +134,26 @@ def test_a_model_whose_decoding_is_slower_than_ar_is_refused_whatever_its_tpf():
         assert not d.passed and "was not measured" in check(d, "speed_vs_ar").reason
     off = gate(fig(speedup=0.5), cfg=GateConfig(min_speedup_vs_ar=None))
     assert off.passed and "speed_vs_ar" not in {c.name for c in off.checks}
+
+
+def test_a_model_no_faster_than_the_best_untrained_decoding_beyond_the_spread_is_refused():
+    """Issue 69's rule: training a user could skip for the same speed is not promoted. The bar is 1 + the timing's
+    spread: the configured floor, or the run's AR-against-AR control where that was wider."""
+    beaten = gate(fig(speedup=1.19, untrained=0.90))  # the SmolLM2 user round: 1.19x AR, the untrained base 1.32x
+    anchor = check(beaten, "speed_vs_untrained")
+    assert not beaten.passed and not anchor.passed and anchor.value == 0.90
+    assert anchor.reason.startswith("decoding at 0.90x the best untrained decoding (base_tuned) is not faster")
+    assert [c.name for c in beaten.checks if not c.passed] == ["speed_vs_untrained"]
+    assert not gate(fig(untrained=1.03)).passed  # at the floor (0.03): within the spread, refused
+    assert gate(fig(untrained=1.04)).passed  # beyond it
+    wide = check(gate(fig(untrained=1.04, spread=0.06)), "speed_vs_untrained")  # the control saw 6% between ARs
+    assert not wide.passed and "spread 0.060" in wide.reason
+    assert gate(fig(untrained=1.07, spread=0.06)).passed
+    for unmeasured in (None, float("nan")):
+        d = gate(fig(untrained=unmeasured))
+        assert not d.passed and "was not measured beside this model" in check(d, "speed_vs_untrained").reason
+    off = gate(fig(untrained=None), cfg=GateConfig(untrained_margin=None))
+    assert off.passed and "speed_vs_untrained" not in {c.name for c in off.checks}
 
 
 def test_figures_round_trip_through_a_version_tag():

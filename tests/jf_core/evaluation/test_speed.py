@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from jf_core.decoding.common import StopTokens
 from jf_core.evaluation.method import AR, Method
 from jf_core.evaluation.methods import build_methods
@@ -94,6 +96,42 @@ def test_tune_picks_the_fastest_measured_config_and_round_trips(tmp_path):
     save_decode_config(tmp_path, best)
     assert load_decode_config(tmp_path) == best and isinstance(load_decode_config(tmp_path), JFDecodeConfig)
     assert load_decode_config(tmp_path, block_size=32).block_size == 32
+
+
+def test_successive_halving_stops_the_slower_half_at_each_rung_and_keeps_the_winner(monkeypatch):
+    """The real decoders, on a clock where each configuration's speed is known (its tokens over a time set by its
+    block size and K): 8 configurations over 6 prompts in 3 rungs run 8, 4, then 2 on 2 prompts each, the slower
+    half stopping at each rung, and the winner is the fastest, measured on every prompt."""
+    from dataclasses import replace
+
+    from jf_core.decoding.common import DecodeOutput
+    from jf_core.evaluation import tune as tuning
+
+    def speed(cfg) -> float:  # tokens a second: distinct for every configuration of the grid below
+        return 100.0 * cfg.block_size + 10.0 * cfg.num_blocks + (5.0 if cfg.seed_drafts else 0.0)
+
+    real = tuning.decode
+
+    def on_a_known_clock(model, prompts, cfg, **kw) -> DecodeOutput:
+        out = real(model, prompts, cfg, **kw)
+        seconds = out.stats.new_tokens / speed(cfg)
+        return DecodeOutput(out.sequences, replace(out.stats, prefill_seconds=0.0, decode_seconds=seconds))
+
+    monkeypatch.setattr(tuning, "decode", on_a_known_clock)
+    model = TINY_MODELS["qwen2"]()
+    prompts = [[5, 6, 7, 8, 9], [10, 11, 12], [13, 14], [15, 16, 17], [18, 19], [20, 21, 22]]
+    grid = {"block_size": [4, 8], "num_blocks": [1, 2], "spawn_ratio": [0.5], "seed_drafts": [False, True]}
+    space = tuning.TuneSpace.of(**grid, pool_size=[0], adaptive_width=[False])
+    lines: list[str] = []
+    best, trials = tuning.tune(
+        model, prompts, stop=StopTokens(None, PAD), max_new_tokens=8, space=space, rungs=3, say=lines.append
+    )
+    ranked = sorted(trials, key=lambda t: -speed(t.config))
+    assert best == ranked[0].config and len(trials) == 8
+    assert [t.prompts for t in ranked] == [6, 6, 4, 4, 2, 2, 2, 2]
+    assert any(line.startswith("rung 3/3: 2 configs, ") for line in lines)
+    with pytest.raises(ValueError, match="rungs must be >= 1"):
+        tuning.tune(model, prompts, stop=StopTokens(None, PAD), max_new_tokens=8, space=space, rungs=0)
 
 
 def test_the_tuner_searches_adaptive_width():

@@ -285,3 +285,70 @@ def test_the_tpf_probe_reads_the_held_out_questions_where_asked(profile, tmp_pat
     assert held == [tok(r["prompt"])["input_ids"] for r in rows[:4]]
     calibration = probe_prompts(profile.model_copy(update={"training": JFTrainConfig(tpf_probe_prompts=4)}), tok)
     assert len(calibration) == 4 and not set(map(tuple, calibration)) & set(map(tuple, held))
+
+
+def test_a_trained_models_evaluation_carries_its_input_models_untrained_anchors(profile, tmp_path):
+    """Issue 69: beside the trained model's rows, in the same run, its input model decoded by HF prompt lookup and
+    by our decoder with the config the same tune found on it (tuned once, outside the input model's directory),
+    each checked against the input model's own greedy AR (here the two models' texts differ, so anchors compared
+    with the trained model's AR would fail the fp32 check)."""
+    from jf_core.decoding import ar_decode
+    from jf_core.evaluation.evaluate import eval_set
+    from jf_core.evaluation.method import ANCHOR_KINDS, AR_CONTROL, UNTRAINED, Method
+    from jf_core.model_dir import model_fingerprint
+    from jf_core.models import load_model, stop_tokens
+    from jf_core.round.paths import eval_path, untrained_tune_path
+    from jf_core.round.stages import stage_evaluate, stage_tune_untrained, untrained_anchors
+    from jf_core.toy.bootstrap import embedded_model
+    from jf_core.trajectory.prompts import PromptFormat
+
+    # The "trained" model: the embedded default (the same tokenizer; trained weights, so its greedy texts differ
+    # from the random base's, which repeats the prompt's last token).
+    trained = embedded_model()
+    _, tok = load_model(profile.model.path, dtype="float32")
+    other, _ = load_model(str(trained), dtype="float32")
+    tune = TuneConfig(
+        enabled=True,
+        prompts=2,
+        grid={"block_size": [4], "num_blocks": [1, 2], "pool_size": [0], "seed_drafts": [False]},
+        repeats=1,
+        crossover_batch_sizes=[1, 2],
+    )
+    evaluation = profile.evaluation.model_copy(
+        update={"num_prompts": 3, "speed_prompts": 2, "repeats": 1, "block_sizes": [4], "max_new_tokens": 12}
+    )
+    p = profile.model_copy(
+        update={
+            "evaluation": evaluation.model_copy(update={"tune": tune}),
+            "storage": profile.storage.model_copy(update={"runs_dir": str(tmp_path / "runs")}),
+        }
+    )
+    base, before = p.model.path, model_fingerprint(p.model.path)
+    base_m, _ = load_model(base, dtype="float32")
+    found = stage_tune_untrained(p, base)
+    assert untrained_tune_path(p, base).is_file() and model_fingerprint(base) == before  # the base is not written
+    again: list[str] = []
+    assert stage_tune_untrained(p, base, on_reuse=again.append) == found  # tuned once
+    assert again and again[0].startswith(f"reusing the untrained tune of {base}")
+    anchors = untrained_anchors(p, base, found)
+    assert anchors.tuned.block_size == 4 and anchors.tuned.max_new_tokens == 12
+    result = stage_evaluate(p, str(trained), untrained=anchors)
+    rows = {r.name for r in result.rows() if r.method.model == UNTRAINED}
+    assert rows == {"base_ar", "base_hf_prompt_lookup", "base_tuned"}
+    assert all(r.identical_fraction == 1.0 for r in result.rows())  # each against its own model's AR
+    prompts = eval_set(p.evaluation, tok, PromptFormat.of(p.prompts)).prompts
+    texts = [ar_decode(m, prompts, max_new_tokens=12, stop=stop_tokens(m, tok)).sequences for m in (base_m, other)]
+    assert texts[0] != texts[1]  # so an anchor compared with the trained model's AR would have failed
+    assert result.row(Method("ar", model=UNTRAINED)).tpf == 1.0
+    best = max((result.row(Method(k, model=UNTRAINED)) for k in ANCHOR_KINDS), key=lambda r: r.tps)
+    assert result.best_untrained == best and result.speedup_vs_untrained == result.headline.tps / best.tps
+    assert result.metrics()["speedup_vs_untrained"] == result.speedup_vs_untrained
+    # The spread: the widest AR-against-AR pair of the run, the control and the input model's AR (same shapes).
+    pairs = (result.row(AR_CONTROL), result.row(Method("ar", model=UNTRAINED)))
+    assert result.timing_spread == max(abs(r.speedup_vs_ar - 1.0) for r in pairs)
+    # Kept apart from the same model's evaluation without anchors (another measurement, another file).
+    assert eval_path(p, str(trained)) != eval_path(p, str(trained), {"anchors": "x"})
+    plain = stage_evaluate(p, str(trained))
+    assert plain.best_untrained is None and plain.speedup_vs_untrained is None
+    off = p.model_copy(update={"evaluation": p.evaluation.model_copy(update={"untrained": False})})
+    assert stage_tune_untrained(off, base) is None and untrained_anchors(off, base, found) is None
