@@ -1,6 +1,8 @@
 """The architecture matrix: every decoder (Jacobi, multi-block, recycling), batch 1 and 3, on every attention
 backend transformers runs the architecture on (SDPA, eager, and flash-attention through the strict stand-in),
-token for token equal to HF greedy `generate` in fp32, sliding windows shorter than the sequence included.
+token for token equal to HF greedy `generate` (stock transformers, an unpacked model) in fp32, sliding windows
+shorter than the sequence included, and every case accepting several drafts in some forward (the weights are
+sharpened for that: architectures.py).
 
 Not in the matrix, by transformers' own limits: SDPA for Gemma2 and GPT-OSS (eager only), flash-attention for
 GPT-OSS (hub kernels with attention sinks), flash-attention for Falcon (its own flash code, outside the attention
@@ -55,6 +57,11 @@ def run(model, name: str, prompts):
     return decode(model, prompts, DECODERS[name], stop=StopTokens(None, 0)).sequences
 
 
+def accepted_most(model, name: str, prompts) -> int:
+    """The most tokens one forward accepted for one sequence, over `prompts` decoded together."""
+    return max(decode(model, prompts, DECODERS[name], stop=StopTokens(None, 0)).stats.accepted_histogram())
+
+
 @pytest.mark.parametrize("decoder", sorted(DECODERS))
 @pytest.mark.parametrize(("arch", "backend"), list(_cases()))
 def test_lossless_on_every_architecture_and_backend(arch, backend, decoder, monkeypatch):
@@ -72,11 +79,23 @@ def test_lossless_on_every_architecture_and_backend(arch, backend, decoder, monk
     together = run(model, decoder, PROMPTS)
     assert alone == want, f"{arch}/{backend}/{decoder} batch 1"
     assert together == want, f"{arch}/{backend}/{decoder} batch 3"
+    # The multi-token paths ran: some forward accepted a run of drafts (the sharpened weights' doing).
+    assert accepted_most(model, decoder, PROMPTS) >= 2, f"{arch}/{backend}/{decoder}: one token a forward at most"
     if backend == "flash":  # the 2D path carried every forward it can: all but recycling's trees
         assert paths.get("2d", 0) > 0 and "4d" not in paths, paths
         assert getattr(DECODERS[decoder], "pool_size", 0) or set(paths) == {"2d"}, paths
     else:
         assert set(paths) == {"4d"}, paths
+
+
+@pytest.mark.parametrize("arch", sorted(CONFIGS))
+def test_the_sharpened_models_still_read_their_context(arch):
+    """Sharpening makes drafts acceptable without making the text a function of the last token alone: prompts that
+    end alike but differ before continue differently (HF greedy generate, eager)."""
+    model = build(arch, "eager")
+    probe = [[1, 2, 3, 4, 12], [10, 11, 12], [7, 12]]
+    texts = hf_generate_decoder(model, StopTokens(None, 0), 12, batched=False)(probe).sequences
+    assert len({tuple(t) for t in texts}) > 1, texts
 
 
 def test_windows_are_in_play():
