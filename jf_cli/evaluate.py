@@ -43,7 +43,6 @@ def _report(result: Evaluation, args: argparse.Namespace, meta: dict, trained: M
     this model's untrained decoders (HF prompt lookup, our tuned decoder); else the round's anchors, if any ran."""
     from jf_core.evaluation.method import HF_PROMPT_LOOKUP, TUNED
     from jf_core.evaluation.plots import bench_figures, save_figures
-    from jf_core.evaluation.results import against_untrained
     from jf_core.evaluation.tables import format_markdown, format_table, write_json
 
     rows = result.rows()
@@ -54,12 +53,10 @@ def _report(result: Evaluation, args: argparse.Namespace, meta: dict, trained: M
         f"{result.headline.speedup_vs_ar:.2f}x our AR on the same model"
         + (f" (n={result.speedup_block_size} chosen on calibration prompts)" if result.calibration.tps else "")
     )
-    if trained is None:
-        best, x = result.best_untrained, result.speedup_vs_untrained
-    else:
-        best = result.fastest([HF_PROMPT_LOOKUP, TUNED])
-        x = None if best is None else result.row(trained).tps / best.tps
-    print(f"{trained or result.headline_method}: " + against_untrained(x, best and best.name, result.timing_spread))
+    # A trained model beside this one is held to this model's untrained decoders; else the round's anchors.
+    versus = result.versus(trained, [HF_PROMPT_LOOKUP, TUNED]) if trained is not None else result.versus()
+    best, x = versus.best, versus.speedup
+    print(f"{trained or result.headline_method}: " + versus.line(result.timing_spread))
     result_fields = result.model_dump(mode="json", exclude={"methods"})
     meta = {**meta, "speedup_vs_untrained": x, "best_untrained": best and best.name, "result": result_fields}
     if getattr(args, "out", None):
@@ -108,7 +105,7 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
     from jf_core.decoding import load_serving_spec
     from jf_core.decoding.kv import attention_implementation
     from jf_core.evaluation.evaluate import evaluate_profile
-    from jf_core.evaluation.method import AR, Method
+    from jf_core.evaluation.method import AR, Method, jacobi
     from jf_core.evaluation.methods import build_methods
     from jf_core.models import load_model, stop_tokens
 
@@ -157,7 +154,7 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
         )
         extra.update(rows)
         same = dict.fromkeys(rows, AR.of("jf"))  # the trained model's rows reproduce its own AR
-        trained = Method("autotuned" if saved.tuned else "jacobi", jf_n if not saved.tuned else None, "jf")
+        trained = Method("autotuned", model="jf") if saved.tuned else jacobi(jf_n, "jf")
         tuning = _untrained_tuning(profile, path)
     sizes = args.batch_sizes or [args.batch_size]
     tables: dict[int, list] = {}

@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from jf_core.evaluation.results import against_untrained
 from jf_core.evaluation.tables import markdown
 from jf_core.round.report import resumed_note
 
@@ -34,14 +33,14 @@ def summary_markdown(report: RoundReport, registry: Registration | None, run_url
         else:  # a reused registration carries its reasons only
             gate += "".join(f"\n- {r}" for r in registry.gate_reasons)
     link = f"\n\n[MLflow run]({run_url})" if run_url else ""
-    head, best = report.headline, report.eval.best_untrained
+    head = report.headline
     return (
         f"# Jacobi Forcing round: {report.profile}, n={report.block_size}\n\n"
         f"Accuracy **{report.accuracy:.3f}** (input model {report.base_accuracy:.3f}); "
         f"headline TPF **{head.tpf:.2f}** ({report.eval.headline_method}); "
         f"speedup vs our AR **{head.speedup_vs_ar:.2f}x**; trained {report.train.train_seconds:.0f} s"
         f"{resumed_note(report.train.resumed_from_step)}.\n\n"
-        f"{against_untrained(report.eval.speedup_vs_untrained, best and best.name, report.eval.timing_spread)}.\n\n"
+        f"{report.eval.versus().line(report.eval.timing_spread)}.\n\n"
         f"Identical to greedy AR on {report.identical_fraction:.3f} of the evaluation prompts "
         f"({report.eval.dtype}).\n\n"
         f"{markdown_table(report.metrics_rows())}\n\n"

@@ -4,6 +4,7 @@ the whole (plain Jacobi's TPF per block size, the headline's figures) is derived
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
@@ -11,6 +12,18 @@ from pydantic import BaseModel, ConfigDict
 from jf_core.decoding import DecodeConfig
 from jf_core.evaluation.method import ANCHOR_KINDS, AR, AR_CONTROL, TUNED, UNTRAINED, Method, jacobi
 from jf_core.evaluation.speed import MethodResult
+
+
+@dataclass(frozen=True)
+class Versus:
+    """A row's tokens/s over the fastest of some others' (`Evaluation.versus`); None, None: none of them ran."""
+
+    best: MethodResult | None
+    speedup: float | None
+
+    def line(self, spread: float | None) -> str:
+        """What every report prints beside the headline (`against_untrained`)."""
+        return against_untrained(self.speedup, self.best and self.best.name, spread)
 
 
 class JsonModel(BaseModel):
@@ -107,20 +120,23 @@ class Evaluation(JsonModel):
         decoder's config tuned on it, timed in this run beside the trained model's rows."""
         return [r for r in self.methods.values() if r.method.model == UNTRAINED and r.method.kind in ANCHOR_KINDS]
 
+    def versus(self, subject: Method | None = None, anchors: list[Method] | None = None) -> Versus:
+        """One row (default: the headline) against the fastest of `anchors`' rows that ran (default: the untrained
+        anchors), both timed in this run: what every report says of a trained model against decoding untrained."""
+        labels = {m.label for m in anchors} if anchors is not None else None
+        rows = self.untrained_rows if labels is None else [r for k, r in self.methods.items() if k in labels]
+        best = max(rows, key=lambda r: r.tps, default=None)
+        row = self.headline if subject is None else self.row(subject)
+        return Versus(best, None if best is None else row.tps / best.tps)
+
     @property
     def best_untrained(self) -> MethodResult | None:
-        return max(self.untrained_rows, key=lambda r: r.tps, default=None)
+        return self.versus().best
 
     @property
     def speedup_vs_untrained(self) -> float | None:
         """The headline's tokens/s over the best untrained anchor's (None: no anchor ran)."""
-        best = self.best_untrained
-        return None if best is None else self.headline.tps / best.tps
-
-    def fastest(self, methods: list[Method]) -> MethodResult | None:
-        """The fastest of `methods`' rows in this evaluation (those that ran; None: none did)."""
-        rows = [self.methods[m.label] for m in methods if m.label in self.methods]
-        return max(rows, key=lambda r: r.tps, default=None)
+        return self.versus().speedup
 
     def metrics(self) -> dict[str, float]:
         """The headline, plain Jacobi's TPF per block size and every method's TPS, as flat MLflow metrics."""
@@ -143,7 +159,7 @@ class Evaluation(JsonModel):
 def against_untrained(speedup: float | None, best: str | None, spread: float | None) -> str:
     """The line every report prints beside the headline: the trained model against the best untrained decoding of
     its input model, measured in the same run, and the run's AR-against-AR spread."""
-    control = "" if spread is None else f"; timing spread (our AR against itself) {spread:.3f}"
+    control = "" if spread is None else f"; timing spread (AR against AR in this run) {spread:.3f}"
     if speedup is None:
         return f"no untrained anchor in this run{control}"
     return f"{speedup:.2f}x the best untrained decoding of the input model ({best}){control}"

@@ -308,8 +308,7 @@ def untrained_anchors(profile: Profile, model_in: str, tuning: TuneResult | None
     if tuning is None:
         return Untrained(model_in)
     above = tuning.serving.ar_above_batch if tuning.serving is not None else None
-    best = replace(tuning.best, max_new_tokens=profile.evaluation.max_new_tokens)
-    return Untrained(model_in, best, above)
+    return Untrained(model_in, tuning.best, above)  # its rows decode evaluation.max_new_tokens (build_methods)
 
 
 def stage_evaluate(

@@ -30,7 +30,7 @@ def test_the_tuned_config_gets_its_own_row():
 
 def test_the_untrained_anchors_and_the_control_close_the_table_and_the_summary_states_them():
     """What the trained model is held to, from its own run: the input model's untrained decoding (its TPF in the
-    base column) and our AR against itself."""
+    base column) and AR against AR in this run."""
     anchors = {"hf_prompt_lookup": (1.6, 700.0), "tuned": (1.5, 800.0)}
     jf = evaluation({16: 3.35, 32: 4.16}, TPS, untrained=anchors, control_tps=510.0)
     report = round_report(jf, REPORT.base_eval)
@@ -45,7 +45,7 @@ def test_the_untrained_anchors_and_the_control_close_the_table_and_the_summary_s
     md = summary_markdown(report, None, None)
     # The headline (plain Jacobi at n = 32: 1000 tokens/s) over the faster anchor's 800.
     assert "1.25x the best untrained decoding of the input model (base_tuned); timing spread" in md
-    assert "(our AR against itself) 0.020" in md
+    assert "(AR against AR in this run) 0.020" in md
     assert "no untrained anchor in this run" in summary_markdown(REPORT, None, None)
 
 
