@@ -144,7 +144,7 @@ def identity(model, prompts: list[list[int]], n: int, batch: int, new: int) -> t
 
 
 def check_numerics(device: torch.device, shape: dict, smoke: bool) -> dict:
-    from jf_core.models import upcast_lm_head
+    from jf_core.layers.heads import upcast_lm_head
 
     prompts = random_prompts(shape["vocab_size"], 8 if smoke else 16)  # 32 ran past 3 minutes on an H200
     new = 32 if smoke else 128

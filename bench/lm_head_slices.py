@@ -21,9 +21,10 @@ import torch
 
 from jf_core.evaluation.forward_cost import forms_cost, forms_table
 from jf_core.evaluation.tables import markdown
+from jf_core.layers.heads import SlicedLMHead
+from jf_core.layers.packed import unpacked
 from jf_core.model_ref import resolve_model
-from jf_core.models import SlicedLMHead, load_model
-from jf_core.packed_linear import unpacked
+from jf_core.models import load_model
 
 
 class WholeHead(torch.nn.Module):

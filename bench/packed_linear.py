@@ -1,4 +1,4 @@
-"""What packed linear layers (jf_core/packed_linear.py) save on a CPU: one forward per width over a KV cache
+"""What packed linear layers (jf_core/layers/packed.py) save on a CPU: one forward per width over a KV cache
 (`window_cost`), the model's layers packed (as `load_model` installs them) and on MKL's `F.linear` (`unpacked`), the
 two taking turns round by round in one run; then each form's cost ratio to one token, which is what a Jacobi step at
 that width pays in AR steps (the break-even TPF), and packed over MKL at each width (AR's own speedup at width 1).
@@ -18,9 +18,9 @@ import torch
 
 from jf_core.evaluation.forward_cost import forms_cost, forms_table
 from jf_core.evaluation.tables import markdown
+from jf_core.layers.packed import AVAILABLE, PackedLinear, pack_linears, unpacked
 from jf_core.model_ref import resolve_model
 from jf_core.models import load_model
-from jf_core.packed_linear import AVAILABLE, PackedLinear, pack_linears, unpacked
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> None:
     if not AVAILABLE:
         raise SystemExit("this torch build has no oneDNN: nothing to pack")
     if not any(isinstance(m, PackedLinear) for m in model.modules()):
-        # load_model leaves a model this small on MKL (packed_linear.MIN_PACKED_BYTES): packed here to show why.
+        # load_model leaves a model this small on MKL (layers/packed.py MIN_PACKED_BYTES): packed here to show why.
         print(f"{args.model}: below MIN_PACKED_BYTES, packed for this comparison only", flush=True)
         pack_linears(model, min_bytes=0)
     forms = {"MKL": unpacked, "packed": contextlib.nullcontext}

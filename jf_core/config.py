@@ -39,7 +39,9 @@ class ModelConfig(StrictModel):
     device: str = "auto"
     attn_implementation: str = "auto"
     trust_remote_code: bool = False  # code shipped with a checkpoint runs only when this is on
-    lm_head_fp32: bool = False  # decoding a bf16/fp16 model: fp32 logits, fewer argmax flips (models.upcast_lm_head)
+    lm_head_fp32: bool = (
+        False  # decoding a bf16/fp16 model: fp32 logits, fewer argmax flips (layers/heads.py upcast_lm_head)
+    )
 
     def decode_kwargs(self) -> dict:
         """load_model's placement and numerics for decoding this model (trajectories, evaluation, serving)."""

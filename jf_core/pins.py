@@ -90,7 +90,7 @@ PINS: dict[str, Pin] = {
                 "torch:ops.mkldnn._linear_pointwise",  # the product on it (what torch.compile's frozen CPU graphs run)
                 "torch:Tensor._version",  # a weight written in place since it was packed
             ),
-            "a CPU model's layers on oneDNN's packed weights (jf_core/packed_linear.py); elsewhere they run on "
+            "a CPU model's layers on oneDNN's packed weights (jf_core/layers/packed.py); elsewhere they run on "
             "F.linear, slower on a CPU but the same values to rounding",
             refuse=False,
         ),

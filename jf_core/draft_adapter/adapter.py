@@ -13,7 +13,8 @@ import torch
 from torch import nn
 
 from jf_core.draft_adapter.config import FILE, TARGETS, DraftLora
-from jf_core.packed_linear import PackedLinear, PackedWeight
+from jf_core.layers.lora import add_delta, fused_delta
+from jf_core.layers.packed import PackedLinear, PackedWeight
 
 ATTRIBUTE = "jf_draft_adapter"
 
@@ -66,27 +67,18 @@ class DraftAdapter(nn.Module):
 
     def add(self, key: str, x: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
         """`output` (the projection's, of input `x`) plus the adapter's delta where the gate is set."""
-        a, b = self.a[key], self.b[key]
-        delta = (x @ a.to(x.dtype).T) @ b.to(x.dtype).T
-        return torch.addcmul(output, delta, self._weights.to(delta.dtype))
+        return add_delta(output, x, self.a[key], self.b[key], self._weights)
 
-    def fused(self, key: str, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        """A packed layer's output with the delta (packed_linear.PackedLinear): its A stacked under the weight in
-        one packed product, then B. The delta's separate small matmuls and forward hooks cost a SmolLM2 window's
-        forward 18 ms on this CPU (68 against 50 ms, 2026-11-30); MKL's rank-r products are slow for few rows.
-        Costs one more packed copy of the target weights (beside the layer's own, which the base-only forwards use)."""
-        y = self._fused.setdefault(key, PackedWeight()).linear(x, (layer.weight, self.a[key]), None)
-        out = layer.out_features
-        rows = y.view(-1, y.shape[-1])  # [B * L, out + r]: the layer's output, then x A^T
-        # One addmm adds (gate x scale x A x) B^T to the output: half the time of a matmul and an addcmul here.
-        delta_in = rows[:, out:] * self._weights.view(-1, 1)
-        return torch.addmm(rows[:, :out], delta_in, self.b[key].T).view(*y.shape[:-1], out)
+    def fused(self, key: str, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        """A packed layer's output with the delta in one packed product (layers/lora.py `fused_delta`)."""
+        packed = self._fused.setdefault(key, PackedWeight())
+        return fused_delta(packed, layer, x, self.a[key], self.b[key], self._weights)
 
     def _hooked(self, key: str, _module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor | None:
         return None if self.gate is None else self.add(key, args[0], output)
 
     def hook(self) -> None:
-        """Act on the target projections: a packed one (packed_linear.py) adds the delta itself, others by a
+        """Act on the target projections: a packed one (layers/packed.py) adds the delta itself, others by a
         forward hook."""
         if self._handles or any(getattr(m, "draft", None) for _, m in self._targets):
             return

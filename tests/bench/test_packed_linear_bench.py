@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from jf_core.packed_linear import AVAILABLE
+from jf_core.layers.packed import AVAILABLE
 
 
 @pytest.mark.skipif(not AVAILABLE, reason="this torch build has no oneDNN")

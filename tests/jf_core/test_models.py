@@ -26,18 +26,18 @@ def test_loads_a_local_directory_with_sdpa_on_cpu(tmp_path):
 
 
 def test_a_cpu_model_with_weights_that_stream_from_memory_gets_packed_layers(tmp_path, monkeypatch):
-    """`load_model` packs a CPU model's layers and its LM head (packed_linear.py) once their weights pass
+    """`load_model` packs a CPU model's layers and its LM head (jf_core/layers/packed.py) once their weights pass
     MIN_PACKED_BYTES, and leaves a model small enough to stay cached on MKL."""
     import torch
 
-    from jf_core import packed_linear
-    from jf_core.packed_linear import PackedLinear
+    from jf_core.layers import packed
+    from jf_core.layers.packed import PackedLinear
 
     save_tiny(tmp_path)
     small, _ = load_model(str(tmp_path))
     assert not any(isinstance(m, PackedLinear) for m in small.modules())
     assert small.get_output_embeddings().packed_weight is None
-    monkeypatch.setattr(packed_linear, "MIN_PACKED_BYTES", 0)  # as a model past the threshold
+    monkeypatch.setattr(packed, "MIN_PACKED_BYTES", 0)  # as a model past the threshold
     model, _ = load_model(str(tmp_path))
     assert not any(type(m) is torch.nn.Linear for m in model.modules())
     assert any(isinstance(m, PackedLinear) for m in model.modules())
@@ -136,20 +136,6 @@ def test_attention_choice_follows_what_the_model_class_supports(monkeypatch):
     assert pick_attention("auto", torch.device("cpu"), FlashAndSdpa) == "sdpa"
 
 
-def test_fp32_lm_head_gives_fp32_logits_of_the_same_weights(tmp_path):
-    import torch
-
-    save_tiny(tmp_path)
-    bf16, _ = load_model(str(tmp_path), dtype="bfloat16")
-    upcast, _ = load_model(str(tmp_path), dtype="bfloat16", lm_head_fp32=True)
-    ids = torch.tensor([[5, 6, 7, 8]])
-    with torch.no_grad():
-        low, high = bf16(input_ids=ids).logits, upcast(input_ids=ids).logits
-    assert low.dtype == torch.bfloat16 and high.dtype == torch.float32
-    assert next(upcast.model.parameters()).dtype == torch.bfloat16  # only the head is fp32
-    torch.testing.assert_close(high.to(torch.bfloat16), low, rtol=0.02, atol=0.02)
-
-
 def test_one_device_rule_for_a_process_and_one_for_a_ray_worker():
     """`auto` is CUDA where a device is visible, else the CPU; a CUDA device that is not there is refused by name
     (this machine has none: the check runs where the GPU tests are skipped). A Ray worker runs on CUDA when Ray
@@ -170,56 +156,3 @@ def test_one_device_rule_for_a_process_and_one_for_a_ray_worker():
     assert tiny.worker_device() == ("cpu" if tiny.model.device == "auto" else tiny.model.device)
     gpus = load_profile("tiny", compute={"gpus_per_worker": 1})
     assert gpus.worker_device() == "cuda"
-
-
-def test_a_window_s_logits_on_a_cpu_come_by_slices_of_the_vocabulary_and_are_the_heads_own(tmp_path):
-    """Where a gradient is needed, `load_model`'s LM head computes a window's logits against 2,048-row slices of the
-    head on a CPU (MKL's one matmul is up to 3x slower there for a few rows against a large vocabulary): each logit
-    is the same dot product, so the logits are the whole head's bit for bit at every row count, in batches, with the
-    weight still tied to the embedding, and a backward through the slices gives the whole head's gradients (to
-    rounding). Without a gradient the head is packed (packed_linear.py): the same logits to fp32 rounding."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    from jf_core.models import VOCAB_SLICE, SlicedLMHead
-    from jf_core.packed_linear import PackedWeight
-
-    tok = save_tiny(tmp_path)
-    config = Qwen2Config(vocab_size=5000, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)  # fmt: skip
-    torch.manual_seed(0)
-    Qwen2ForCausalLM(config).save_pretrained(tmp_path)
-    model, _ = load_model(str(tmp_path))
-    head = model.get_output_embeddings()
-    assert isinstance(head, SlicedLMHead) and config.vocab_size > 2 * VOCAB_SLICE
-    assert head.weight is model.get_input_embeddings().weight  # still tied
-    hidden_states = []
-    model.model.register_forward_hook(lambda _m, _a, out: hidden_states.append(out.last_hidden_state))
-    for batch, rows in [(1, 1), (1, 2), (1, 11), (1, 31), (2, 16), (1, 64), (1, 65), (3, 40)]:
-        ids = torch.randint(2, len(tok), (batch, rows))
-        logits = model(input_ids=ids).logits.detach()
-        whole = torch.nn.functional.linear(hidden_states[-1], head.weight).detach()
-        assert torch.equal(logits, whole), (batch, rows)
-        for packs in (None, PackedWeight()):  # this model is small enough to stay on MKL; packed as a larger one is
-            head.packed_weight = packs
-            with torch.no_grad():
-                logits = model(input_ids=ids).logits
-            torch.testing.assert_close(logits, torch.nn.functional.linear(hidden_states[-1], head.weight))
-        assert head.packed_weight._packed is not None
-        head.packed_weight = None
-
-    linear = torch.nn.Linear(64, 5000)  # a head with a bias, trained through the slices: the whole head's gradients
-    sliced = SlicedLMHead(linear)  # the same parameters
-    hidden = torch.randn(11, 64, requires_grad=True)
-    grads = []
-    for form in (linear, sliced):
-        form(hidden).square().sum().backward()
-        grads.append([t.grad.clone() for t in (hidden, linear.weight, linear.bias)])
-        for t in (hidden, linear.weight, linear.bias):
-            t.grad = None
-    # The hidden state's gradient sums over the vocabulary slice by slice, in another order than one matmul: its
-    # elements (up to ~200 here) differ by a few fp32 ulps of the largest, which near-zero elements cannot meet in
-    # relative terms (an Intel Xeon's MKL left 6e-6 where the EPYC's met 1e-6); a lost slice would be ~1-100.
-    for got, want in zip(*grads, strict=True):
-        ulps = 8 * torch.finfo(torch.float32).eps * float(want.abs().max())
-        torch.testing.assert_close(got, want, rtol=2e-5, atol=ulps)

@@ -1,4 +1,4 @@
-"""Packed linear layers (jf_core/packed_linear.py): oneDNN with the weight packed once, only where nothing needs a
+"""Packed linear layers (jf_core/layers/packed.py): oneDNN with the weight packed once, only where nothing needs a
 gradient, in fp32 on a CPU; F.linear's values to rounding; remade when the weight changes; invisible to the state
 dict, tying, pickling and the draft adapter; and greedy decoding on a packed model is still its AR, token for token."""
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from jf_core.packed_linear import AVAILABLE, PackedLinear, pack_linears, unpacked
+from jf_core.layers.packed import AVAILABLE, PackedLinear, pack_linears, unpacked
 
 pytestmark = pytest.mark.skipif(not AVAILABLE, reason="this torch build has no oneDNN")
 

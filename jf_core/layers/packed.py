@@ -84,7 +84,7 @@ class PackedLinear(nn.Linear):
 
     While a draft adapter acts (draft_adapter/adapter.py `hook`), `draft` names it and this layer's key in it, and
     the layer adds the adapter's delta itself rather than through a forward hook: its A rides in the packed
-    product beside the weight (`DraftAdapter.fused`)."""
+    product beside the weight (`DraftAdapter.fused`, by lora.py's `fused_delta`)."""
 
     draft: tuple | None = None  # (adapter, key) while an adapter's gate is set
 

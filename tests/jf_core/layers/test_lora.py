@@ -1,0 +1,43 @@
+"""The low-rank delta's two forms (jf_core/layers/lora.py): after a layer's output and fused into its packed product,
+both `output + w * (x A^T) B^T` with a weight per token (0 where the adapter does not act)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from jf_core.layers import packed
+from jf_core.layers.lora import add_delta, fused_delta
+from jf_core.layers.packed import PackedWeight
+
+
+def _parts(rows: int):
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(48, 80, bias=False)
+    x = torch.randn(2, rows, 48)
+    a, b = torch.randn(4, 48), torch.randn(80, 4)
+    weights = torch.tensor([[1.0] * rows, [0.0] + [0.5] * (rows - 1)])[..., None]
+    want = layer(x) + weights * ((x @ a.T) @ b.T)
+    return layer, x, a, b, weights, want
+
+
+@pytest.mark.parametrize("rows", [1, 5, 16])
+def test_the_delta_after_a_layers_output_is_the_formula(rows):
+    layer, x, a, b, weights, want = _parts(rows)
+    with torch.no_grad():
+        got = add_delta(layer(x), x, a, b, weights)
+    torch.testing.assert_close(got, want)
+    assert torch.equal(got[1, 0], layer(x)[1, 0].detach())  # weight 0: the layer's own output, exactly
+
+
+@pytest.mark.skipif(not packed.AVAILABLE, reason="oneDNN's packed ops are pinned to another torch here")
+@pytest.mark.parametrize("rows", [1, 5, 16])
+def test_the_delta_fused_into_the_packed_product_is_the_formula(rows):
+    layer, x, a, b, weights, want = _parts(rows)
+    store = PackedWeight()
+    with torch.no_grad():
+        got = fused_delta(store, layer, x, a, b, weights)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)  # packed: fp32 rounding, not bit for bit
+        a.mul_(2.0)  # a weight written in place (an optimizer step) is packed again, not served stale
+        twice = fused_delta(store, layer, x, a, b, weights)
+    torch.testing.assert_close(twice, layer(x).detach() + weights * ((x @ a.T) @ b.T), rtol=1e-5, atol=1e-4)
