@@ -74,9 +74,17 @@ def _error(status: int, message: str, param: str | None = None, code: str | None
 
 
 def build_app(batcher: Batcher, name: str, *, max_tokens_limit: int = 1024) -> FastAPI:
-    engine = batcher.engine
+    """The OpenAI-compatible app over `batcher`'s engine, serving the model `name`."""
     app = FastAPI(title="jacobi-forcing", docs_url=None, redoc_url=None)
+    _error_handlers(app)
+    _info_routes(app, batcher.engine, name)
+    asks = _Asks(batcher.engine, name, max_tokens_limit)
+    _completion_route(app, batcher, asks)
+    _chat_route(app, batcher, asks)
+    return app
 
+
+def _error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def api_error(_: Request, err: ApiError) -> JSONResponse:
         return _error(err.status, err.message, err.param, err.code)
@@ -89,6 +97,8 @@ def build_app(batcher: Batcher, name: str, *, max_tokens_limit: int = 1024) -> F
         where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
         return _error(400, f"invalid request body: {where}: {first.get('msg', 'malformed')}", where)
 
+
+def _info_routes(app: FastAPI, engine, name: str) -> None:
     @app.get("/health")
     async def health() -> dict:
         return {
@@ -102,12 +112,19 @@ def build_app(batcher: Batcher, name: str, *, max_tokens_limit: int = 1024) -> F
     async def models() -> dict:
         return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "jacobi-forcing"}]}
 
-    def common(body: _Body, default_budget: int) -> dict:
-        """What a request asks beyond its prompt: budget, stop strings, sampling and seed (EngineRequest's fields)."""
-        if body.model != name:
+
+class _Asks:
+    """What a request body asks of this server beyond its prompt (model, budget, stop strings, sampling, seed: the
+    EngineRequest's fields), refused by name where this server cannot give it."""
+
+    def __init__(self, engine, name: str, max_tokens_limit: int) -> None:
+        self.engine, self.name, self.max_tokens_limit = engine, name, max_tokens_limit
+
+    def common(self, body: _Body, default_budget: int) -> dict:
+        if body.model != self.name:
             raise ApiError(
                 404,
-                f"model {body.model!r} is not served here (this server serves {name!r})",
+                f"model {body.model!r} is not served here (this server serves {self.name!r})",
                 "model",
                 "model_not_found",
             )
@@ -117,39 +134,45 @@ def build_app(batcher: Batcher, name: str, *, max_tokens_limit: int = 1024) -> F
         stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
         if len(stop) > 4:
             raise ApiError(400, "stop: at most 4 stop strings", "stop")
-        return {"max_new_tokens": budget, "stop": stop, "sampling": sampling_of(body), "seed": body.seed}
+        return {"max_new_tokens": budget, "stop": stop, "sampling": _sampling_of(body), "seed": body.seed}
 
-    def sampling_of(body: _Body) -> Sampling | None:
-        if body.temperature is not None and body.temperature < 0:
-            raise ApiError(400, f"temperature: {body.temperature} is below 0", "temperature")
-        try:
-            return Sampling.of(body.temperature, body.top_k, body.top_p)  # None (greedy) at temperature 0
-        except ValueError as err:
-            raise ApiError(400, str(err), str(err).split(" ", 1)[0]) from None
-
-    def request_for(prompt: list[int], asked: dict) -> EngineRequest:
+    def request(self, prompt: list[int], asked: dict) -> EngineRequest:
         request = EngineRequest(prompt, **asked)
         try:
-            engine.check(request, max_tokens_limit)
+            self.engine.check(request, self.max_tokens_limit)
         except RequestError as err:
             param = "max_tokens" if str(err).startswith("max_tokens") else "prompt"
             raise ApiError(400, str(err), param) from None
         return request
 
-    def usage(done: list[Completion]) -> dict:
-        prompt = sum(c.prompt_tokens for c in done)
-        completion = sum(len(c.tokens) for c in done)
-        forwards = sum(c.forwards for c in done)
-        return {
-            "prompt_tokens": prompt,
-            "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-            "tokens_per_forward": round(completion / forwards, 4) if forwards else 0.0,
-        }
+
+def _sampling_of(body: _Body) -> Sampling | None:
+    if body.temperature is not None and body.temperature < 0:
+        raise ApiError(400, f"temperature: {body.temperature} is below 0", "temperature")
+    try:
+        return Sampling.of(body.temperature, body.top_k, body.top_p)  # None (greedy) at temperature 0
+    except ValueError as err:
+        raise ApiError(400, str(err), str(err).split(" ", 1)[0]) from None
+
+
+def _usage(done: list[Completion]) -> dict:
+    prompt = sum(c.prompt_tokens for c in done)
+    completion = sum(len(c.tokens) for c in done)
+    forwards = sum(c.forwards for c in done)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "tokens_per_forward": round(completion / forwards, 4) if forwards else 0.0,
+    }
+
+
+def _completion_route(app: FastAPI, batcher: Batcher, asks: _Asks) -> None:
+    engine, name = batcher.engine, asks.name
 
     @app.post("/v1/completions")
     async def completions(body: CompletionBody):
-        asked = common(body, 16)  # OpenAI's default budget for completions
+        asked = asks.common(body, 16)  # OpenAI's default budget for completions
         if body.echo or body.logprobs:
             raise ApiError(400, "echo and logprobs are not supported", "echo" if body.echo else "logprobs")
         prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
@@ -159,7 +182,7 @@ def build_app(batcher: Batcher, name: str, *, max_tokens_limit: int = 1024) -> F
             raise ApiError(400, "prompt: stream one prompt per request", "prompt")
         seed = asked["seed"]  # prompt i of a list gets seed + i: distinct samples, each reproducible
         requests = [
-            request_for(engine.encode(p), asked | ({"seed": seed + i} if seed is not None else {}))
+            asks.request(engine.encode(p), asked | ({"seed": seed + i} if seed is not None else {}))
             for i, p in enumerate(prompts)
         ]
         pending = [batcher.submit(r) for r in requests]
@@ -171,23 +194,27 @@ def build_app(batcher: Batcher, name: str, *, max_tokens_limit: int = 1024) -> F
                 choice = {"index": 0, "text": text, "finish_reason": reason, "logprobs": None}
                 return {**head, "object": "text_completion", "choices": [choice]}
 
-            return _sse(pending[0], chunk, head | {"object": "text_completion"}, include_usage, usage)
+            return _sse(pending[0], chunk, head | {"object": "text_completion"}, include_usage, _usage)
         done = [await p.result() for p in pending]
         choices = [
             {"index": i, "text": c.text, "finish_reason": c.finish_reason, "logprobs": None} for i, c in enumerate(done)
         ]
-        return {**head, "object": "text_completion", "choices": choices, "usage": usage(done)} | _jf(done)
+        return {**head, "object": "text_completion", "choices": choices, "usage": _usage(done)} | _jf(done)
+
+
+def _chat_route(app: FastAPI, batcher: Batcher, asks: _Asks) -> None:
+    engine, name = batcher.engine, asks.name
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatBody):
-        asked = common(body, max_tokens_limit)
+        asked = asks.common(body, asks.max_tokens_limit)
         if body.max_completion_tokens is not None:
             asked["max_new_tokens"] = body.max_completion_tokens
         try:
             prompt = engine.chat_prompt([m.model_dump() for m in body.messages])
         except RequestError as err:
             raise ApiError(400, str(err), "messages") from None
-        pending = batcher.submit(request_for(prompt, asked))
+        pending = batcher.submit(asks.request(prompt, asked))
         head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": name}
         if body.stream:
             include_usage = bool((body.stream_options or {}).get("include_usage"))
@@ -200,13 +227,11 @@ def build_app(batcher: Batcher, name: str, *, max_tokens_limit: int = 1024) -> F
                 choice = {"index": 0, "delta": delta, "finish_reason": reason, "logprobs": None}
                 return {**head, "object": "chat.completion.chunk", "choices": [choice]}
 
-            return _sse(pending, chunk, head | {"object": "chat.completion.chunk"}, include_usage, usage)
+            return _sse(pending, chunk, head | {"object": "chat.completion.chunk"}, include_usage, _usage)
         done = await pending.result()
         message = {"role": "assistant", "content": done.text}
         choice = {"index": 0, "message": message, "finish_reason": done.finish_reason, "logprobs": None}
-        return {**head, "object": "chat.completion", "choices": [choice], "usage": usage([done])} | _jf([done])
-
-    return app
+        return {**head, "object": "chat.completion", "choices": [choice], "usage": _usage([done])} | _jf([done])
 
 
 def _jf(done: list[Completion]) -> dict:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -100,14 +100,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_decode(args: argparse.Namespace) -> int:
-    import torch
-
-    from jf_core.decoding import load_serving_spec
-    from jf_core.decoding.kv import attention_implementation
     from jf_core.evaluation.evaluate import evaluate_profile
-    from jf_core.evaluation.method import AR, Method, jacobi
     from jf_core.evaluation.methods import build_methods
-    from jf_core.models import load_model, stop_tokens
+    from jf_core.models import stop_tokens
 
     set_threads(args)
     sampling = _sampling(args)  # before anything loads: a bad flag is named at once
@@ -126,36 +121,14 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
     )
     cfg = profile.evaluation
     path, model, tok = _load(profile, args.model)
-    stop = stop_tokens(model, tok)
     # Beside the rows evaluate_model builds (ours), HF's; then the trained model's: one builder for every row.
     lookup_sizes = cfg.block_sizes if args.lookup else ()
-    extra = build_methods(model, stop, cfg.max_new_tokens, ar=False, hf=True, lookup_sizes=lookup_sizes)
-    same: dict[Method, Method] = {}
-    tuning, trained = None, None
-    if args.jf_model:
-        # One door for every model option: `models:/name@champion`, `package:`, a hub id or a directory.
-        args.jf_model = model_path(args.jf_model, profile)
-        jf_model, jf_tok = load_model(args.jf_model, **profile.model.decode_kwargs())
-        saved = load_serving_spec(args.jf_model)
-        jf_n = args.jf_block_size or saved.decode.block_size
-        rows = build_methods(
-            jf_model,
-            stop_tokens(jf_model, jf_tok),
-            cfg.max_new_tokens,
-            model_tag="jf",
-            block_sizes=sorted({jf_n, *cfg.block_sizes}),  # beside the base model's, for TPF against block size
-            lookup_sizes=lookup_sizes,
-            variants_at=jf_n,
-            tuned=saved.tuned,
-            tuned_kind="autotuned",
-            full_width=True,
-            ar_above_batch=saved.ar_above_batch,
-            sampling=sampling,
-        )
-        extra.update(rows)
-        same = dict.fromkeys(rows, AR.of("jf"))  # the trained model's rows reproduce its own AR
-        trained = Method("autotuned", model="jf") if saved.tuned else jacobi(jf_n, "jf")
-        tuning = _untrained_tuning(profile, path)
+    extra = build_methods(
+        model, stop_tokens(model, tok), cfg.max_new_tokens, ar=False, hf=True, lookup_sizes=lookup_sizes
+    )
+    trained = _trained_rows(args, profile, lookup_sizes, sampling) if args.jf_model else None
+    if trained is not None:
+        extra.update(trained.rows)
     sizes = args.batch_sizes or [args.batch_size]
     tables: dict[int, list] = {}
     for batch_size in sizes:
@@ -169,36 +142,84 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
             profile.model_copy(update={"evaluation": at}),
             loaded=(model, tok),
             extra_methods=extra,
-            same_output_as=same,
-            tuning=tuning,
+            same_output_as=dict.fromkeys(trained.rows, trained.reference) if trained else None,
+            tuning=_untrained_tuning(profile, path) if trained else None,
             progress=_say,
         )
-        meta = {
-            "profile": profile.name,
-            "model": path,
-            "jf_model": args.jf_model,
-            "benchmark": cfg.benchmark,
-            "num_prompts": n,
-            "batch_size": batch_size,
-            "repeats": args.repeats,
-            "max_new_tokens": cfg.max_new_tokens,
-            "device": str(model.device),
-            "dtype": str(model.dtype),
-            "torch_threads": torch.get_num_threads(),
-            "attn_implementation": attention_implementation(model),
-            "jf_sampling": asdict(sampling) if sampling else None,  # the jf_* rows' (the others are greedy)
-        }
         where = argparse.Namespace(**vars(args))  # one table per batch size, each in its own folder
         if len(sizes) > 1:
             where.out = str(Path(args.out) / f"batch{batch_size}") if args.out else None
             where.json = str(Path(args.json).with_suffix(f".batch{batch_size}.json")) if args.json else None
-        tables[batch_size] = _report(result, where, meta, trained)
+        meta = _bench_meta(args, profile, path, model, batch_size, sampling)
+        tables[batch_size] = _report(result, where, meta, trained and trained.headline)
     if args.out and len(sizes) > 1:
         from jf_core.evaluation.plots import save_figures, speed_against_batch_size
 
         save_figures({"speed_against_batch_size": speed_against_batch_size(tables)}, Path(args.out))
         print(f"wrote {args.out}/speed_against_batch_size.png", file=sys.stderr)
     return 0
+
+
+@dataclass(frozen=True)
+class TrainedRows:
+    """A trained model's rows beside the base's in `jf bench decode`: each must reproduce `reference` (its own AR),
+    and `headline` (its dispatched decoding) is held to the base's fastest untrained decoder."""
+
+    rows: dict[Method, object]  # each its decoder
+    reference: Method
+    headline: Method
+
+
+def _trained_rows(args: argparse.Namespace, profile, lookup_sizes, sampling) -> TrainedRows:
+    from jf_core.decoding import load_serving_spec
+    from jf_core.evaluation.method import AR, Method, jacobi
+    from jf_core.evaluation.methods import build_methods
+    from jf_core.models import load_model, stop_tokens
+
+    # One door for every model option: `models:/name@champion`, `package:`, a hub id or a directory.
+    args.jf_model = model_path(args.jf_model, profile)
+    jf_model, jf_tok = load_model(args.jf_model, **profile.model.decode_kwargs())
+    saved = load_serving_spec(args.jf_model)
+    jf_n = args.jf_block_size or saved.decode.block_size
+    rows = build_methods(
+        jf_model,
+        stop_tokens(jf_model, jf_tok),
+        profile.evaluation.max_new_tokens,
+        model_tag="jf",
+        block_sizes=sorted({jf_n, *profile.evaluation.block_sizes}),  # beside the base's, for TPF against n
+        lookup_sizes=lookup_sizes,
+        variants_at=jf_n,
+        tuned=saved.tuned,
+        tuned_kind="autotuned",
+        full_width=True,
+        ar_above_batch=saved.ar_above_batch,
+        sampling=sampling,
+    )
+    headline = Method("autotuned", model="jf") if saved.tuned else jacobi(jf_n, "jf")
+    return TrainedRows(rows, AR.of("jf"), headline)
+
+
+def _bench_meta(args: argparse.Namespace, profile, path: str, model, batch_size: int, sampling) -> dict:
+    """What `bench.json` says of the run beside its rows."""
+    import torch
+
+    from jf_core.decoding.kv import attention_implementation
+
+    return {
+        "profile": profile.name,
+        "model": path,
+        "jf_model": args.jf_model,
+        "benchmark": profile.evaluation.benchmark,
+        "num_prompts": args.num_prompts,
+        "batch_size": batch_size,
+        "repeats": args.repeats,
+        "max_new_tokens": profile.evaluation.max_new_tokens,
+        "device": str(model.device),
+        "dtype": str(model.dtype),
+        "torch_threads": torch.get_num_threads(),
+        "attn_implementation": attention_implementation(model),
+        "jf_sampling": asdict(sampling) if sampling else None,  # the jf_* rows' (the others are greedy)
+    }
 
 
 def _untrained_tuning(profile, path: str):
@@ -281,6 +302,12 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub, bench_sub) -> None:
+    _register_eval(sub)
+    _register_bench_decode(bench_sub)
+    _register_tune(sub)
+
+
+def _register_eval(sub) -> None:
     p = sub.add_parser("eval", help="accuracy next to TPF and TPS, every method taking turns, as a round evaluates")
     _common(p)
     p.add_argument(
@@ -301,6 +328,8 @@ def register(sub, bench_sub) -> None:
     p.add_argument("--json", help="also write the per-method results here")
     p.set_defaults(func=cmd_eval)
 
+
+def _register_bench_decode(bench_sub) -> None:
     p = bench_sub.add_parser("decode", help="every decoding method on the profile's benchmark prompts, in one run")
     _common(p)
     p.add_argument(
@@ -335,6 +364,8 @@ def register(sub, bench_sub) -> None:
     add_threads_option(p)
     p.set_defaults(func=cmd_bench_decode)
 
+
+def _register_tune(sub) -> None:
     p = sub.add_parser(
         "tune",
         help="search the decode config grid for the best TPS here; save the model's decode config (the round's tune "
