@@ -32,7 +32,7 @@ import torch
 
 from jf_cli.common import named_overrides
 from jf_core.config import load_profile, parse_overrides
-from jf_core.experiment import variant_profile
+from jf_core.experiments.variants import variant_profile
 from jf_core.model_ref import resolve_model
 from jf_core.models import load_model
 from jf_core.trajectory.collect import collect

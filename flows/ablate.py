@@ -1,6 +1,6 @@
 """Flow `jf-ablate`: variants of a profile at equal compute, several seeds each, under one MLflow parent run.
 
-    jf ablate --profile tiny                                    # the catalog (jf_core/ablation.py), seeds 0 1 2
+    jf ablate --profile tiny                      # the catalog (jf_core/experiments/ablation.py), seeds 0 1 2
     jf ablate --variant "jf random w16" --variant cllm --seeds 0,1,2 --set training.steps=600
 
 Every (variant, seed) is a round's stages without the tuner and the registry: trajectories (shared by every
@@ -23,9 +23,9 @@ from prefect.runtime import flow_run
 from jacobi_forcing.flows.round import load
 from jacobi_forcing.tasks import mlflow_runs, round_tasks
 from jacobi_forcing.tasks.reporting import artifact_key
-from jf_core import ablation
 from jf_core.config import Profile, ProfileOverrides, overrides_dict
 from jf_core.evaluation.method import TUNED
+from jf_core.experiments import ablation, variants
 from jf_core.round.paths import round_paths
 
 # What an ablation measures by default: accuracy and TPF at two block sizes. The tuner and the speed benchmark
@@ -114,14 +114,14 @@ def jf_ablate(
     started = time.monotonic()
     spec = ablation_config or ablation.AblationConfig()
     logger = get_run_logger()
-    common = ablation.merge(EVALUATION, overrides_dict(overrides))
+    common = variants.merge(EVALUATION, overrides_dict(overrides))
     base = load(profile, common)
     # Every run's profile first: a bad variant is refused, naming it, before any work.
     runs: dict[tuple[str, int], Profile] = {}
     for name, variant in spec.catalog().items():
         for seed in spec.seeds:
             try:
-                runs[(name, seed)] = load(profile, ablation.run_overrides(common, variant, seed))
+                runs[(name, seed)] = load(profile, variants.run_overrides(common, variant, seed))
             except ValueError as err:
                 raise ValueError(f"ablation variant {name!r}: {err}") from None
     _equal_compute(runs)

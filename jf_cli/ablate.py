@@ -6,22 +6,14 @@ import argparse
 import json
 from pathlib import Path
 
-
-def _seeds(text: str) -> list[int]:
-    try:
-        seeds = [int(s) for s in text.split(",") if s.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--seeds takes comma-separated integers, got {text!r}") from None
-    if not seeds or len(set(seeds)) != len(seeds):
-        raise argparse.ArgumentTypeError(f"--seeds needs distinct seeds, got {text!r}")
-    return seeds
+from jf_cli.common import seed_list
 
 
 def cmd_ablate(args: argparse.Namespace) -> int:
     from jf_cli.orchestrate import flow_process, temporary_server_apart
-    from jf_core.ablation import VARIANTS, AblationConfig
     from jf_core.atomic import write_text_atomic
     from jf_core.config import parse_overrides
+    from jf_core.experiments.ablation import VARIANTS, AblationConfig
 
     if args.list:
         for name, overrides in VARIANTS.items():
@@ -50,7 +42,7 @@ def register(sub) -> None:
     p.add_argument("--profile", default="tiny", help="profile name or YAML path")
     p.add_argument("--model", help="starting model: directory, hub id or models:/<name>@<alias>")
     p.add_argument("--variant", action="append", help="a catalog variant (repeatable; default: all; --list)")
-    p.add_argument("--seeds", type=_seeds, default=[0, 1, 2], help="comma-separated (default 0,1,2)")
+    p.add_argument("--seeds", type=seed_list, default=[0, 1, 2], help="comma-separated (default 0,1,2)")
     p.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="override for every variant")
     p.add_argument("--out", help="also write table.md and results.json here")
     p.add_argument("--list", action="store_true", help="print the catalog of variants and exit")

@@ -105,3 +105,14 @@ def bench_prompts(args: argparse.Namespace):
     items = load_benchmark(cfg.benchmark, cfg.source, limit=args.num_prompts, template=cfg.template)
     fmt = PromptFormat.of(profile.prompts)
     return path, profile, tok, [fmt.render(item.prompt, tok) for item in items]
+
+
+def seed_list(text: str) -> list[int]:
+    """An argparse type for `--seeds 0,1,2`: distinct integers."""
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--seeds takes comma-separated integers, got {text!r}") from None
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise argparse.ArgumentTypeError(f"--seeds needs distinct seeds, got {text!r}")
+    return seeds

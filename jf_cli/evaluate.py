@@ -143,7 +143,7 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
             loaded=(model, tok),
             extra_methods=extra,
             same_output_as=dict.fromkeys(trained.rows, trained.reference) if trained else None,
-            tuning=_untrained_tuning(profile, path) if trained else None,
+            tuning=untrained_tuning(profile, path) if trained else None,
             progress=_say,
         )
         where = argparse.Namespace(**vars(args))  # one table per batch size, each in its own folder
@@ -222,7 +222,7 @@ def _bench_meta(args: argparse.Namespace, profile, path: str, model, batch_size:
     }
 
 
-def _untrained_tuning(profile, path: str):
+def untrained_tuning(profile, path: str):
     """The base model's own tuned config and crossover for its `tuned` row, the untrained anchor a trained model is
     held to: the round's untrained tune (kept under the runs directory, so a base is tuned once) where the base's
     directory stores none and the profile tunes. None: the row is the stored config's, or there is none."""

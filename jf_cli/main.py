@@ -9,6 +9,7 @@ jf eval [--profile P] [--benchmark NAME --source PATH_OR_ID] [--model M]   accur
 jf tune --model DIR [--profile P]              autotune the decode config on calibration prompts
 jf run [--profile tiny] [--set section.key=value]    one jf-round flow run (the main job)
 jf ablate [--profile tiny] [--variant NAME] [--seeds 0,1,2]   variants at equal compute (jf-ablate), a table
+jf experiment --variant NAME:JSON --out FILE [--seeds 0,1]  variants' TPF on trained and held-out questions
 jf plan [--profile P] [--set section.key=value]      per-GPU memory of the profile's stages, before any work
 jf prompts prepare --source DATA --out DIR [--profile P]  a prompt store: filtered, deduplicated, calibration split
 jf prompts add FILE [--profile P]               store new prompts; the event starts a retraining round
@@ -151,11 +152,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     orchestrate.register(sub)
     evaluate.register(sub, bench_sub)
-    from jf_cli import ablate, forward, models, plan, prompts, serve
+    from jf_cli import ablate, experiment, forward, models, plan, prompts, serve
 
     forward.register_bench(bench_sub)
     models.register(sub)
     ablate.register(sub)
+    experiment.register(sub)
     plan.register(sub)
     prompts.register(sub)
     serve.register(sub)

@@ -268,3 +268,31 @@ def ensure_package_model(spec: str, dtype: str = "float32", home: Path | None = 
     if (out / "config.json").is_file() and (out / PROVENANCE).is_file():
         return out
     return import_gguf(spec, out, dtype=dtype).directory
+
+
+def ensure_gguf_model(path: str | Path) -> Path:
+    """A `.gguf` file's model, imported once next to the file (`<file>.jf-fp32/`) and reused after: a copied file
+    is all a machine needs (a GPU lease, where no package index is reachable)."""
+    path = Path(path).expanduser()
+    out = path.with_name(path.name + ".jf-fp32")
+    if not (out / "config.json").is_file():
+        import_gguf(path, out)
+    return out
+
+
+def random_weights_beside(model_dir: str | Path) -> Path:
+    """The model's shape and tokenizer with seeded random weights, in a directory beside it (`<dir>.random/`): a whole
+    round at its real shapes (collection, FlexAttention training, decoding) timed before the weights are on the
+    machine. `model_dir` needs only its config and tokenizer files. Its text means nothing: only shapes and seconds."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from jf_core.model_dir import save_model_dir
+
+    model_dir = Path(model_dir)
+    out = model_dir.with_name(model_dir.name + ".random")
+    if not (out / "config.json").is_file():
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
+        save_model_dir(model, out, tokenizer=AutoTokenizer.from_pretrained(model_dir))
+    return out

@@ -3,8 +3,8 @@ parameter, profile and server that names a model.
 
 The forms: `embedded` (the embedded default as the package ships it, copied into $JF_HOME on first use),
 `package:<distribution>` (the GGUF an installed package holds, imported once into $JF_HOME/models),
-`models:/<name>@<alias>` or `models:/<name>/<version>` (a registered checkpoint, downloaded once per version), a local
-directory, or a hub id.
+`models:/<name>@<alias>` or `models:/<name>/<version>` (a registered checkpoint, downloaded once per version), a
+`.gguf` file (imported once next to itself: a copied file is all a machine needs), a local directory, or a hub id.
 The registry form needs MLflow, which this library does not import: the layer that does passes `registry`
 (`jacobi_forcing.tasks.model_package.resolve_model` is this function with MLflow's registry plugged in).
 """
@@ -12,8 +12,9 @@ The registry form needs MLflow, which this library does not import: the layer th
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
-from jf_core.model_import import PACKAGE_SCHEME, ensure_package_model
+from jf_core.model_import import PACKAGE_SCHEME, ensure_gguf_model, ensure_package_model
 
 EMBEDDED = "embedded"
 REGISTRY_SCHEME = "models:/"
@@ -39,4 +40,6 @@ def resolve_model(
                 "jacobi_forcing.tasks.model_package.resolve_model (every `jf` command does)"
             )
         return registry(ref)
+    if ref.endswith(".gguf") and Path(ref).expanduser().is_file():
+        return str(ensure_gguf_model(ref))
     return ref

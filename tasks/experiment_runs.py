@@ -1,4 +1,4 @@
-"""An experiment's rows in MLflow (jf_core/experiment.py; the command is bench/mechanism.py's `--mlflow`).
+"""An experiment's rows in MLflow (jf_core/experiments/; the command is bench/mechanism.py's `--mlflow`).
 
 Each row is a run in the profile's store and experiment, tagged `jf.kind: experiment`: the variant's overrides as
 params, its figures on the trained and held-out questions as metrics, its training history as metrics by step
@@ -17,7 +17,7 @@ from mlflow import MlflowClient
 from jacobi_forcing.tasks.mlflow_runs import connect, mlflow_run
 from jf_core.config import Profile
 from jf_core.evaluation.growth import curve_fits, probe_curves
-from jf_core.experiment import SECTIONS
+from jf_core.experiments.variants import SECTIONS
 
 
 def log_experiment(profile: Profile, rows: list[dict], plot: Path | None = None, source: str = "") -> list[str]:
@@ -46,12 +46,8 @@ def log_experiment(profile: Profile, rows: list[dict], plot: Path | None = None,
             for step, tokens, _ in next(iter(probe_curves(row).values()), []):
                 client.log_metric(run_id, "probe_tokens", tokens, step=step)
             for fit in curve_fits([row]):  # the fits behind the budgets, e.g. fit.log10.n16.tokens_tpf_2.0
-                name = f"fit.{fit['form']}.{fit['probe'].removeprefix('probe_tpf_')}"
-                client.log_metric(run_id, f"{name}.r2", fit["r2"])
-                client.log_metric(run_id, f"{name}.slope", fit["slope"])
-                for key, value in fit.items():
-                    if key.startswith("tpf_") and value is not None:
-                        client.log_metric(run_id, f"{name}.tokens_{key}", value[0])
+                for name, value in fit.metrics().items():
+                    client.log_metric(run_id, name, value)
             if plot is not None and plot.is_file():
                 client.log_artifact(run_id, str(plot))
             ids.append(run_id)

@@ -1,6 +1,6 @@
 """How TPF grows with training tokens: a run's probes (`probe_curves`), least-squares fits of them and the tokens at
 which a fit reaches a target TPF, with an interval; `curve_fits` and `fits_table` for an experiment's rows
-(jf_core/experiment.py's summaries, or JSON lines a GPU run wrote).
+(jf_core/experiments/'s summaries, or JSON lines a GPU run wrote).
 
 Two forms, since a curve that bends can sit between them: `log10` (TPF = a + b log10 tokens) and `linear` (TPF =
 a + b tokens / 10^6). Each fit keeps its coefficients' covariance (ordinary least squares, the residual variance
@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from jf_core.training.history import TpfProbe, tpf_probes
 
 FORMS = ("log10", "linear")
 # The TPF the project's goals name: 1.5 (the peers' draft-only figure), 2.0 and 2.5 (the scale issue's budgets).
@@ -60,56 +62,65 @@ class GrowthFit:
         return float(estimate), float(low), float(high)
 
 
-def probe_curves(run: dict) -> dict[str, list[tuple[int, float, float]]]:
+def probe_curves(run: dict) -> dict[TpfProbe, list[tuple[int, float, float]]]:
     """An experiment row's probes (`ExperimentRow.summary()`: `train_tokens`, `history` with the training probe's
-    `probe_tpf_n<N>`) as {key: [(step, packed tokens by then, TPF)]}: the run's tokens per step times the
-    steps done."""
+    figures) as {probe: [(step, packed tokens by then, TPF)]}: the run's tokens per step times the steps done."""
     history = run.get("history") or []
     steps = max((row["step"] for row in history), default=-1) + 1
-    keys = sorted({k for row in history for k in row if k.startswith("probe_tpf_n")})
     per_step = run["train_tokens"] / steps if steps else 0.0
-    return {
-        key: [(int(row["step"]), (row["step"] + 1) * per_step, row[key]) for row in history if key in row]
-        for key in keys
-    }
+    return {p: [(step, (step + 1) * per_step, tpf) for step, tpf in p.points(history)] for p in tpf_probes(history)}
 
 
-def curve_fits(rows: Sequence[dict], targets: Sequence[float] = TARGETS) -> list[dict]:
-    """Each probed curve of each row fitted in both forms: R^2, the slope and its standard error, and for each
-    target TPF the tokens the fit reaches it at with a 90% interval, beside the tokens of the first probe that
-    measured it (None: no probe did). A curve probed fewer than 3 times is not fitted."""
+@dataclass(frozen=True)
+class CurveFit:
+    """One probed curve of one run fitted in one form: for each target TPF the tokens the fit reaches it at with a
+    90% interval (`budgets`; None: never), beside the tokens of the first probe that measured it (`measured`)."""
+
+    variant: str
+    probe: TpfProbe
+    fit: GrowthFit
+    budgets: dict[float, tuple[float, float, float] | None]
+    measured: dict[float, float | None]
+
+    def metrics(self) -> dict[str, float]:
+        """Its figures as flat metric names (MLflow's), e.g. `fit.log10.n16.tokens_tpf_2.0`."""
+        name = f"fit.{self.fit.form}.{self.probe.label}"
+        out = {f"{name}.r2": self.fit.r2, f"{name}.slope": self.fit.b}
+        out.update({f"{name}.tokens_tpf_{t}": v[0] for t, v in self.budgets.items() if v is not None})
+        return out
+
+
+def curve_fits(rows: Sequence[dict], targets: Sequence[float] = TARGETS) -> list[CurveFit]:
+    """Each probed curve of each row fitted in both forms. A curve probed fewer than 3 times is not fitted."""
     out = []
     for row in rows:
-        for key, points in probe_curves(row).items():
+        for probe, points in probe_curves(row).items():
             if len(points) < 3:
                 continue
             tokens, tpf = [t for _, t, _ in points], [v for _, _, v in points]
             for form in FORMS:
                 fit = fit_growth(tokens, tpf, form)
-                entry = {"variant": row["variant"], "probe": key, "form": form, "r2": fit.r2, "slope": fit.b,
-                         "slope_se": fit.b_se, "points": fit.points}  # fmt: skip
-                for target in targets:
-                    entry[f"tpf_{target}"] = fit.tokens_for(target)
-                    reached = [t for t, v in zip(tokens, tpf, strict=True) if v >= target]
-                    entry[f"measured_{target}"] = reached[0] if reached else None
-                out.append(entry)
+                reached = {t: next((x for x, v in zip(tokens, tpf, strict=True) if v >= t), None) for t in targets}
+                budgets = {t: fit.tokens_for(t) for t in targets}
+                out.append(CurveFit(row["variant"], probe, fit, budgets, reached))
     return out
 
 
-def fits_table(fits: Sequence[dict], targets: Sequence[float] = TARGETS) -> str:
+def fits_table(fits: Sequence[CurveFit]) -> str:
     """`curve_fits`' entries as a Markdown table: the budget for each target with its interval."""
     from jf_core.evaluation.tables import markdown
 
     def crossing(value) -> str:
         return "never (slope <= 0)" if value is None else f"{value[0]:.2g} ({value[1]:.2g}-{value[2]:.2g})"
 
+    targets = list(fits[0].budgets) if fits else []
     head = ["variant", "probe", "form", "R^2", "slope (+- SE)"]
     head += [f"tokens to TPF {t} (90%)" for t in targets] + [f"measured TPF {t} at" for t in targets]
     cells = [
-        [f["variant"], f["probe"].removeprefix("probe_tpf_"), f["form"], f"{f['r2']:.3f}",
-         f"{f['slope']:.3f} +- {f['slope_se']:.3f} a {'decade' if f['form'] == 'log10' else '1e6 tokens'}"]
-        + [crossing(f[f"tpf_{t}"]) for t in targets]
-        + ["-" if f[f"measured_{t}"] is None else f"{f[f'measured_{t}']:.2g}" for t in targets]
+        [f.variant, f.probe.label, f.fit.form, f"{f.fit.r2:.3f}",
+         f"{f.fit.b:.3f} +- {f.fit.b_se:.3f} a {'decade' if f.fit.form == 'log10' else '1e6 tokens'}"]
+        + [crossing(f.budgets[t]) for t in targets]
+        + ["-" if f.measured[t] is None else f"{f.measured[t]:.2g}" for t in targets]
         for f in fits
     ]  # fmt: skip
     return markdown(head, cells)

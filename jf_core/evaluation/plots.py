@@ -1,5 +1,5 @@
 """Figures (matplotlib, headless) of training and decoding: loss curves, TPF during training, accepted tokens per
-forward (a round's figures put these together: jf_core/round/figures.py; an ablation's are in jf_core/ablation.py);
+forward (a round's figures put these together: jf_core/round/figures.py; an ablation's: experiments/ablation.py);
 of `jf bench decode`: TPF and TPS per method, TPF against block size, the speedup against batch size; of the
 mechanism check: TPF against training tokens."""
 
@@ -17,6 +17,7 @@ from matplotlib.figure import Figure
 
 from jf_core.atomic import atomic_path
 from jf_core.evaluation.growth import probe_curves
+from jf_core.training.history import tpf_probes
 
 if TYPE_CHECKING:
     from jf_core.evaluation.method import Method
@@ -59,15 +60,15 @@ def acceptance_histogram(histograms: dict[str, dict], base: dict[str, dict] | No
 
 
 def tpf_during_training(history: Sequence[dict]) -> Figure | None:
-    """TPF against steps trained, from the training probe's rows (`probe_tpf_n<N>`: plain Jacobi on calibration
-    prompts). None when the run had no probe."""
-    keys = sorted({k for row in history for k in row if k.startswith("probe_tpf_n")})
-    if not keys:
+    """TPF against steps trained, from the training probe's rows (`training/history.TpfProbe`: plain Jacobi on
+    calibration prompts). None when the run had no probe."""
+    probes = tpf_probes(history)
+    if not probes:
         return None
     fig, ax = plt.subplots(figsize=(7, 4))
-    for key in keys:
-        rows = [row for row in history if key in row]
-        ax.plot([row["step"] + 1 for row in rows], [row[key] for row in rows], marker="o", label=key)
+    for probe in probes:
+        points = probe.points(history)
+        ax.plot([step + 1 for step, _ in points], [v for _, v in points], marker="o", label=f"TPF {probe.label}")
     ax.set_xlabel("steps trained")
     ax.set_ylabel("tokens per forward (the probe's prompts)")
     ax.set_title("TPF during training")
@@ -82,8 +83,8 @@ def tpf_against_tokens(runs: Sequence[dict]) -> Figure | None:
     fig, ax = plt.subplots(figsize=(7, 4))
     drawn = False
     for run in runs:
-        for key, points in probe_curves(run).items():
-            label = f"{run['variant']} ({key.removeprefix('probe_')})"
+        for probe, points in probe_curves(run).items():
+            label = f"{run['variant']} (TPF {probe.label})"
             ax.plot([t for _, t, _ in points], [v for _, _, v in points], marker="o", label=label)
             drawn = True
     if not drawn:

@@ -19,6 +19,7 @@ from jf_core.draft_adapter.adapter import directory_parts, for_training
 from jf_core.model_dir import lineage, save_model_dir
 from jf_core.models import ModelSpec, load_model
 from jf_core.threads import ThreadGovernor
+from jf_core.training.history import TpfProbe
 from jf_core.training.jf_data import jf_batches, read_packed_share
 from jf_core.training.losses import JacobiForcingObjective, check_lean_head, training_attention
 from jf_core.training.noise import NoiseSchedule
@@ -201,7 +202,7 @@ def tpf_probe(profile: Profile, model, tokenizer) -> Callable:
 
     def probe(m) -> dict[str, float]:
         with torch.no_grad(), decoding_attention(m):
-            return {f"probe_tpf_n{cfg.block_size}": tpf(m, cfg) for cfg in cfgs}
+            return {TpfProbe(cfg.block_size).key: tpf(m, cfg) for cfg in cfgs}
 
     return probe
 

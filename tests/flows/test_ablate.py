@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from jf_core.ablation import AblationConfig
+from jf_core.experiments.ablation import AblationConfig
 
 pytestmark = pytest.mark.timeout(900)
 

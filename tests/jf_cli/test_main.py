@@ -139,7 +139,7 @@ def test_set_overrides_parse_json_values_and_name_bad_ones():
 
 
 def test_ablate_lists_its_catalog_and_refuses_bad_choices_before_any_work(capsys, tmp_path, monkeypatch):
-    from jf_core.ablation import VARIANTS
+    from jf_core.experiments.ablation import VARIANTS
 
     monkeypatch.setenv("JF_HOME", str(tmp_path))
     assert main(["ablate", "--list"]) == 0

@@ -84,3 +84,32 @@ def test_missing_gguf_support_names_the_extra(monkeypatch, tmp_path):
     path.write_bytes(b"GGUF" + b"\0" * 16)
     with pytest.raises(ModelImportError, match=r"needs gguf: pip install 'jacobi-forcing\[gguf\]'"):
         inspect_gguf(path)
+
+
+def test_random_weights_need_only_config_and_tokenizer(profile, tmp_path):
+    """A GPU round's timing rehearsal (`jf experiment --random-weights`) builds the model's shape with seeded random
+    weights from its config and tokenizer alone."""
+    import shutil
+    from pathlib import Path
+
+    import torch
+
+    from jf_core.model_import import random_weights_beside
+    from jf_core.models import load_model
+
+    source = Path(profile.model.path)
+    shape = tmp_path / "shape"
+    shape.mkdir()
+    for f in source.iterdir():
+        if not f.name.endswith(".safetensors") and f.name != "checksums.sha256":
+            shutil.copy(f, shape / f.name)
+    out = random_weights_beside(str(shape))
+    assert random_weights_beside(str(shape)) == out  # built once, beside the shape
+    real, _ = load_model(str(source))
+    rand, tok = load_model(str(out))
+    assert rand.config.to_dict()["num_hidden_layers"] == real.config.num_hidden_layers
+    shapes = {k: v.shape for k, v in real.state_dict().items()}
+    assert {k: v.shape for k, v in rand.state_dict().items()} == shapes
+    assert torch.isfinite(torch.cat([v.flatten().float() for v in rand.state_dict().values()])).all()
+    assert (Path(out) / "checksums.sha256").is_file() and not list(shape.glob("*.safetensors"))
+    assert tok.eos_token_id is not None

@@ -45,15 +45,29 @@ def test_the_curves_fits_name_the_budget_for_each_target_beside_what_a_probe_mea
     """`--from-json FILE` prints each probed curve fitted in both forms: the tokens to TPF 1.5 and 2.0 with an
     interval (and 2.5), beside the first probe that measured them (the fits are jf_core/evaluation/growth.py's)."""
     from jf_core.evaluation.growth import curve_fits, fits_table
+    from jf_core.training.history import TpfProbe
 
     history = [{"step": float(s - 1), "probe_tpf_n16": 1.0 + 0.5 * s / 8} for s in range(1, 9)]  # 1 per 8e3 tokens
     fits = curve_fits([{"variant": "v", "train_tokens": 8000, "history": history}])
-    assert [(f["probe"], f["form"]) for f in fits] == [("probe_tpf_n16", "log10"), ("probe_tpf_n16", "linear")]
+    assert [(f.probe, f.fit.form) for f in fits] == [(TpfProbe(16), "log10"), (TpfProbe(16), "linear")]
     line = fits[1]
-    assert line["r2"] > 0.999 and abs(line["slope"] - 62.5) < 1e-6  # 0.5 TPF per 8e3 tokens, per 1e6
-    assert line["measured_1.5"] == 8000 and line["measured_2.0"] is None
-    estimate, low, high = line["tpf_2.0"]
+    assert line.fit.r2 > 0.999 and abs(line.fit.b - 62.5) < 1e-6  # 0.5 TPF per 8e3 tokens, per 1e6
+    assert line.measured[1.5] == 8000 and line.measured[2.0] is None
+    estimate, low, high = line.budgets[2.0]
     assert abs(estimate - 16000) < 1e-3 and low <= estimate <= high
-    assert abs(line["tpf_2.5"][0] - 24000) < 1e-3 and line["measured_2.5"] is None  # the scale issue's second goal
+    assert abs(line.budgets[2.5][0] - 24000) < 1e-3 and line.measured[2.5] is None  # the scale issue's second goal
+    assert line.metrics()["fit.linear.n16.tokens_tpf_2.0"] == estimate  # as MLflow gets it
     assert "| v | n16 | linear |" in fits_table(fits)
     assert curve_fits([{"variant": "v", "train_tokens": 8000, "history": history[:2]}]) == []  # 2 probes: no fit
+
+
+def test_tpf_against_tokens_puts_each_probe_at_its_training_tokens():
+    """The curve's x axis: a probe after k steps of a run of S steps and T packed tokens sits at k*T/S tokens."""
+    from jf_core.evaluation.plots import tpf_against_tokens
+
+    history = [{"step": 0.0, "loss": 3.0}, {"step": 1.0, "probe_tpf_n16": 1.1}, {"step": 3.0, "probe_tpf_n16": 1.4}]
+    fig = tpf_against_tokens([{"variant": "both", "train_tokens": 4000, "history": history}])
+    (line,) = fig.axes[0].get_lines()
+    assert list(line.get_xdata()) == [2000.0, 4000.0] and list(line.get_ydata()) == [1.1, 1.4]
+    assert fig.axes[0].get_xscale() == "log"
+    assert tpf_against_tokens([{"variant": "x", "train_tokens": 10, "history": history[:1]}]) is None

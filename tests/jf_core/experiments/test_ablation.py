@@ -7,14 +7,14 @@ import statistics
 import pytest
 from pydantic import ValidationError
 
-from jf_core import ablation
 from jf_core.config import JFTrainConfig, load_profile
+from jf_core.experiments import ablation, variants
 from jf_core.training.noise import BlocksPerAnswer, NoiseProfile, NoiseSchedule
 
 
 def test_every_catalog_variant_is_a_valid_profile_override():
     for name, overrides in ablation.VARIANTS.items():
-        prof = load_profile("tiny", **ablation.run_overrides({"training": {"steps": 10}}, overrides, seed=2))
+        prof = load_profile("tiny", **variants.run_overrides({"training": {"steps": 10}}, overrides, seed=2))
         assert prof.training.seed == 2 and prof.training.steps == 10, name
         # Each row is what its name says on any profile: `tiny` ships CLLM, so a JF row sets method and mask itself.
         if name != "cllm":
@@ -39,7 +39,7 @@ def test_unknown_and_clashing_variants_are_named():
 
 
 def test_run_overrides_layer_common_then_variant_then_seed():
-    out = ablation.run_overrides(
+    out = variants.run_overrides(
         {"training": {"steps": 5, "schedule": "random"}, "evaluation": {"num_prompts": 9}},
         {"training": {"schedule": "reverse"}},
         seed=4,

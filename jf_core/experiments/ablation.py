@@ -1,4 +1,5 @@
-"""Ablations at equal compute: named variants of a profile, several seeds each, and the table they make.
+"""Ablations at equal compute: named variants of a profile, several seeds each, and the table they make (the
+`jf-ablate` flow runs them as Prefect tasks; a run's overrides are variants.py's `run_overrides`).
 
 A variant is a set of profile overrides (any knob can be ablated); every variant of one ablation trains the same
 steps on the same prompts from the same model with the same seeds (`training.seed`: batch order and the random
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from jf_core.config import StrictModel, merge_overrides
+from jf_core.config import StrictModel
 from jf_core.decoding import JFDecodeConfig
 from jf_core.evaluation import tables
 from jf_core.training.noise import NoiseProfile
@@ -96,19 +97,6 @@ class AblationConfig(StrictModel):
         if clash:
             raise ValueError(f"custom variant(s) {clash} reuse catalog names")
         return {**chosen, **self.custom}
-
-
-def merge(*layers: dict[str, dict]) -> dict[str, dict]:
-    """Override dicts merged field by field (nested sections too), later layers winning."""
-    out: dict[str, dict] = {}
-    for layer in layers:
-        merge_overrides(out, layer or {})
-    return out
-
-
-def run_overrides(common: dict[str, dict], variant: dict[str, dict], seed: int) -> dict[str, dict]:
-    """One (variant, seed) run's overrides: the ablation's common ones, the variant's, then the seed."""
-    return merge(common, variant, {"training": {"seed": seed}})
 
 
 def _spread(values: Sequence[float]) -> tuple[float, float]:

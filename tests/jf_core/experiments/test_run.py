@@ -12,7 +12,9 @@ import pytest
 import torch
 
 from jf_core.decoding.ar import ar_decode
-from jf_core.experiment import ExperimentRow, Measure, Questions, run_experiment, table, variant_profile
+from jf_core.experiments.measure import Measure, Questions
+from jf_core.experiments.run import ExperimentRow, run_experiment, table
+from jf_core.experiments.variants import variant_profile
 from jf_core.models import load_model, stop_tokens
 from jf_core.round.collection import collect_in_process
 from jf_core.round.paths import round_paths
@@ -194,6 +196,6 @@ def test_rows_written_before_variants_had_their_stages_read_back():
     """The JSON lines of earlier runs (docs/data/*.jsonl) parse as rows: the plots, fits and MLflow read both."""
     import json
 
-    data = Path(__file__).resolve().parents[2] / "docs" / "data" / "cpu_lora_curve_1e6_2026-11-27.jsonl"
+    data = Path(__file__).resolve().parents[3] / "docs" / "data" / "cpu_lora_curve_1e6_2026-11-27.jsonl"
     rows = [ExperimentRow.model_validate(json.loads(line)) for line in data.read_text().splitlines() if line.strip()]
     assert rows[0].variant == "base" and rows[-1].train_tokens > 10**6

@@ -23,68 +23,28 @@ Every variant is a round of the round's own stages (jf_core/round/stages.py), no
 A variant with `training.draft_lora` trains a draft-only adapter (jf_core/draft_adapter/): the base verifies, so
 "= base text" is 1.0 by construction, and measured.
 
-Where the experiments live: this module (the run, its rows, the measurement); `bench/mechanism.py`, the command;
-`tasks/experiment_runs.py`, the rows in MLflow; `jf_core/evaluation/growth.py`, the fits of TPF against training
-tokens; its sibling `jf_core/ablation.py` (the `jf-ablate` flow): variants at equal compute over seeds, scored on
-the profile's benchmark.
-
-Why one module of 360 lines: a variant's run, its measurement and its row are keyed by one identity (the variant's
-round directory and the measurement's marker in it); the table is the rows' only reader.
+The measurement is measure.py's; what a variant and a seed are, variants.py's (`--seeds`: each variant once per
+seed, as the ablation runs them). A run that died is taken up by the same call.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from jf_core.config import Profile, merge_overrides
+from jf_core.config import Profile
 from jf_core.evaluation.tables import markdown
+from jf_core.experiments.measure import Measure, Measured, SetFigures
+from jf_core.experiments.variants import variant_profile
 from jf_core.round.paths import model_identity, round_paths
-from jf_core.round.results import StageResult, TrajectoriesResult, run_stage
+from jf_core.round.results import TrajectoriesResult, run_stage
 from jf_core.round.stages import stage_pack, stage_train, stage_trajectories
 
 Collect = Callable[[Profile, Path], TrajectoriesResult]
-Score = Callable[[list[int], dict], bool]  # (an answer's new tokens, its question's row) -> correct
-# What a variant may change: the model it trains and the data it trains on (its questions, e.g. their answers for
-# `trajectory.kind: text`, through `prompts`); the model it starts from, the measurement and the machine are the
-# experiment's.
-SECTIONS = ("training", "trajectory", "prompts")
-# A variant's keys: its sections, and `from`, an earlier variant whose trained model it starts from (the seed's
-# progressive rounds: its trajectories collected by that model, its training going on from it).
-VARIANT_KEYS = (*SECTIONS, "from")
-
-
-class SetFigures(BaseModel):
-    """One model on one question set."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    tpf: float  # plain Jacobi's at the measurement's first block size
-    identical_to_own_ar: float  # every block size's outputs against greedy AR: the lowest share
-    identical_to_base: float
-    repetition: float
-    mean_length: float
-    # How far the text stays the input model's before it departs: the median tokens in common from the start (an
-    # unchanged answer counts its whole length). "= base" alone is all or nothing.
-    base_prefix: float = 0.0
-    accuracy: float | None = None  # the answers scored against the questions' rows (None: not scored)
-    outputs: list[list[int]] = []  # greedy AR's new tokens, per question
-    tpf_by_block_size: dict[str, float] = {}  # plain Jacobi's at every block size measured (more than one)
-    tpf_multiblock: float | None = None  # two blocks in flight (K = 2) at the first block size, where measured
-
-
-class Measured(StageResult):
-    """The measurement stage: one model on both question sets."""
-
-    trained: SetFigures
-    held_out: SetFigures
 
 
 class ExperimentRow(BaseModel):
@@ -106,109 +66,6 @@ class ExperimentRow(BaseModel):
     def summary(self) -> dict:
         """The row as JSON lines hold it (plots, fits, MLflow read these): without the outputs."""
         return self.model_dump(mode="json", exclude={"trained": {"outputs"}, "held_out": {"outputs"}})
-
-
-@dataclass(frozen=True)
-class Questions:
-    """A question set, tokenized as the prompts are, with each question's row to score its answer by (None: the
-    set is not scored)."""
-
-    prompts: list[list[int]]
-    references: list[dict] | None = None
-
-
-@dataclass(frozen=True)
-class Measure:
-    """How every model of an experiment is measured (see the module docstring); `score(answer tokens, row)` scores
-    a set that has references."""
-
-    trained: Questions
-    held_out: Questions
-    block_size: int
-    max_new_tokens: int
-    batch_size: int = 4
-    draft_init: str = "prompt_sample"
-    score: Score | None = None
-    more_block_sizes: tuple[int, ...] = ()  # plain Jacobi at these too (`SetFigures.tpf_by_block_size`)
-    multiblock: bool = False  # K = 2 at `block_size` too, no recycling (`SetFigures.tpf_multiblock`)
-
-    @property
-    def block_sizes(self) -> list[int]:
-        return list(dict.fromkeys((self.block_size, *self.more_block_sizes)))
-
-    def key(self) -> str:
-        """What the figures depend on (the batch size changes no output and no TPF)."""
-        what = {
-            "sets": [(q.prompts, q.references) for q in (self.trained, self.held_out)],
-            "scored": self.score is not None,
-            "block_size": self.block_size,
-            "max_new_tokens": self.max_new_tokens,
-            "draft_init": self.draft_init,
-        }
-        if len(self.block_sizes) > 1:  # a measurement of one size keeps the key it had before sizes were added
-            what["block_sizes"] = self.block_sizes
-        if self.multiblock:  # likewise for one without K = 2
-            what["multiblock"] = True
-        return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:12]
-
-    def model(self, model_path: str, device: str, base: Measured | None) -> Measured:
-        """The model at `model_path` decoded in fp32 on `device`, each set's text against the input model's
-        (`base`; None: this is the input model)."""
-        import torch
-
-        from jf_core.models import load_model, stop_tokens
-
-        model, tok = load_model(model_path, dtype="float32", device=device)
-        stop = stop_tokens(model, tok)
-        with torch.no_grad():
-            trained = self._set(model, stop, self.trained, base.trained.outputs if base else None)
-            held = self._set(model, stop, self.held_out, base.held_out.outputs if base else None)
-        return Measured(trained=trained, held_out=held)
-
-    def _set(self, model, stop, questions: Questions, base_outputs: list[list[int]] | None) -> SetFigures:
-        from jf_core.evaluation.degeneracy import output_stats
-        from jf_core.evaluation.method import AR, MULTIBLOCK, jacobi
-        from jf_core.evaluation.methods import build_methods
-        from jf_core.evaluation.speed import bench, first_divergence
-
-        n, new = self.block_size, self.max_new_tokens
-        methods = build_methods(
-            model, stop, new, block_sizes=self.block_sizes, draft_init=self.draft_init,
-            variants_at=n if self.multiblock else None, variant_kinds=(MULTIBLOCK.kind,),
-        )  # fmt: skip
-        refs, score = questions.references, self.score
-        scorer = None if score is None or refs is None else (lambda i, seq: score(list(seq), refs[i]))
-        rows = bench(methods, questions.prompts, batch_size=self.batch_size, warmup_prompts=0, reference=None,
-                     scorer=scorer, keep_outputs=True)  # fmt: skip
-        by_method = {r.method: r for r in rows}
-        ar, plain = by_method[AR], {size: by_method[jacobi(size)] for size in self.block_sizes}
-        multi = by_method.get(MULTIBLOCK)
-        parallel = [*plain.values(), *([multi] if multi else [])]  # every decoder that must give AR's text
-        outputs = ar.outputs
-        base = base_outputs if base_outputs is not None else outputs
-        kept = [len(a) if (d := first_divergence(b, a)) is None else d for a, b in zip(outputs, base, strict=True)]
-        stats = output_stats(outputs, new, stop.eos)
-        return SetFigures(
-            tpf=plain[n].tpf,
-            identical_to_own_ar=min(r.identical_fraction for r in parallel),
-            identical_to_base=sum(a == b for a, b in zip(outputs, base, strict=True)) / len(outputs),
-            repetition=stats["repetition"],
-            mean_length=stats["mean_length"],
-            base_prefix=float(statistics.median(kept)),
-            accuracy=ar.accuracy,
-            outputs=outputs,
-            tpf_by_block_size={str(size): r.tpf for size, r in plain.items()} if len(plain) > 1 else {},
-            tpf_multiblock=multi.tpf if multi else None,
-        )
-
-
-def variant_profile(profile: Profile, overrides: dict) -> Profile:
-    """The profile with a variant's overrides ({section: {field: value}}, `SECTIONS` only), validated: a bad key or
-    value is refused by name."""
-    unknown = sorted(set(overrides) - set(SECTIONS))
-    if unknown:
-        raise ValueError(f"a variant overrides {SECTIONS} only, not {unknown}")
-    return Profile.model_validate(merge_overrides(profile.model_dump(), overrides))
 
 
 def run_experiment(
