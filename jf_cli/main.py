@@ -5,6 +5,7 @@ jf models import SOURCE --out DIR              GGUF weights (a file or an instal
 jf decode --prompt TEXT [--model PATH_OR_ID] [--block-size N]
 jf bench forward [--model M] [--widths 1 16 32 64]   the cost of a window at each width (break-even TPF)
 jf bench decode [--profile P] [--jf-model DIR] [--num-prompts N] [--batch-size B] [--out DIR]
+jf bench spec --source spec_bench.jsonl [--profile P] [--jf-model M]   Spec-Bench per group, batch 1
 jf eval [--profile P] [--benchmark NAME --source PATH_OR_ID] [--model M]   accuracy with TPF and TPS
 jf tune --model DIR [--profile P]              autotune the decode config on calibration prompts
 jf run [--profile tiny] [--set section.key=value]    one jf-round flow run (the main job)
@@ -162,8 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
     prompts.register(sub)
     serve.register(sub)
     serve.register_bench(bench_sub)
-    from jf_cli import vllm
+    from jf_cli import spec_bench, vllm
 
+    spec_bench.register_bench(bench_sub)
     vllm.register_bench(bench_sub)
     for _, each in parsers(parser):
         each.formatter_class = HelpFormatter

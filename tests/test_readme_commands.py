@@ -166,6 +166,11 @@ HOW = {
     ".venv/bin/jf bench decode --jf-model models:/jf-tiny@champion --batch-sizes 1 4 16 --num-prompts 16 "
     "--block-sizes 16 --repeats 2 --out bench": (
         "same command", "tests/jf_cli/test_evaluate.py::test_bench_decode_per_batch_size_with_a_sampling_jf_model"),
+    ".venv/bin/jf bench spec --profile smollm2-135m --set prompts.source=../shared/benchmarks/gsm8k_train.jsonl "
+    "--source ../shared/benchmarks/spec_bench.jsonl --per-group 5 --max-new-tokens 96 --jf-model DIR --out spec": (
+        "same command",
+        "tests/jf_core/evaluation/test_spec_bench.py::test_bench_spec_times_every_method_per_group_and_checks_every_output",
+    ),
     ".venv/bin/jf run [--profile tiny] [--set section.key=value]": (
         "same command", "tests/test_readme_main_job.py::main_job"),
     ".venv/bin/jf run --set evaluation.tune.prompts=8": ("same command", "tests/test_readme_main_job.py::main_job"),
