@@ -26,25 +26,24 @@ from jacobi_forcing.tasks.reporting import artifact_key
 from jf_core.config import Profile, ProfileOverrides, overrides_dict
 from jf_core.evaluation.method import TUNED
 from jf_core.experiments import ablation, variants
-from jf_core.round.paths import round_paths
+from jf_core.experiments.run import VariantRun, run_variants
 
 # What an ablation measures by default: accuracy and TPF at two block sizes. The tuner and the speed benchmark
 # (wall-clock TPS) answer other questions and would cost most of each run's time; overrides may turn them back on.
 EVALUATION = {"evaluation": {"tune": {"enabled": False}, "block_sizes": [16, 32], "speed_prompts": 1, "repeats": 1}}
 
 
-def _run(
-    prof: Profile, model_in: str, variant: str, seed: int, decode, client, experiment: str, parent: str
+def _row(
+    run: VariantRun, variant: str, seed: int, decode, client, experiment: str, parent: str
 ) -> ablation.AblationRun:
-    """One (variant, seed): the stages, then its child MLflow run; returns its row for `ablation.summarize`.
-    `decode`: the multi-block config the model is also measured with (stored as its decode config, as the round's
-    tuner stores its choice)."""
+    """One (variant, seed) trained by `run_variants`: measured as a round measures a model (the profile's benchmark
+    through `round_tasks.evaluate`), then its child MLflow run; returns its row for `ablation.summarize`. `decode`:
+    the multi-block config the model is also measured with (stored as its decode config, as the round's tuner stores
+    its choice)."""
     from jf_core.model_dir import save_decode_config, saved_decode_config
 
-    paths = round_paths(prof, model_in)
-    root = str(paths.root)
-    _, packed, trained = round_tasks.train_chain(prof, model_in, paths)
-    model = str(paths.model)
+    prof, packed, trained = run.profile, run.packed, run.trained
+    model = str(run.paths.model)
     if saved_decode_config(model) != asdict(decode):
         save_decode_config(model, decode)
     result = round_tasks.evaluate(prof, model, f"{variant}, seed {seed}")
@@ -56,7 +55,7 @@ def _run(
         multiblock_tpf=result.row(TUNED).tpf,
         noise=packed.noise,
         train_seconds=trained.train_seconds,
-        round_dir=root,
+        round_dir=str(run.paths.root),
     )
     tags = {"jf.variant": variant, "jf.seed": str(seed), "prefect.flow_run_id": str(flow_run.id or "")}
     name = f"{variant} (seed {seed})"
@@ -135,10 +134,24 @@ def jf_ablate(
         client.log_dict(parent, spec.model_dump(mode="json"), "ablation/config.json")
         model_in = round_tasks.resolve_model(model or base.model.path, base)
         input_eval = round_tasks.evaluate(base, model_in, "input model")
-        rows = []
-        for i, ((name, seed), prof) in enumerate(runs.items(), start=1):
-            logger.info("run %d/%d: %s, seed %d", i, len(runs), name, seed)
-            rows.append(_run(prof, model_in, name, seed, decode, client, experiment, parent))
+        # The one runner of variants (jf_core/experiments/run.py), its stages as this flow's Prefect tasks and its
+        # measure the round's evaluation on the profile's benchmark.
+        named = {f"{name} (seed {seed})": (name, seed) for name, seed in runs}
+        catalog = spec.catalog()
+        overrides = {label: variants.run_overrides(common, catalog[n], s) for label, (n, s) in named.items()}
+
+        def measure(run: VariantRun) -> ablation.AblationRun:
+            name, seed = named[run.name]
+            return _row(run, name, seed, decode, client, experiment, parent)
+
+        def say(row: ablation.AblationRun) -> None:
+            logger.info("run %d/%d done: %s, seed %d", len(done) + 1, len(runs), row.variant, row.seed)
+            done.append(row)
+
+        done: list[ablation.AblationRun] = []
+        rows = run_variants(
+            lambda o: load(profile, o), model_in, overrides, train=round_tasks.train_chain, measure=measure, on_row=say
+        )
         summary = ablation.summarize(rows)
         input_model = ablation.InputFigures(accuracy=input_eval.accuracy, tpf=input_eval.tpf)
         table = ablation.markdown(summary, base=input_model, multiblock=spec.multiblock.describe())

@@ -1,5 +1,6 @@
 """Ablations at equal compute: named variants of a profile, several seeds each, and the table they make (the
-`jf-ablate` flow runs them as Prefect tasks; a run's overrides are variants.py's `run_overrides`).
+`jf-ablate` flow runs them by run.py's `run_variants`, its stages as Prefect tasks; a run's overrides are
+variants.py's `run_overrides`).
 
 A variant is a set of profile overrides (any knob can be ablated); every variant of one ablation trains the same
 steps on the same prompts from the same model with the same seeds (`training.seed`: batch order and the random

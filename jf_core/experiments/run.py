@@ -31,8 +31,10 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -40,8 +42,8 @@ from jf_core.config import Profile
 from jf_core.evaluation.tables import markdown
 from jf_core.experiments.measure import Measure, Measured, SetFigures
 from jf_core.experiments.variants import variant_profile
-from jf_core.round.paths import model_identity, round_paths
-from jf_core.round.results import TrajectoriesResult, run_stage
+from jf_core.round.paths import RoundPaths, model_identity, round_paths
+from jf_core.round.results import PackResult, TrainResult, TrajectoriesResult, run_stage
 from jf_core.round.stages import stage_pack, stage_train, stage_trajectories
 
 Collect = Callable[[Profile, Path], TrajectoriesResult]
@@ -68,6 +70,67 @@ class ExperimentRow(BaseModel):
         return self.model_dump(mode="json", exclude={"trained": {"outputs"}, "held_out": {"outputs"}})
 
 
+@dataclass(frozen=True)
+class VariantRun:
+    """One variant's round, trained: what a measure turns into the variant's row."""
+
+    name: str
+    overrides: dict
+    profile: Profile
+    paths: RoundPaths
+    data: TrajectoriesResult
+    packed: PackResult
+    trained: TrainResult
+
+
+# A variant's round through the training stages: trajectories -> pack -> train (in this process, `in_process`; or
+# as Prefect tasks, the `jf-ablate` flow's `round_tasks.train_chain`).
+Train = Callable[[Profile, str, RoundPaths], tuple[TrajectoriesResult, PackResult, TrainResult]]
+R = TypeVar("R")
+
+
+def in_process(collect: Collect, progress: bool = False) -> Train:
+    """The training stages called in this process, trajectories collected by `collect`."""
+
+    def train(variant: Profile, start: str, paths: RoundPaths):
+        data = stage_trajectories(variant, start, paths, collect=collect)
+        packed = stage_pack(variant, paths, data)
+        return data, packed, stage_train(variant, start, paths, packed, progress=progress)
+
+    return train
+
+
+def run_variants(
+    profile_of: Callable[[dict], Profile],
+    model_in: str,
+    runs: dict[str, dict],
+    *,
+    train: Train,
+    measure: Callable[[VariantRun], R],
+    on_row: Callable[[R], None] | None = None,
+) -> list[R]:
+    """The one runner of variants (seeds are variants too: `variants.seeded`): each run's profile is
+    `profile_of(overrides)` (its `from` aside), trained by `train` from `model_in`, or from the model of the earlier
+    run its `from` names, in its own round directory, then turned into a row by `measure`. Rows go to `on_row` as
+    they are made; every stage is kept by its inputs, so a runner that died is taken up by the same call."""
+    trained_models: dict[str, str] = {}
+    rows = []
+    for name, overrides in runs.items():
+        start = _start(name, overrides, model_in, trained_models)
+        try:
+            variant = profile_of({k: v for k, v in overrides.items() if k != "from"})
+        except ValueError as err:
+            raise ValueError(f"variant {name!r}: {err}") from None
+        paths = round_paths(variant, start)
+        data, packed, trained = train(variant, start, paths)
+        trained_models[name] = str(paths.model)
+        row = measure(VariantRun(name, overrides, variant, paths, data, packed, trained))
+        rows.append(row)
+        if on_row is not None:
+            on_row(row)
+    return rows
+
+
 def run_experiment(
     profile: Profile,
     model_in: str,
@@ -78,54 +141,51 @@ def run_experiment(
     on_row: Callable[[ExperimentRow], None] | None = None,
     progress: bool = False,
 ) -> list[ExperimentRow]:
-    """The input model's row, then one per variant (see the module docstring): each variant's profile is
+    """The input model's row, then one per variant (`run_variants` in this process): each variant's profile is
     `variant_profile(profile, overrides)`, trained from `model_in` on the trajectories of `profile.prompts` (the
     trained questions: `measure.trained` is some or all of them). Every model is measured in fp32 on
-    `profile.model.device`; training computes in the profile's model dtype there. Rows go to `on_row` as they are
-    made; a run that died is taken up by the same call. A variant with `from` starts from that earlier variant's
-    trained model instead of `model_in` (its trajectories are that model's: an adapter's, drafted by the adapter)."""
+    `profile.model.device`; training computes in the profile's model dtype there. A variant with `from` starts from
+    that earlier variant's trained model (its trajectories are that model's: an adapter's, drafted by the adapter)."""
     device = profile.model.device
     emit = on_row or (lambda _row: None)
     base_marker = profile.runs_dir() / profile.name / "experiments" / f"{model_identity(model_in)}-{measure.key()}.json"
     base = run_stage(
         base_marker, Measured, lambda: measure.model(model_in, device, None), what="the input model's figures"
     )
-    rows = [ExperimentRow(variant="base", trained=base.trained, held_out=base.held_out, model=model_in)]
-    emit(rows[0])
-    trained_models: dict[str, str] = {}
-    for name, overrides in variants.items():
-        start = _start(name, overrides, model_in, trained_models)
-        try:
-            variant = variant_profile(profile, {k: v for k, v in overrides.items() if k != "from"})
-        except ValueError as err:
-            raise ValueError(f"variant {name!r}: {err}") from None
-        paths = round_paths(variant, start)
-        data = stage_trajectories(variant, start, paths, collect=collect)
-        packed = stage_pack(variant, paths, data)
-        trained = stage_train(variant, start, paths, packed, progress=progress)
-        trained_models[name] = str(paths.model)
+    first = ExperimentRow(variant="base", trained=base.trained, held_out=base.held_out, model=model_in)
+    emit(first)
+
+    def row(run: VariantRun) -> ExperimentRow:
+        trained = run.trained
         figures = run_stage(
-            paths.root / f"measured-{measure.key()}.json",
+            run.paths.root / f"measured-{measure.key()}.json",
             Measured,
-            partial(measure.model, str(paths.model), device, base),
-            what=f"variant {name!r}'s figures",
+            partial(measure.model, str(run.paths.model), device, base),
+            what=f"variant {run.name!r}'s figures",
             inputs={"model": trained},
         )
-        row = ExperimentRow(
-            variant=name,
-            overrides=overrides,
+        return ExperimentRow(
+            variant=run.name,
+            overrides=run.overrides,
             trained=figures.trained,
             held_out=figures.held_out,
             train_seconds=trained.train_seconds + _seconds_before(trained.history, trained.resumed_from_step),
-            train_tokens=_packed_tokens(variant, paths.examples),
+            train_tokens=_packed_tokens(run.profile, run.paths.examples),
             final={k: v for k, v in (trained.history or [{}])[-1].items() if isinstance(v, float)},
-            trajectories=_data_figures(variant, data),
+            trajectories=_data_figures(run.profile, run.data),
             history=trained.history,
-            model=str(paths.model),
+            model=str(run.paths.model),
         )
-        rows.append(row)
-        emit(row)
-    return rows
+
+    rows = run_variants(
+        partial(variant_profile, profile),
+        model_in,
+        variants,
+        train=in_process(collect, progress),
+        measure=row,
+        on_row=emit,
+    )
+    return [first, *rows]
 
 
 def _start(name: str, overrides: dict, model_in: str, trained: dict[str, str]) -> str:
