@@ -139,6 +139,7 @@ def jf_ablate(
         named = {f"{name} (seed {seed})": (name, seed) for name, seed in runs}
         catalog = spec.catalog()
         overrides = {label: variants.run_overrides(common, catalog[n], s) for label, (n, s) in named.items()}
+        validated = {label: runs[key] for label, key in named.items()}  # the profiles checked above, not loaded again
 
         def measure(run: VariantRun) -> ablation.AblationRun:
             name, seed = named[run.name]
@@ -150,7 +151,12 @@ def jf_ablate(
 
         done: list[ablation.AblationRun] = []
         rows = run_variants(
-            lambda o: load(profile, o), model_in, overrides, train=round_tasks.train_chain, measure=measure, on_row=say
+            lambda label, _o: validated[label],
+            model_in,
+            overrides,
+            train=round_tasks.train_chain,
+            measure=measure,
+            on_row=say,
         )
         summary = ablation.summarize(rows)
         input_model = ablation.InputFigures(accuracy=input_eval.accuracy, tpf=input_eval.tpf)

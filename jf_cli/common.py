@@ -65,6 +65,12 @@ def named_overrides(flag: str):
     return parse
 
 
+def add_profile_options(p: argparse.ArgumentParser, what: str = "") -> None:
+    """`--profile` (default tiny) and its `--set` overrides, as every profile-driven command takes them."""
+    p.add_argument("--profile", default="tiny", help="profile name or YAML path" + (f": {what}" if what else ""))
+    p.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="override a profile field")
+
+
 def add_threads_option(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--threads",

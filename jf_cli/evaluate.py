@@ -18,7 +18,15 @@ from typing import TYPE_CHECKING
 
 import yaml
 
-from jf_cli.common import UsageError, add_threads_option, args_profile, model_path, positive, set_threads
+from jf_cli.common import (
+    UsageError,
+    add_profile_options,
+    add_threads_option,
+    args_profile,
+    model_path,
+    positive,
+    set_threads,
+)
 
 if TYPE_CHECKING:
     from jf_core.evaluation.method import Method
@@ -296,11 +304,6 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return 0
 
 
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--profile", default="tiny", help="profile name or YAML path: benchmark, prompts, prompt format")
-    p.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="override a profile field")
-
-
 def register(sub, bench_sub) -> None:
     _register_eval(sub)
     _register_bench_decode(bench_sub)
@@ -309,7 +312,7 @@ def register(sub, bench_sub) -> None:
 
 def _register_eval(sub) -> None:
     p = sub.add_parser("eval", help="accuracy next to TPF and TPS, every method taking turns, as a round evaluates")
-    _common(p)
+    add_profile_options(p, "benchmark, prompts, prompt format")
     p.add_argument(
         "--model", help="directory, hub id, models:/<name>@<alias> or package:<name> (default: the profile's model)"
     )
@@ -331,7 +334,7 @@ def _register_eval(sub) -> None:
 
 def _register_bench_decode(bench_sub) -> None:
     p = bench_sub.add_parser("decode", help="every decoding method on the profile's benchmark prompts, in one run")
-    _common(p)
+    add_profile_options(p, "benchmark, prompts, prompt format")
     p.add_argument(
         "--model", help="directory, hub id, models:/<name>@<alias> or package:<name> (default: the profile's model)"
     )
@@ -371,7 +374,7 @@ def _register_tune(sub) -> None:
         help="search the decode config grid for the best TPS here; save the model's decode config (the round's tune "
         "stage, on the profile's evaluation.tune unless an option below says otherwise)",
     )
-    _common(p)
+    add_profile_options(p, "benchmark, prompts, prompt format")
     prof = "the profile's evaluation.tune"
     p.add_argument("--model", required=True, help="model directory (the config goes into its config.json)")
     p.add_argument(

@@ -23,7 +23,15 @@ import sys
 from functools import partial
 from pathlib import Path
 
-from jf_cli.common import UsageError, args_profile, model_path, named_overrides, positive, seed_list
+from jf_cli.common import (
+    UsageError,
+    add_profile_options,
+    args_profile,
+    model_path,
+    named_overrides,
+    positive,
+    seed_list,
+)
 
 
 def cmd_experiment(args: argparse.Namespace) -> int:
@@ -120,8 +128,7 @@ def register(sub) -> None:
     p = sub.add_parser(
         "experiment", help="variants of a round's data and training, TPF on trained and held-out questions"
     )
-    p.add_argument("--profile", default="tiny", help="profile name or YAML path")
-    p.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="override a profile field")
+    add_profile_options(p)
     p.add_argument("--model", help="directory, hub id, models:/, package: or a .gguf file (default: the profile's)")
     p.add_argument("--train", type=positive("--train"), default=8, help="questions trained on (the train split)")
     p.add_argument("--held-out", type=positive("--held-out"), default=8, help="questions never trained on")

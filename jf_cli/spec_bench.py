@@ -13,7 +13,15 @@ import argparse
 import sys
 from pathlib import Path
 
-from jf_cli.common import UsageError, add_threads_option, args_profile, model_path, positive, set_threads
+from jf_cli.common import (
+    UsageError,
+    add_profile_options,
+    add_threads_option,
+    args_profile,
+    model_path,
+    positive,
+    set_threads,
+)
 
 
 def cmd_bench_spec(args: argparse.Namespace) -> int:
@@ -134,8 +142,7 @@ def register_bench(bench_sub) -> None:
     p = bench_sub.add_parser(
         "spec", help="Spec-Bench per group at batch 1: AR, HF prompt lookup, ours untrained/trained"
     )
-    p.add_argument("--profile", default="tiny", help="profile name or YAML path")
-    p.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="override a profile field")
+    add_profile_options(p)
     p.add_argument("--model", help="the base: directory, hub id, models:/, package: (default: the profile's model)")
     p.add_argument("--jf-model", help="a trained model of the same base: its dispatched decoding joins the table")
     p.add_argument("--source", required=True, help="Spec-Bench's question.jsonl")

@@ -101,7 +101,7 @@ def in_process(collect: Collect, progress: bool = False) -> Train:
 
 
 def run_variants(
-    profile_of: Callable[[dict], Profile],
+    profile_of: Callable[[str, dict], Profile],
     model_in: str,
     runs: dict[str, dict],
     *,
@@ -110,15 +110,15 @@ def run_variants(
     on_row: Callable[[R], None] | None = None,
 ) -> list[R]:
     """The one runner of variants (seeds are variants too: `variants.seeded`): each run's profile is
-    `profile_of(overrides)` (its `from` aside), trained by `train` from `model_in`, or from the model of the earlier
-    run its `from` names, in its own round directory, then turned into a row by `measure`. Rows go to `on_row` as
-    they are made; every stage is kept by its inputs, so a runner that died is taken up by the same call."""
+    `profile_of(name, overrides)` (its `from` aside), trained by `train` from `model_in`, or from the model of the
+    earlier run its `from` names, in its own round directory, then turned into a row by `measure`. Rows go to
+    `on_row` as they are made; every stage is kept by its inputs, so a runner that died is taken up by the same call."""
     trained_models: dict[str, str] = {}
     rows = []
     for name, overrides in runs.items():
         start = _start(name, overrides, model_in, trained_models)
         try:
-            variant = profile_of({k: v for k, v in overrides.items() if k != "from"})
+            variant = profile_of(name, {k: v for k, v in overrides.items() if k != "from"})
         except ValueError as err:
             raise ValueError(f"variant {name!r}: {err}") from None
         paths = round_paths(variant, start)
@@ -178,7 +178,7 @@ def run_experiment(
         )
 
     rows = run_variants(
-        partial(variant_profile, profile),
+        lambda _name, overrides: variant_profile(profile, overrides),
         model_in,
         variants,
         train=in_process(collect, progress),
