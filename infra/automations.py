@@ -81,7 +81,9 @@ def install(
     api_url: str, missed_after: int = MISSED_AFTER_SECONDS, cancel_after: int = CANCEL_AFTER_SECONDS
 ) -> dict[str, str]:
     """Create the automations on the server at `api_url`, or bring ones of the same names up to date (a stack made
-    by an older version keeps working); returns their ids by name."""
+    by an older version keeps working); returns their ids by name. One already as wanted is left alone: an update
+    gives its trigger a new id on the server, which forgets the heartbeat windows it had open, so a run whose worker
+    died just before `jf stack up` restarted the worker would never be marked Crashed."""
     from prefect.automations import Automation
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
@@ -93,7 +95,8 @@ def install(
             except ValueError:
                 ids[wanted.name] = str(wanted.create().id)
                 continue
-            wanted.id = found.id
-            wanted.update()
+            if found.model_dump(exclude={"id"}) != wanted.model_dump(exclude={"id"}):
+                wanted.id = found.id
+                wanted.update()
             ids[wanted.name] = str(found.id)
     return ids

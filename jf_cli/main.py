@@ -4,6 +4,7 @@ jf bootstrap                                   train the embedded default model 
 jf models import SOURCE --out DIR              GGUF weights (a file or an installed package) -> a model directory
 jf decode --prompt TEXT [--model PATH_OR_ID] [--block-size N]
 jf bench forward [--model M] [--widths 1 16 32 64]   the cost of a window at each width (break-even TPF)
+jf bench cycle [--model M] [--config N:{...}]     what one decoding cycle costs, part by part, in AR steps
 jf bench decode [--profile P] [--jf-model DIR] [--num-prompts N] [--batch-size B] [--out DIR]
 jf bench spec --source spec_bench.jsonl [--profile P] [--jf-model M]   Spec-Bench per group, batch 1
 jf eval [--profile P] [--benchmark NAME --source PATH_OR_ID] [--model M]   accuracy with TPF and TPS
@@ -163,8 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
     prompts.register(sub)
     serve.register(sub)
     serve.register_bench(bench_sub)
-    from jf_cli import spec_bench, vllm
+    from jf_cli import cycle, spec_bench, vllm
 
+    cycle.register_bench(bench_sub)
     spec_bench.register_bench(bench_sub)
     vllm.register_bench(bench_sub)
     for _, each in parsers(parser):

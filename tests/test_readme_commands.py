@@ -171,6 +171,10 @@ HOW = {
         "same command",
         "tests/jf_core/evaluation/test_spec_bench.py::test_bench_spec_times_every_method_per_group_and_checks_every_output",
     ),
+    ".venv/bin/jf bench cycle --profile smollm2-135m --set evaluation.source=../shared/benchmarks/gsm8k_test.jsonl "
+    "--model DIR --num-prompts 6 --config 'nolookup:{\"lookup\": 0}'": (
+        "not in CI", "a benchmark of the real model (timing only); `jf bench cycle` runs on the embedded model in "
+                     "tests/jf_core/evaluation/test_cycle_cost.py"),
     ".venv/bin/jf run [--profile tiny] [--set section.key=value]": (
         "same command", "tests/test_readme_main_job.py::main_job"),
     ".venv/bin/jf run --set evaluation.tune.prompts=8": ("same command", "tests/test_readme_main_job.py::main_job"),

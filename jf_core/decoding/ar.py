@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import torch
 from transformers import DynamicCache
 
+from jf_core.decoding.clock import NO_CLOCK, NoClock
 from jf_core.decoding.common import (
     DecodeOutput,
     StopTokens,
@@ -36,7 +37,9 @@ def ar_decode(
     on_tokens: TokenSink | None = None,
     sampling: Sampling | None = None,
     seeds: Sequence[int] | None = None,
+    clock: NoClock = NO_CLOCK,
 ) -> DecodeOutput:
+    """Greedy (or sampled) AR decoding over a KV cache; `clock` times each step's parts (clock.py's names)."""
     prompts = check_inputs(prompts, max_new_tokens)
     attention_layout(model)  # a recurrent state or ALiBi is refused by name (it would decode wrong, or crash)
     sampler = Sampler(sampling, seeds, len(prompts))
@@ -57,29 +60,34 @@ def ar_decode(
 
     forwards = 0
     while True:
-        keep = []
-        for row, (i, tok) in enumerate(zip(active, nxt.tolist(), strict=False)):
-            before = len(outputs[i])
-            outputs[i], done = finish(outputs[i] + [tok], eos, max_new_tokens)
-            stats[i].new_tokens = len(outputs[i])
-            if on_tokens is not None and len(outputs[i]) > before:
-                on_tokens(i, outputs[i][before:])
-            if not done:
-                keep.append(row)
-        if not keep:
-            break
-        if len(keep) < len(active):
-            rows = torch.tensor(keep, device=device)
-            cache.batch_select_indices(rows)
-            mask, positions, nxt = mask[rows], positions[rows], nxt[rows]
-            active = [active[r] for r in keep]
-        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-        positions = positions[:, -1:] + 1
-        logits = model(
-            input_ids=nxt[:, None], attention_mask=mask, position_ids=positions, **cache_kwargs(model, cache)
-        ).logits
-        # Every active row has the same output length: this forward predicts output position forwards + 1.
-        nxt = sampler.pick(logits[:, -1:], active, torch.full_like(positions, forwards + 1))[:, 0]
+        with clock.part("verify"):  # AR's bookkeeping: each row's token appended, finished rows dropped
+            keep = []
+            for row, (i, tok) in enumerate(zip(active, nxt.tolist(), strict=False)):
+                before = len(outputs[i])
+                outputs[i], done = finish(outputs[i] + [tok], eos, max_new_tokens)
+                stats[i].new_tokens = len(outputs[i])
+                if on_tokens is not None and len(outputs[i]) > before:
+                    on_tokens(i, outputs[i][before:])
+                if not done:
+                    keep.append(row)
+            if not keep:
+                break
+            if len(keep) < len(active):
+                rows = torch.tensor(keep, device=device)
+                cache.batch_select_indices(rows)
+                mask, positions, nxt = mask[rows], positions[rows], nxt[rows]
+                active = [active[r] for r in keep]
+        with clock.part("tensors"):
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            positions = positions[:, -1:] + 1
+        with clock.part("forward"):
+            logits = model(
+                input_ids=nxt[:, None], attention_mask=mask, position_ids=positions, **cache_kwargs(model, cache)
+            ).logits
+        with clock.part("pick"):
+            # Every active row has the same output length: this forward predicts output position forwards + 1.
+            nxt = sampler.pick(logits[:, -1:], active, torch.full_like(positions, forwards + 1))[:, 0]
+        clock.cycle(len(active))
         forwards += 1
         for i in active:
             stats[i].forwards += 1

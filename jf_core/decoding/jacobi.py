@@ -37,6 +37,7 @@ from typing import Protocol
 
 import torch
 
+from jf_core.decoding.clock import NO_CLOCK, NoClock
 from jf_core.decoding.common import (
     DecodeOutput,
     StopTokens,
@@ -142,8 +143,10 @@ class JacobiDecoder:
         recorder: BlockRecorder | None = None,
         on_tokens: TokenSink | None = None,
         sampling: Sampling | None = None,
+        clock: NoClock = NO_CLOCK,
     ) -> None:
         self.model = model
+        self.clock = clock
         self.sampling = sampling
         self.config = config
         self.eos = stop.eos
@@ -179,8 +182,9 @@ class JacobiDecoder:
             self.step(kv, active)
             batch_forwards += 1
             self._stream(active)
-            active = self._drop_finished(kv, active)
-            kv.compact(cfg.compact_waste)
+            with self.clock.part("drop+compact"):
+                active = self._drop_finished(kv, active)
+                kv.compact(cfg.compact_waste)
         end = timer.now()
 
         stats = DecodeStats(
@@ -200,25 +204,41 @@ class JacobiDecoder:
 
     def step(self, kv: KVState, active: list[SequenceState]) -> None:
         """One forward for every active sequence: run its layout, verify every branch, commit the best one's
-        accepted prefix, rebuild the window."""
-        self.plan(kv, active)
-        layouts = [self._proposed(s) for s in active]
-        width = max(len(lay.tokens) for lay in layouts)
-        device = kv.valid.device
-        rows = [lay.tokens + [self.pad_token_id] * (width - len(lay.tokens)) for lay in layouts]
-        tokens = torch.tensor(rows, dtype=torch.long, device=device)
-        if all(len(lay.branches) == 1 and not lay.drafts for lay in layouts):
-            depth = None
-            logits = kv.forward(tokens)
-        else:
-            depth, mask = tree_positions_and_mask(layouts, width, device)
-            with ExitStack() as acting:
-                for proposer in self.proposers:
-                    acting.enter_context(proposer.acting(self.model, layouts, width, device))
-                logits = kv.forward(tokens, depth, mask)
-        greedy = self._pick(logits, active, depth).tolist()
+        accepted prefix, rebuild the window. Its parts are timed by the decoder's clock (clock.py names them)."""
+        clock = self.clock
+        with clock.part("layout"):
+            self.plan(kv, active)
+            layouts = [self._proposed(s) for s in active]
+        with clock.part("tensors"):
+            width = max(len(lay.tokens) for lay in layouts)
+            device = kv.valid.device
+            rows = [lay.tokens + [self.pad_token_id] * (width - len(lay.tokens)) for lay in layouts]
+            tokens = torch.tensor(rows, dtype=torch.long, device=device)
+            plain = all(len(lay.branches) == 1 and not lay.drafts for lay in layouts)
+            depth, mask = (None, None) if plain else tree_positions_and_mask(layouts, width, device)
+        with clock.part("forward"):
+            if plain:
+                logits = kv.forward(tokens)
+            else:
+                with ExitStack() as acting:
+                    for proposer in self.proposers:
+                        acting.enter_context(proposer.acting(self.model, layouts, width, device))
+                    logits = kv.forward(tokens, depth, mask)
+        with clock.part("pick"):
+            greedy = self._pick(logits, active, depth).tolist()
+        with clock.part("verify"):
+            live, kept = self._verify(active, layouts, greedy, width)
+        with clock.part("keep"):
+            kv.keep(torch.tensor(live, device=device), kept)
+        clock.cycle(tokens.numel())
+
+    def _verify(
+        self, active: list[SequenceState], layouts: list[Layout], greedy: list[list[int]], width: int
+    ) -> tuple[list[list[bool]], int]:
+        """Each row's best branch and its accepted prefix; the proposers' guesses and learning; the settling.
+        Returns the slots each row keeps and 1 + the last slot any row keeps."""
         live = [[False] * width for _ in active]
-        kept = 0  # 1 + the last slot any row keeps
+        kept = 0
         for row, (seq, lay) in enumerate(zip(active, layouts, strict=True)):
             best, accepted = 0, 0
             for b, branch in enumerate(lay.branches):
@@ -237,7 +257,7 @@ class JacobiDecoder:
             for proposer in self.proposers:
                 proposer.learn(seq, lay, picks, best, accepted)
             self.settle(seq, lay, picks, best, accepted)
-        kv.keep(torch.tensor(live, device=device), kept)
+        return live, kept
 
     def _pick(self, logits: torch.Tensor, active: list[SequenceState], depth: torch.Tensor | None) -> torch.Tensor:
         """The token after every slot. Sampling needs each slot's output position: the row's committed length

@@ -31,6 +31,7 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
+from jf_core.decoding.clock import NO_CLOCK, NoClock
 from jf_core.decoding.common import DecodeOutput, StopTokens, TokenSink, first_eos
 from jf_core.decoding.jacobi import BlockRecorder, JacobiConfig, JacobiDecoder, SequenceState
 from jf_core.decoding.kv import KVState
@@ -146,10 +147,11 @@ class JFDecoder(JacobiDecoder):
         recorder: BlockRecorder | None = None,
         on_tokens: TokenSink | None = None,
         sampling: Sampling | None = None,
+        clock: NoClock = NO_CLOCK,
     ) -> None:
         if recorder is not None:
             raise ValueError("a BlockRecorder needs plain Jacobi decoding (JacobiConfig), not multi-block/recycling")
-        super().__init__(model, config, stop=stop, on_tokens=on_tokens, sampling=sampling)
+        super().__init__(model, config, stop=stop, on_tokens=on_tokens, sampling=sampling, clock=clock)
         self.cfg = config
         self.spawn_at = math.ceil(config.spawn_ratio * config.block_size)
         self.policy = config.width_policy()

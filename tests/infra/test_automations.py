@@ -66,8 +66,9 @@ def test_a_killed_flow_run_ends_crashed_a_cancelled_dead_one_cancelled_and_a_liv
     """The automations' rules, with their windows at the shortest a 30 s heartbeat allows (crashed after 60 s of
     silence, cancelled 60 s after a cancel request nothing acted on; the stack's own 90 s and 120 s are what
     tests/infra/test_stack_e2e.py's killed worker meets): a flow run's process SIGKILLed mid-run (what losing its
-    machine does) ends `Crashed`; one killed and then cancelled (`prefect flow-run cancel` with no worker left to stop
-    it) ends `Cancelled`, not stuck `Cancelling`; their sibling, alive and heartbeating, stays `Running`."""
+    machine does) ends `Crashed`, the automations installed again meanwhile (a worker restarted); one killed and then
+    cancelled (`prefect flow-run cancel` with no worker left to stop it) ends `Cancelled`, not stuck `Cancelling`;
+    their sibling, alive and heartbeating, stays `Running`."""
     from prefect.client.orchestration import get_client
     from prefect.states import Cancelling
 
@@ -86,6 +87,9 @@ def test_a_killed_flow_run_ends_crashed_a_cancelled_dead_one_cancelled_and_a_liv
             proc.wait()
         with get_client(sync_client=True) as client:  # what `prefect flow-run cancel` asks of the server
             client.set_flow_run_state(UUID(cancelled_id), Cancelling())
+        # `jf stack up` restarting the dead worker installs the automations again: as they are, they are left alone
+        # (an update would give the trigger a new id and forget the killed run's open heartbeat window).
+        assert automations.install(prefect_server, missed_after=missed_after, cancel_after=cancel_after) == first
         wait = max(automations.HEARTBEAT_SECONDS + missed_after, cancel_after)
         deadline = time.monotonic() + wait + 60
         while time.monotonic() < deadline and (flow_run_state(killed_id), flow_run_state(cancelled_id)) != (

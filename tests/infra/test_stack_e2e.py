@@ -1,14 +1,15 @@
 """End to end on real servers: `jf stack up --ray` (free ports) -> `prefect deploy --all` -> a round whose worker
-is killed mid-trajectories with everything it started ends `Crashed` (the stack's heartbeat automation) -> with
-the worker started again, `prefect deployment run jf-round/tiny --watch` on the embedded model closes the dead
-run's MLflow runs `FAILED` and completes, its trajectory actors on the stack's Ray (joined with the stack's
-token) -> the MLflow registry holds a version with its metrics and plots and `champion`, whose event starts the
-`jf-benchmark/champion` deployment (a cancel ends that run `Cancelled`); the same parameters with a
-gate made to fail reuse every stage and leave `champion` alone; the scheduled deployment has scheduled runs, and
-one started now trains from the champion resolved out of the registry; the README's registry-consumer snippet
-works as written; `jf serve models:/jf-tiny@champion` on the stack's Ray answers the official `openai` client
-(plain and streamed) with the champion's greedy AR text and stops with everything it started; every socket the
-stack's processes (and the flow runs they start) listened on was on 127.0.0.1; `down` stops everything."""
+is killed mid-trajectories with everything it started -> with the worker started again at once, `prefect deployment
+run jf-round/tiny --watch` on the embedded model completes, its trajectory actors on the stack's Ray (joined with the
+stack's token) -> the MLflow registry holds a version with its metrics and plots and `champion`, whose event starts
+the `jf-benchmark/champion` deployment (a cancel ends that run `Cancelled`) -> meanwhile the killed run has ended
+`Crashed` (the stack's heartbeat automation), and the next round, the same parameters with a gate made to fail,
+closes its MLflow runs `FAILED`, reuses every stage and leaves `champion` alone; the scheduled deployment has
+scheduled runs, and one started now trains from the champion resolved out of the registry; the README's
+registry-consumer snippet works as written; `jf serve models:/jf-tiny@champion` on the stack's Ray answers the
+official `openai` client (plain and streamed) with the champion's greedy AR text and stops with everything it
+started; every socket the stack's processes (and the flow runs they start) listened on was on 127.0.0.1; `down`
+stops everything."""
 
 from __future__ import annotations
 
@@ -150,10 +151,10 @@ def test_stack_deploy_run_register_gate_schedule(stack_env):
     lenient = {**SMALL, "registry": {"gate": gate}}
     uri = stack_env["MLFLOW_TRACKING_URI"]
     client = MlflowClient(uri, uri)
-    _a_killed_worker_leaves_a_crashed_run_and_failed_mlflow_runs(stack_env, client, {"overrides": lenient})
+    # The automation needs 90 s without a heartbeat to call the killed run crashed: the first round runs meanwhile.
+    _a_killed_worker_leaves_running_mlflow_runs(stack_env, client, {"overrides": lenient})
     first = _run_deployment(stack_env, {"overrides": lenient})
     assert not any(s == "Reused" for s in _task_states(stack_env, first).values())  # the killed run finished none
-    _closed_by_the_rerun(client, first)
     v1 = client.get_model_version_by_alias("jf-tiny", "champion")
     assert str(v1.version) == "1" and {
         "tpf",
@@ -172,8 +173,10 @@ def test_stack_deploy_run_register_gate_schedule(stack_env):
     }
     _the_champion_event_started_its_benchmark_and_a_cancel_ends_it(stack_env)
 
+    _the_killed_run_is_crashed(stack_env, client)
     failing = {**SMALL, "registry": {"gate": {"max_accuracy_drop": -1.0}}}
     second = _run_deployment(stack_env, {"overrides": failing})
+    _closed_by_the_rerun(client, second)
     states = _task_states(stack_env, second)
     for stage in ("trajectories", "pack", "train", "evaluate"):
         assert any(n.startswith(stage) and s == "Reused" for n, s in states.items()), states
@@ -225,16 +228,15 @@ def test_stack_deploy_run_register_gate_schedule(stack_env):
 KILLED: dict[str, object] = {}  # the killed flow run's id and its MLflow runs, for the rerun's checks
 
 
-def _a_killed_worker_leaves_a_crashed_run_and_failed_mlflow_runs(env, client, params: dict) -> None:
+def _a_killed_worker_leaves_running_mlflow_runs(env, client, params: dict) -> None:
     """A machine lost mid-round: the worker and every process it started (the flow run's own process group too)
-    SIGKILLed while the round collects trajectories, so nothing reports the end. The stack's automation marks the
-    run `Crashed` once its heartbeats stop; the worker is started again (`jf stack up` starts what is missing) and
-    the rerun (the caller's next step) closes the dead run's MLflow runs `FAILED`."""
+    SIGKILLed while the round collects trajectories, so nothing reports the end: its MLflow runs stay `RUNNING`. The
+    worker is started again (`jf stack up` starts what is missing); the stack's automation marks the run `Crashed`
+    once its heartbeats stop (`_the_killed_run_is_crashed`), and the round after that closes its MLflow runs
+    `FAILED`."""
     import psutil
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-    from prefect.client.schemas.objects import StateType
 
-    from jacobi_forcing.infra import automations, stack
+    from jacobi_forcing.infra import stack
 
     out = _prefect(env, "deployment", "run", "jf-round/tiny", "--params", json.dumps(params), timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -256,20 +258,31 @@ def _a_killed_worker_leaves_a_crashed_run_and_failed_mlflow_runs(env, client, pa
     for proc in victims:
         proc.kill()
     psutil.wait_procs(victims, timeout=30)
+    KILLED.update(run_id=run_id, mlflow_runs=[r.info.run_id for r in mlflow_runs], at=time.monotonic())
+    info = json.loads((stack.stack_dir() / "stack.json").read_text())
+    stack.up(stack.StackConfig(**info["config"]))  # the worker again; the servers are up and left as they are
 
-    async def state(client):
-        (run,) = await client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))
+
+def _the_killed_run_is_crashed(env, client) -> None:
+    """The stack's automation marked the killed run `Crashed` ("no heartbeat"); no round has closed its MLflow runs
+    yet (the round run meanwhile started before the crash was known)."""
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from prefect.client.schemas.objects import StateType
+
+    from jacobi_forcing.infra import automations
+
+    async def state(prefect):
+        (run,) = await prefect.read_flow_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[KILLED["run_id"]]))
+        )
         return run.state
 
-    deadline = time.monotonic() + automations.HEARTBEAT_SECONDS + automations.MISSED_AFTER_SECONDS + 90
+    deadline = KILLED["at"] + automations.HEARTBEAT_SECONDS + automations.MISSED_AFTER_SECONDS + 90
     while (now := _api(env, state)).type != StateType.CRASHED and time.monotonic() < deadline:
         time.sleep(3)
     assert now.type == StateType.CRASHED, now
     assert "no heartbeat" in now.message
-    assert {client.get_run(r.info.run_id).info.status for r in mlflow_runs} == {"RUNNING"}  # until a round reaps
-    info = json.loads((stack.stack_dir() / "stack.json").read_text())
-    stack.up(stack.StackConfig(**info["config"]))  # the worker again; the servers are up and left as they are
-    KILLED.update(run_id=run_id, mlflow_runs=[r.info.run_id for r in mlflow_runs])
+    assert {client.get_run(r).info.status for r in KILLED["mlflow_runs"]} == {"RUNNING"}  # until a round reaps
 
 
 def _closed_by_the_rerun(client, rerun_id: str) -> None:

@@ -1,0 +1,88 @@
+"""`jf bench cycle`: what one cycle of each decode config costs, part by part, in AR steps, at batch 1
+(jf_core/evaluation/cycle_cost.py). The model's own tuned config is measured unless `--no-tuned`; each `--config
+'NAME:{"field": value}'` is that config with the fields changed (a `JFDecodeConfig`'s).
+
+    jf bench cycle --profile smollm2-135m --model models:/jf-smollm2-135m@champion --num-prompts 8 \
+        --config 'lookup8:{"lookup": 8}'
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+
+from jf_cli.common import (
+    UsageError,
+    add_profile_options,
+    add_threads_option,
+    args_profile,
+    model_path,
+    positive,
+    set_threads,
+)
+
+
+def config_item(text: str) -> tuple[str, dict]:
+    """An argparse type for `--config 'NAME:{"lookup": 8}'`."""
+    name, sep, fields = text.partition(":")
+    try:
+        changes = json.loads(fields) if sep else None
+    except json.JSONDecodeError as err:
+        raise argparse.ArgumentTypeError(f"--config {name}: its fields are not JSON ({err})") from None
+    if not name or not isinstance(changes, dict):
+        raise argparse.ArgumentTypeError(f'--config takes NAME:{{"field": value, ...}}, got {text!r}')
+    return name, changes
+
+
+def cmd_bench_cycle(args: argparse.Namespace) -> int:
+    from jf_core.decoding import JFDecodeConfig, load_serving_spec
+    from jf_core.evaluation.cycle_cost import cost_table, measure_cycles, summary
+    from jf_core.evaluation.evaluate import eval_set
+    from jf_core.evaluation.tables import markdown
+    from jf_core.models import load_model, stop_tokens
+    from jf_core.trajectory.prompts import PromptFormat
+
+    set_threads(args)
+    profile = args_profile(args)
+    path = model_path(args.model, profile)
+    tuned = load_serving_spec(path).tuned
+    base = tuned if tuned is not None else JFDecodeConfig()
+    configs = {} if args.no_tuned or tuned is None else {"tuned": tuned}
+    for name, changes in args.config or []:
+        try:
+            configs[name] = replace(base, **changes)
+        except (TypeError, ValueError) as err:
+            raise UsageError(f"--config {name}: {err}") from None
+    if not configs:
+        raise UsageError(f"{path} stores no tuned config: name one with --config")
+    model, tok = load_model(path, **profile.model.decode_kwargs())
+    data = eval_set(profile.evaluation, tok, PromptFormat.of(profile.prompts), limit=args.num_prompts)
+    costs = measure_cycles(
+        model,
+        data.prompts,
+        configs,
+        max_new_tokens=args.max_new_tokens,
+        stop=stop_tokens(model, tok),
+        progress=lambda line: print(line, file=sys.stderr),
+    )
+    print(f"{path}: {len(data.prompts)} {data.benchmark} prompts, batch 1, {args.max_new_tokens} new tokens at most")
+    print(markdown(*cost_table(costs)))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"model": path, "prompts": len(data.prompts), "methods": summary(costs)}, fh, indent=2)
+    return 0
+
+
+def register_bench(bench_sub) -> None:
+    p = bench_sub.add_parser("cycle", help="what one decoding cycle costs, part by part, in AR steps (batch 1)")
+    p.add_argument("--model", help="default: the profile's; any model reference (models:/name@alias, a directory)")
+    add_profile_options(p)
+    p.add_argument("--config", type=config_item, action="append", help="NAME:{json fields}: the tuned config changed")
+    p.add_argument("--no-tuned", action="store_true", help="leave out the model's own tuned config")
+    p.add_argument("--num-prompts", type=positive("--num-prompts"), default=8, help="evaluation prompts")
+    p.add_argument("--max-new-tokens", type=positive("--max-new-tokens"), default=128, help="tokens per prompt")
+    p.add_argument("--json", help="also write the figures here")
+    add_threads_option(p)
+    p.set_defaults(func=cmd_bench_cycle)

@@ -1,0 +1,86 @@
+"""Where a decoding cycle's time goes: the wall time of each named part of the Jacobi step, summed over a decode.
+
+A cycle (one forward of every active row) is laid out, run and settled by Python and torch around the model's own
+forward; on a CPU every part is paid at batch 1, so what a cycle costs in AR steps (the figure a speedup divides TPF
+by) is the sum of its parts. The decoders name their parts (`JacobiDecoder.step`) and time them only when handed a
+`CycleClock`; the default `NO_CLOCK` times nothing and costs a shared no-op context per part.
+
+Parts, in step order: `layout` (the batch's plan, each row's window and its proposers' slots), `tensors` (the rows,
+their positions and tree mask as tensors), `forward` (the model's forward over the cache, the proposers' acting
+contexts included; its LM head is also timed apart as `head` when the clock watches the model), `pick` (the token
+after each slot), `verify` (each row's branches against its picks, the proposers' guesses and learning, the
+settling into the next window), `keep` (the cache's slots kept), and outside the step `drop+compact` (finished rows
+dropped, the cache compacted)."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+
+import torch
+
+_NOTHING = contextlib.nullcontext()
+
+
+class NoClock:
+    """Times nothing: the decoders' default."""
+
+    def part(self, name: str) -> contextlib.AbstractContextManager:
+        return _NOTHING
+
+    def cycle(self, slots: int) -> None:
+        """One cycle ended, its forward having run `slots` tokens over all rows."""
+
+
+NO_CLOCK = NoClock()
+
+
+class CycleClock(NoClock):
+    """Sums the wall time of each named part and counts cycles; CUDA is synchronised at every boundary (profiling
+    only: the synchronisations cost a GPU its overlap)."""
+
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        self.cuda = torch.device(device).type == "cuda"
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.cycles = 0
+        self.slots = 0
+
+    def _now(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    @contextlib.contextmanager
+    def part(self, name: str) -> Iterator[None]:
+        start = self._now()
+        try:
+            yield
+        finally:
+            self.seconds[name] += self._now() - start
+
+    def cycle(self, slots: int) -> None:
+        self.cycles += 1
+        self.slots += slots
+
+    @contextlib.contextmanager
+    def watching_head(self, model: torch.nn.Module) -> Iterator[None]:
+        """Time the model's LM head apart (as `head`, inside `forward`) while the context is open."""
+        head = model.get_output_embeddings()
+        started: list[float] = []
+        pre = head.register_forward_pre_hook(lambda *_: started.append(self._now()))
+
+        def post(*_):
+            self.seconds["head"] += self._now() - started.pop()
+
+        post_handle = head.register_forward_hook(post)
+        try:
+            yield
+        finally:
+            pre.remove()
+            post_handle.remove()
+
+    def per_cycle_ms(self) -> dict[str, float]:
+        """Each part's mean ms per cycle."""
+        return {name: 1000 * s / self.cycles for name, s in self.seconds.items()} if self.cycles else {}

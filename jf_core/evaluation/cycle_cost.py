@@ -1,0 +1,142 @@
+"""What one decoding cycle costs, part by part, in AR steps (`jf bench cycle`).
+
+A decoder's speedup over AR is its TPF divided by what one of its cycles costs in AR steps: on a GPU a wide window
+costs about one step, on this CPU it does not, and the accepted tokens a proposer adds are spent again on the cycle.
+Here our AR and each decode config decode the same prompts at batch 1 with a `CycleClock` (decoding/clock.py), taking
+turns prompt by prompt (the order rotated each prompt, so no method is always first), and every part of a cycle is
+reported per cycle: in ms and in AR steps (that part's ms over AR's whole cycle, wall time). `unattributed` is the
+decode loop's wall time no part claims (streaming, the loop itself). Every output is checked against AR's."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from jf_core.decoding import JacobiConfig, JFDecodeConfig, StopTokens, ar_decode
+from jf_core.decoding.clock import CycleClock
+from jf_core.decoding.jacobi import JacobiDecoder
+from jf_core.decoding.multiblock import JFDecoder
+from jf_core.evaluation.evaluate import LosslessnessError
+
+PARTS = ("layout", "tensors", "forward", "head", "pick", "verify", "keep", "drop+compact")
+AR_NAME = "ar"
+
+
+@dataclass
+class CycleCost:
+    """One method's cycles over every prompt: the parts' seconds, the cycles, the tokens and slots."""
+
+    describe: str
+    seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    wall: float = 0.0  # the decode loops' wall time (prefill excluded)
+    cycles: int = 0
+    new_tokens: int = 0
+    forwards: int = 0  # per sequence, prefill included (stats.py's TPF)
+    slots: int = 0  # tokens run by the cycles' forwards (batch 1: the window, its branches and chains)
+
+    @property
+    def tpf(self) -> float:
+        return self.new_tokens / self.forwards if self.forwards else 0.0
+
+    def ms(self, part: str) -> float:
+        """The part's mean ms per cycle; `unattributed` is the wall time no part claims, `cycle` the whole."""
+        if part == "cycle":
+            return 1000 * self.wall / self.cycles
+        if part == "unattributed":  # `head` is inside `forward`: not counted twice
+            return 1000 * (self.wall - sum(s for p, s in self.seconds.items() if p != "head")) / self.cycles
+        return 1000 * self.seconds.get(part, 0.0) / self.cycles
+
+
+def measure_cycles(
+    model: torch.nn.Module,
+    prompts: Sequence[Sequence[int]],
+    configs: dict[str, JacobiConfig],
+    *,
+    max_new_tokens: int,
+    stop: StopTokens,
+    warmup: int = 1,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, CycleCost]:
+    """{"ar": our AR's cycles, name: each config's}: every prompt decoded by each at batch 1, taking turns (the order
+    rotated prompt by prompt), after `warmup` prompts decoded untimed by each. Raises LosslessnessError when a
+    config's output is not AR's (a greedy decoder's contract)."""
+    names = [AR_NAME, *configs]
+    costs = {AR_NAME: CycleCost("greedy AR"), **{n: CycleCost(c.describe()) for n, c in configs.items()}}
+    for i, prompt in enumerate([*prompts[:warmup], *prompts]):
+        timed = i >= warmup
+        outputs = {}
+        for k in range(len(names)):
+            name = names[(i + k) % len(names)]
+            clock = CycleClock(next(model.parameters()).device)
+            with clock.watching_head(model):
+                out = _decode(model, prompt, configs.get(name), max_new_tokens=max_new_tokens, stop=stop, clock=clock)
+            outputs[name] = out.sequences[0]
+            if timed:
+                _add(costs[name], clock, out)
+        for name, seq in outputs.items():
+            if seq != outputs[AR_NAME]:
+                raise LosslessnessError(f"{name} ({costs[name].describe}) differs from greedy AR on prompt {i}")
+        if progress is not None and timed:
+            progress(f"prompt {i - warmup + 1}/{len(prompts)}")
+    return costs
+
+
+def _decode(model, prompt, config: JacobiConfig | None, *, max_new_tokens: int, stop: StopTokens, clock: CycleClock):
+    if config is None:
+        return ar_decode(model, [prompt], max_new_tokens=max_new_tokens, stop=stop, clock=clock)
+    config = replace(config, max_new_tokens=max_new_tokens)
+    decoder_class = JFDecoder if isinstance(config, JFDecodeConfig) else JacobiDecoder
+    return decoder_class(model, config, stop=stop, clock=clock).decode([prompt])
+
+
+def _add(cost: CycleCost, clock: CycleClock, out) -> None:
+    for part, seconds in clock.seconds.items():
+        cost.seconds[part] += seconds
+    cost.wall += out.stats.decode_seconds
+    cost.cycles += clock.cycles
+    cost.new_tokens += out.stats.new_tokens
+    cost.forwards += out.stats.forwards
+    cost.slots += clock.slots
+
+
+def cost_table(costs: dict[str, CycleCost]) -> tuple[list[str], list[list[str]]]:
+    """(header, rows): per part, each method's ms per cycle and AR steps (the part's ms over AR's whole cycle);
+    then the cycle, its slots, TPF, the speedup TPF / cycle predicts and the one measured (AR's decode time over the
+    method's)."""
+    ar = costs[AR_NAME]
+    step = ar.ms("cycle")
+    head = ["part", *(f"{name}: ms (AR steps)" for name in costs)]
+    parts = [p for p in PARTS if any(c.seconds.get(p) for c in costs.values())]
+
+    def cell(c: CycleCost, part: str) -> str:
+        return f"{c.ms(part):.2f} ({c.ms(part) / step:.3f})"
+
+    rows = [[part if part != "head" else "  of which head", *(cell(c, part) for c in costs.values())] for part in parts]
+    rows.append(["unattributed", *(cell(c, "unattributed") for c in costs.values())])
+    rows.append(["**cycle**", *(f"**{c.ms('cycle'):.2f} ({c.ms('cycle') / step:.3f})**" for c in costs.values())])
+    rows.append(["slots per cycle", *(f"{c.slots / c.cycles:.1f}" for c in costs.values())])
+    rows.append(["TPF", *(f"{c.tpf:.2f}" for c in costs.values())])
+    rows.append(["x AR predicted (TPF / cycle)", *(f"{c.tpf * step / c.ms('cycle'):.2f}" for c in costs.values())])
+    rows.append(["x AR measured (decode time)", *(f"{ar.wall / c.wall:.2f}" for c in costs.values())])
+    return head, rows
+
+
+def summary(costs: dict[str, CycleCost]) -> dict[str, dict]:
+    """The figures as JSON: per method its description, cycles, tokens, TPF, and ms per cycle of each part."""
+    step = costs[AR_NAME].ms("cycle")
+    return {
+        name: {
+            "config": c.describe,
+            "cycles": c.cycles,
+            "new_tokens": c.new_tokens,
+            "tpf": c.tpf,
+            "slots_per_cycle": c.slots / c.cycles,
+            "ms_per_cycle": {p: c.ms(p) for p in [*c.seconds, "unattributed", "cycle"]},
+            "ar_steps_per_cycle": c.ms("cycle") / step,
+            "speedup_vs_ar": costs[AR_NAME].wall / c.wall,
+        }
+        for name, c in costs.items()
+    }

@@ -1,0 +1,65 @@
+"""`jf bench cycle`: each config's cycle part by part in AR steps, every output checked against AR's."""
+
+from __future__ import annotations
+
+import pytest
+
+from jf_cli.main import main
+from jf_core.decoding import JFDecodeConfig
+from jf_core.evaluation.cycle_cost import AR_NAME, cost_table, measure_cycles, summary
+from jf_core.evaluation.evaluate import LosslessnessError
+from jf_core.models import stop_tokens
+
+PROMPTS = ["program: a=85; step -8; return f", "program: x=9; step *2; step -1; return z"]
+
+
+def _prompts(tok):
+    return [tok(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
+
+
+def test_cycles_in_ar_steps_for_each_config(embedded):
+    model, tok = embedded
+    configs = {"n16": JFDecodeConfig(block_size=16, num_blocks=1, pool_size=0), "lookup": JFDecodeConfig(lookup=8)}
+    costs = measure_cycles(model, _prompts(tok), configs, max_new_tokens=32, stop=stop_tokens(model, tok))
+    assert list(costs) == [AR_NAME, "n16", "lookup"]
+    figures = summary(costs)
+    assert figures[AR_NAME]["ar_steps_per_cycle"] == 1.0 and figures[AR_NAME]["tpf"] == 1.0
+    assert figures[AR_NAME]["slots_per_cycle"] == 1.0
+    assert figures["n16"]["tpf"] > 1.2 and figures["n16"]["slots_per_cycle"] > 1  # the embedded model drafts well
+    for name, c in costs.items():
+        assert c.new_tokens == costs[AR_NAME].new_tokens  # the same outputs, so the same tokens
+        assert c.ms("unattributed") >= 0, name
+    head, rows = cost_table(costs)
+    assert head[0] == "part" and len(head) == 4
+    assert [r[0] for r in rows][-5:] == [
+        "**cycle**", "slots per cycle", "TPF", "x AR predicted (TPF / cycle)", "x AR measured (decode time)"
+    ]  # fmt: skip
+
+
+def test_a_config_whose_output_is_not_ars_is_refused(embedded, monkeypatch):
+    """The check bites: a verifier that accepts one token too many decodes other text."""
+    from jf_core.decoding import jacobi
+
+    model, tok = embedded
+    real = jacobi.accepted_length
+    monkeypatch.setattr(jacobi, "accepted_length", lambda draft, greedy: min(len(draft), real(draft, greedy) + 1))
+    with pytest.raises(LosslessnessError, match="n16"):
+        measure_cycles(
+            model, _prompts(tok), {"n16": JFDecodeConfig(block_size=16, num_blocks=1, pool_size=0)},
+            max_new_tokens=32, stop=stop_tokens(model, tok), warmup=0,
+        )  # fmt: skip
+
+
+def test_jf_bench_cycle_prints_the_table_and_writes_its_json(embedded, tmp_path, capsys):
+    import json
+
+    model, _ = embedded
+    out = tmp_path / "cycle.json"
+    argv = ["bench", "cycle", "--model", model.name_or_path, "--num-prompts", "2", "--max-new-tokens", "24"]
+    assert main([*argv, "--no-tuned", "--config", 'n8:{"block_size": 8}', "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "| part | ar: ms (AR steps) | n8: ms (AR steps) |" in printed and "| **cycle** |" in printed
+    assert set(json.loads(out.read_text())["methods"]) == {"ar", "n8"}
+    with pytest.raises(SystemExit):
+        main([*argv, "--config", "n8:{not json}"])
+    assert "its fields are not JSON" in capsys.readouterr().err
