@@ -1,6 +1,8 @@
 """`jf bench cycle`: what one cycle of each decode config costs, part by part, in AR steps, at batch 1
 (jf_core/evaluation/cycle_cost.py). The model's own tuned config is measured unless `--no-tuned`; each `--config
-'NAME:{"field": value}'` is that config with the fields changed (a `JFDecodeConfig`'s).
+'NAME:{"field": value}'` is that config with the fields changed (a `JFDecodeConfig`'s), and `--config
+'NAME@MODEL:{...}'` the same on another model's tuned config, decoded on that model (another adapter on the same
+base: every output is still checked against the base's AR), so models compare in one run.
 
     jf bench cycle --profile smollm2-135m --model models:/jf-smollm2-135m@champion --num-prompts 8 \
         --config 'lookup8:{"lookup": 8}'
@@ -24,16 +26,18 @@ from jf_cli.common import (
 )
 
 
-def config_item(text: str) -> tuple[str, dict]:
-    """An argparse type for `--config 'NAME:{"lookup": 8}'`."""
-    name, sep, fields = text.partition(":")
+def config_item(text: str) -> tuple[str, str | None, dict]:
+    """An argparse type for `--config 'NAME:{"lookup": 8}'` or `--config 'NAME@MODEL:{...}'` (the config decoded on
+    another model, e.g. another adapter on the same base): (name, model or None, fields)."""
+    head, sep, fields = text.partition(":{")
+    name, _, model = head.partition("@")
     try:
-        changes = json.loads(fields) if sep else None
+        changes = json.loads("{" + fields) if sep else None
     except json.JSONDecodeError as err:
         raise argparse.ArgumentTypeError(f"--config {name}: its fields are not JSON ({err})") from None
     if not name or not isinstance(changes, dict):
-        raise argparse.ArgumentTypeError(f'--config takes NAME:{{"field": value, ...}}, got {text!r}')
-    return name, changes
+        raise argparse.ArgumentTypeError(f'--config takes NAME[@MODEL]:{{"field": value, ...}}, got {text!r}')
+    return name, model or None, changes
 
 
 def cmd_bench_cycle(args: argparse.Namespace) -> int:
@@ -47,17 +51,21 @@ def cmd_bench_cycle(args: argparse.Namespace) -> int:
     set_threads(args)
     profile = args_profile(args)
     path = model_path(args.model, profile)
+    loaded = {path: load_model(path, **profile.model.decode_kwargs())}
+    model, tok = loaded[path]
     tuned = load_serving_spec(path).tuned
-    base = tuned if tuned is not None else JFDecodeConfig()
     configs = {} if args.no_tuned or tuned is None else {"tuned": tuned}
-    for name, changes in args.config or []:
+    for name, other, changes in args.config or []:
+        where = model_path(other, profile) if other else path
+        if where not in loaded:
+            loaded[where] = load_model(where, **profile.model.decode_kwargs())
+        base = load_serving_spec(where).tuned or JFDecodeConfig()
         try:
-            configs[name] = replace(base, **changes)
+            configs[name] = (loaded[where][0], replace(base, **changes))
         except (TypeError, ValueError) as err:
             raise UsageError(f"--config {name}: {err}") from None
     if not configs:
         raise UsageError(f"{path} stores no tuned config: name one with --config")
-    model, tok = load_model(path, **profile.model.decode_kwargs())
     data = eval_set(profile.evaluation, tok, PromptFormat.of(profile.prompts), limit=args.num_prompts)
     costs = measure_cycles(
         model,
@@ -79,7 +87,10 @@ def register_bench(bench_sub) -> None:
     p = bench_sub.add_parser("cycle", help="what one decoding cycle costs, part by part, in AR steps (batch 1)")
     p.add_argument("--model", help="default: the profile's; any model reference (models:/name@alias, a directory)")
     add_profile_options(p)
-    p.add_argument("--config", type=config_item, action="append", help="NAME:{json fields}: the tuned config changed")
+    p.add_argument(
+        "--config", type=config_item, action="append",
+        help="NAME[@MODEL]:{json fields}: the (other model's) tuned config with these fields changed",
+    )  # fmt: skip
     p.add_argument("--no-tuned", action="store_true", help="leave out the model's own tuned config")
     p.add_argument("--num-prompts", type=positive("--num-prompts"), default=8, help="evaluation prompts")
     p.add_argument("--max-new-tokens", type=positive("--max-new-tokens"), default=128, help="tokens per prompt")

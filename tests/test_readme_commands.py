@@ -172,7 +172,10 @@ HOW = {
         "tests/jf_core/evaluation/test_spec_bench.py::test_bench_spec_times_every_method_per_group_and_checks_every_output",
     ),
     ".venv/bin/jf bench cycle --profile smollm2-135m --set evaluation.source=../shared/benchmarks/gsm8k_test.jsonl "
-    "--model DIR --num-prompts 6 --config 'nolookup:{\"lookup\": 0}'": (
+    "--model DIR --no-tuned --num-prompts 6 --config 'untrained:{\"block_size\": 16, \"num_blocks\": 1, "
+    "\"pool_size\": 0, \"adaptive_width\": true, \"width_scale\": 1.0, \"width_margin\": 2, \"lookup\": 16}' "
+    "--config 'mlp@DIR:{\"block_size\": 8, \"num_blocks\": 1, \"pool_size\": 0, \"draft_span\": 3, "
+    "\"lookup\": 16}'": (
         "not in CI", "a benchmark of the real model (timing only); `jf bench cycle` runs on the embedded model in "
                      "tests/jf_core/evaluation/test_cycle_cost.py"),
     ".venv/bin/jf run [--profile tiny] [--set section.key=value]": (

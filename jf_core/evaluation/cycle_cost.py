@@ -53,26 +53,30 @@ class CycleCost:
 def measure_cycles(
     model: torch.nn.Module,
     prompts: Sequence[Sequence[int]],
-    configs: dict[str, JacobiConfig],
+    configs: dict[str, JacobiConfig | tuple[torch.nn.Module, JacobiConfig]],
     *,
     max_new_tokens: int,
     stop: StopTokens,
     warmup: int = 1,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, CycleCost]:
-    """{"ar": our AR's cycles, name: each config's}: every prompt decoded by each at batch 1, taking turns (the order
-    rotated prompt by prompt), after `warmup` prompts decoded untimed by each. Raises LosslessnessError when a
-    config's output is not AR's (a greedy decoder's contract)."""
-    names = [AR_NAME, *configs]
-    costs = {AR_NAME: CycleCost("greedy AR"), **{n: CycleCost(c.describe()) for n, c in configs.items()}}
+    """{"ar": our AR's cycles on `model`, name: each config's}: every prompt decoded by each at batch 1, taking
+    turns (the order rotated prompt by prompt), after `warmup` prompts decoded untimed by each. A config may come
+    with its own model (`(model, config)`: another adapter on the same base, whose greedy text is the base's), so
+    models are compared in one run. Raises LosslessnessError when a config's output is not AR's (a greedy decoder's
+    contract)."""
+    paired = {n: c if isinstance(c, tuple) else (model, c) for n, c in configs.items()}
+    names = [AR_NAME, *paired]
+    costs = {AR_NAME: CycleCost("greedy AR"), **{n: CycleCost(c.describe()) for n, (_, c) in paired.items()}}
     for i, prompt in enumerate([*prompts[:warmup], *prompts]):
         timed = i >= warmup
         outputs = {}
         for k in range(len(names)):
             name = names[(i + k) % len(names)]
-            clock = CycleClock(next(model.parameters()).device)
-            with clock.watching_head(model):
-                out = _decode(model, prompt, configs.get(name), max_new_tokens=max_new_tokens, stop=stop, clock=clock)
+            on, config = paired.get(name, (model, None))
+            clock = CycleClock(next(on.parameters()).device)
+            with clock.watching_head(on):
+                out = _decode(on, prompt, config, max_new_tokens=max_new_tokens, stop=stop, clock=clock)
             outputs[name] = out.sequences[0]
             if timed:
                 _add(costs[name], clock, out)

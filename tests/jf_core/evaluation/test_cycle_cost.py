@@ -56,10 +56,14 @@ def test_jf_bench_cycle_prints_the_table_and_writes_its_json(embedded, tmp_path,
     model, _ = embedded
     out = tmp_path / "cycle.json"
     argv = ["bench", "cycle", "--model", model.name_or_path, "--num-prompts", "2", "--max-new-tokens", "24"]
-    assert main([*argv, "--no-tuned", "--config", 'n8:{"block_size": 8}', "--json", str(out)]) == 0
+    # `NAME@MODEL`: a config decoded on another model (here a second copy of the same one), in the same run.
+    other = f'there@{model.name_or_path}:{{"block_size": 4}}'
+    assert main([*argv, "--no-tuned", "--config", 'n8:{"block_size": 8}', "--config", other, "--json", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "| part | ar: ms (AR steps) | n8: ms (AR steps) |" in printed and "| **cycle** |" in printed
-    assert set(json.loads(out.read_text())["methods"]) == {"ar", "n8"}
+    assert "| part | ar: ms (AR steps) | n8: ms (AR steps) | there: ms (AR steps) |" in printed
+    assert "| **cycle** |" in printed
+    methods = json.loads(out.read_text())["methods"]
+    assert set(methods) == {"ar", "n8", "there"} and methods["there"]["config"].startswith("n=4")
     with pytest.raises(SystemExit):
         main([*argv, "--config", "n8:{not json}"])
     assert "its fields are not JSON" in capsys.readouterr().err
