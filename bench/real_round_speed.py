@@ -57,7 +57,7 @@ def main() -> int:
         prompts = [p.token_ids for p in load_prompts(chosen, tokenizer).items]
     else:
         fmt = PromptFormat.of(profile.prompts)
-        prompts = eval_set(profile.evaluation, tokenizer, fmt, limit=args.num_prompts).prompts
+        prompts = eval_set(profile.evaluation, tokenizer, fmt, part="confirmation", limit=args.num_prompts).prompts
     twins = {m: AR.of(m.model) for m in methods}  # each model against its own greedy AR
     results: dict[int, dict] = {}
     for b in args.batch_sizes:

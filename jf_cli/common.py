@@ -98,8 +98,9 @@ def args_profile(args: argparse.Namespace, **sections: dict):
 
 
 def bench_prompts(args: argparse.Namespace):
-    """The model's directory, its profile and tokenizer, and `--num-prompts` of the profile's evaluation prompts in
-    the model's prompt format (`jf bench serve` and `jf bench vllm`)."""
+    """The model's directory, its profile and tokenizer, and `--num-prompts` of the profile's evaluation prompts (the
+    held-out questions' confirmation half: these benches report) in the model's prompt format (`jf bench serve` and
+    `jf bench vllm`)."""
     from jf_core.evaluation.benchmarks import load_benchmark
     from jf_core.models import load_model
     from jf_core.trajectory.prompts import PromptFormat
@@ -108,7 +109,9 @@ def bench_prompts(args: argparse.Namespace):
     path = model_path(args.model, profile)
     cfg = profile.evaluation
     _, tok = load_model(path, dtype="float32", device="cpu")
-    items = load_benchmark(cfg.benchmark, cfg.source, limit=args.num_prompts, template=cfg.template)
+    items = load_benchmark(
+        cfg.benchmark, cfg.source, limit=args.num_prompts, template=cfg.template, held_out_slice="confirmation"
+    )
     fmt = PromptFormat.of(profile.prompts)
     return path, profile, tok, [fmt.render(item.prompt, tok) for item in items]
 

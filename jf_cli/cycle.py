@@ -66,7 +66,9 @@ def cmd_bench_cycle(args: argparse.Namespace) -> int:
             raise UsageError(f"--config {name}: {err}") from None
     if not configs:
         raise UsageError(f"{path} stores no tuned config: name one with --config")
-    data = eval_set(profile.evaluation, tok, PromptFormat.of(profile.prompts), limit=args.num_prompts)
+    # A layout study is a decision: it reads the development half of the held-out questions, never the reported one.
+    fmt = PromptFormat.of(profile.prompts)
+    data = eval_set(profile.evaluation, tok, fmt, part="development", limit=args.num_prompts)
     costs = measure_cycles(
         model,
         data.prompts,

@@ -24,6 +24,8 @@ from pathlib import Path
 
 from jf_core.evaluation.answers import gsm8k_correct, math_correct
 from jf_core.evaluation.sandbox import SandboxLimits, run_program
+from jf_core.trajectory import prompts
+from jf_core.trajectory.prompt_source import HeldOutSlice
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,7 @@ class BenchmarkSpec:
     required: tuple[str, ...]
     template: str
     kind: str  # code | answer | embedded
+    key: str = "prompt"  # the field a row's held-out half is hashed by (prompts.held_out_slice): its question
 
 
 SPECS = {
@@ -44,15 +47,16 @@ SPECS = {
     ),
     "mbpp": BenchmarkSpec(
         "mbpp", "google-research-datasets/mbpp", "full", "test", ("task_id", "text", "test_list"),
-        '"""\n{text}\nYour code should pass these tests:\n{tests}\n"""\n', "code",
+        '"""\n{text}\nYour code should pass these tests:\n{tests}\n"""\n', "code", "text",
     ),
     "gsm8k": BenchmarkSpec(
-        "gsm8k", "openai/gsm8k", "main", "test", ("question", "answer"), "Question: {question}\nAnswer:", "answer"
+        "gsm8k", "openai/gsm8k", "main", "test", ("question", "answer"), "Question: {question}\nAnswer:", "answer",
+        "question",
     ),
     "math": BenchmarkSpec(  # MATH-500 (Lightman et al.'s subset): one config, an `answer` field; the full MATH
         # (EleutherAI/hendrycks_math) needs a subject config: give a local file or a dataset directory instead.
         "math", "HuggingFaceH4/MATH-500", None, "test", ("problem",),
-        "Problem: {problem}\nPut the final answer in \\boxed{{}}.\nSolution:", "answer",
+        "Problem: {problem}\nPut the final answer in \\boxed{{}}.\nSolution:", "answer", "problem",
     ),
     "embedded": BenchmarkSpec("embedded", None, None, "test", (), "{prompt}", "embedded"),
 }  # fmt: skip
@@ -100,8 +104,12 @@ def load_benchmark(
     limit: int | None = None,
     template: str | None = None,
     keep: Callable[[dict], bool] | None = None,
+    held_out_slice: HeldOutSlice | None = None,
+    key: str | None = None,
 ) -> list[BenchmarkItem]:
-    """The benchmark's first `limit` items (of the rows `keep` accepts: a held-out hash split, for one)."""
+    """The benchmark's first `limit` items (of the rows `keep` accepts: a held-out hash split, for one), of the
+    `held_out_slice` half where one is named (by each row's `key` field, default the benchmark's question field;
+    the embedded task's calib or test split)."""
     if name not in SPECS:
         raise BenchmarkError(f"unknown benchmark {name!r}; known: {', '.join(sorted(SPECS))}")
     spec = SPECS[name]
@@ -111,12 +119,14 @@ def load_benchmark(
 
         return [
             BenchmarkItem(e.uid, template.format(prompt=e.prompt), {"answer": e.answer})
-            for e in make_split("test", limit or 200)
+            for e in make_split("calib" if held_out_slice == "development" else "test", limit or 200)
         ]
     source = source or spec.hub_id
     rows = read_records(source, spec)
     if keep is not None:
         rows = [row for row in rows if keep(row)]
+    if held_out_slice is not None:
+        rows = [row for row in rows if prompts.held_out_slice(str(row.get(key or spec.key, ""))) == held_out_slice]
     rows = rows[: limit or None]
     items = []
     for i, row in enumerate(rows):

@@ -40,6 +40,7 @@ from jf_core.evaluation.method import AR, AR_CONTROL, TUNED, UNTRAINED, Method, 
 from jf_core.evaluation.methods import build_methods
 from jf_core.evaluation.results import Calibration, Evaluation
 from jf_core.evaluation.speed import Decoder, MethodResult, bench, run_interleaved
+from jf_core.trajectory.prompt_source import HeldOutSlice
 from jf_core.trajectory.prompts import PromptFormat, calibration_prompts, hash_split
 
 EXACT_DTYPES = (torch.float32, torch.float64)
@@ -107,9 +108,17 @@ def held_out(cfg: EvalConfig) -> Callable[[dict], bool] | None:
     return lambda row: hash_split(str(row.get(field, "")), fractions) == cfg.split
 
 
-def eval_set(cfg: EvalConfig, tokenizer, fmt: PromptFormat, *, limit: int | None = None) -> EvalSet:
+def eval_set(cfg: EvalConfig, tokenizer, fmt: PromptFormat, *, part: HeldOutSlice, limit: int | None = None) -> EvalSet:
+    """The benchmark's held-out questions of the `part` half (a reported figure: confirmation; a decision:
+    development), rendered and tokenized."""
     items = load_benchmark(
-        cfg.benchmark, cfg.source, limit=limit or cfg.num_prompts, template=cfg.template, keep=held_out(cfg)
+        cfg.benchmark,
+        cfg.source,
+        limit=limit or cfg.num_prompts,
+        template=cfg.template,
+        keep=held_out(cfg),
+        held_out_slice=part,
+        key=cfg.hash_splits[1] if cfg.hash_splits else None,
     )
     prompts = [tokenizer(fmt.render(i.prompt, tokenizer), add_special_tokens=False)["input_ids"] for i in items]
     return EvalSet(cfg.benchmark, items, prompts)
@@ -142,7 +151,7 @@ def evaluate_model(
     there against their `same_output_as`; the AR-against-AR control is always one of them."""
     started = time.perf_counter()
     dtype = next(model.parameters()).dtype
-    data = eval_set(cfg, tokenizer, fmt)
+    data = eval_set(cfg, tokenizer, fmt, part="confirmation")
     # The round's rows: our AR, plain Jacobi at each block size, the tuned config (methods.py builds every bench's).
     own = build_methods(
         model, stop, cfg.max_new_tokens, block_sizes=cfg.block_sizes, tuned=tuned, ar_above_batch=ar_above_batch

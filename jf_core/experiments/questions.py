@@ -16,12 +16,14 @@ def question_sets(
 ) -> tuple[Questions, Questions, object]:
     """(trained, held-out, score): the profile's prompts (its train split, as the experiment's profile sets it),
     the first `measure_trained` of them measured (None: all); `held_out` questions of the evaluation's source never
-    trained on (`held_out_field`: its text field, where another kind of question than the trained ones); `score`:
-    the scorer (None where the benchmark does not score these rows)."""
+    trained on, of their development half (an experiment decides a recipe; the confirmation half reports), with
+    `held_out_field` their text field where another kind of question than the trained ones; `score`: the scorer
+    (None where the benchmark does not score these rows)."""
     train = load_prompts(profile.prompts, tokenizer).items
     e = profile.evaluation
     field = {"text_field": held_out_field} if held_out_field else {}
-    held_prompts = held_out_source(profile.prompts, e.source, e.split).model_copy(update={"limit": held_out, **field})
+    held_source = held_out_source(profile.prompts, e.source, e.split, "development")
+    held_prompts = held_source.model_copy(update={"limit": held_out, **field})
     held = load_prompts(held_prompts, tokenizer).items
     (train_refs, held_refs), score = scoring(profile, tokenizer, train, held)
     sample = slice(0, measure_trained)
@@ -41,8 +43,9 @@ def scoring(profile: Profile, tokenizer, train: list, held: list):
         return (None, None), None
     train_rows = rows_by_prompt_id(profile.prompts.model_copy(update={"split": "train", "limit": None}))
     e = profile.evaluation
-    held_source = held_out_source(profile.prompts, e.source, e.split)
-    held_rows = rows_by_prompt_id(held_source.model_copy(update={"limit": None}))
+    # Every held-out row by its id, whichever half (and text field) `held` was read by: ids are the file's rows.
+    held_source = held_out_source(profile.prompts, e.source, e.split, "development")
+    held_rows = rows_by_prompt_id(held_source.model_copy(update={"limit": None, "held_out_slice": None}))
     trained = [train_rows[p.prompt_id] for p in train]
     # A question written by `prompts.number_variants` has no reference answer: the trained set is then not scored.
     references = (None if any("variant_of" in r for r in trained) else trained, [held_rows[p.prompt_id] for p in held])

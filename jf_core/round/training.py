@@ -176,7 +176,9 @@ def probe_prompts(profile: Profile, tokenizer) -> list[list[int]]:
     t, e = profile.training, profile.evaluation
     if t.tpf_probe_questions == "calibration":
         return calibration_prompts(profile.prompts, tokenizer, t.tpf_probe_prompts, e.calibration_split)
-    source = held_out_source(profile.prompts, e.source, e.split).model_copy(update={"limit": t.tpf_probe_prompts})
+    # The probe's curve chooses recipes and step counts: the development half of the held-out questions.
+    source = held_out_source(profile.prompts, e.source, e.split, "development")
+    source = source.model_copy(update={"limit": t.tpf_probe_prompts})
     return [p.token_ids for p in load_prompts(source, tokenizer).items]
 
 

@@ -100,9 +100,10 @@ class JFTrainConfig(BaseModel):
     # `tpf_probe_tokens` new tokens each (one-process training only). It reads the model and changes nothing in it:
     # rounds with and without it train the same weights.
     tpf_probe_every: int | None = Field(None, ge=1)
-    # calibration: the prompt source's calibration split; held_out: the evaluation's held-out questions (its own
-    # file where evaluation.source names another, e.g. GSM8K's test split; else the held-out hash split), for a
-    # learning curve on the questions the round is judged on. Nothing is chosen by the probe: it only reports.
+    # calibration: the prompt source's calibration split; held_out: the development half of the evaluation's
+    # held-out questions (its own file where evaluation.source names another, e.g. GSM8K's test split; else the
+    # held-out hash split), for a learning curve on questions of the kind the round is judged on. Recipes and step
+    # counts are chosen by that curve, so it never reads the confirmation half the round's figures come from.
     tpf_probe_questions: Literal["calibration", "held_out"] = "calibration"
     tpf_probe_prompts: int = Field(4, ge=1)
     tpf_probe_tokens: int = Field(64, ge=1)

@@ -3,7 +3,15 @@ from prompts.py (the readers) so that reading a profile imports no reader."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, Field, field_validator, model_validator
+
+# Held-out questions fall in two fixed halves by a salted hash of their text (prompts.held_out_slice): decisions (a
+# recipe's held-out probe, a layout study, training's held-out TPF probe) read the development half, reported figures
+# (a round's evaluation, `jf bench decode`) the confirmation half, so no reported figure is on a question a decision
+# was made on. The embedded task's halves are its own splits: calib (development) and test (confirmation).
+HeldOutSlice = Literal["development", "confirmation"]
 
 
 class PromptSourceConfig(BaseModel):
@@ -33,6 +41,8 @@ class PromptSourceConfig(BaseModel):
     # Each row's reference answer (GSM8K: `answer`): the text `trajectory.kind: text` trains on, read with the prompt
     # (a row without one is skipped as `no_answer`). None: prompts only.
     answer_field: str | None = None
+    # Held-out reading only (`held_out_source`): the rows in this half of the held-out questions (HeldOutSlice).
+    held_out_slice: HeldOutSlice | None = None
 
     @model_validator(mode="after")
     def _variants_of_text(self) -> PromptSourceConfig:
@@ -59,7 +69,7 @@ class PromptSourceConfig(BaseModel):
         number_variants, answer_field) only while they are set, so the keys of profiles that do not use them are
         unchanged."""
         data = self.model_dump(exclude=set(exclude))
-        for name in ("extra_sources", "hash_splits", "number_variants", "answer_field"):
+        for name in ("extra_sources", "hash_splits", "number_variants", "answer_field", "held_out_slice"):
             if name in data and not data[name]:
                 del data[name]
         return data

@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from jf_core.trajectory.prompt_source import PromptSourceConfig, held_out_whole
+from jf_core.trajectory.prompt_source import HeldOutSlice, PromptSourceConfig, held_out_whole
 
 
 class PromptSourceError(ValueError):
@@ -42,6 +42,14 @@ def hash_split(text: str, fractions: dict[str, float]) -> str:
         if point < total:
             return name
     return name  # rounding at the very top
+
+
+def held_out_slice(text: str) -> HeldOutSlice:
+    """The half of the held-out questions a question's text falls in (prompt_source.HeldOutSlice): its sha256 under
+    a salt of its own, so the halves cut across any hash split of the same file (the profile's `test` split is one
+    range of the unsalted hash) and across any file's order."""
+    point = int.from_bytes(hashlib.sha256(f"held-out slice\n{text}".encode()).digest()[:8], "big") / 2**64
+    return "development" if point < 0.5 else "confirmation"
 
 
 NUMBER = re.compile(r"\d+")
@@ -141,16 +149,20 @@ def read_rows(cfg: PromptSourceConfig) -> Iterator[tuple[str, dict]]:
 
 def _split_rows(cfg: PromptSourceConfig) -> Iterator[tuple[str, dict]]:
     rows = _read_source(cfg)
-    if not cfg.hash_splits or cfg.source == "embedded":
+    if cfg.source == "embedded":  # its splits are disjoint by construction (the held-out halves too)
         yield from rows
         return
-    if cfg.split not in cfg.hash_splits:
+    if cfg.hash_splits and cfg.split not in cfg.hash_splits:
         raise PromptSourceError(
             f"{cfg.source}: split {cfg.split!r} is not one of hash_splits {sorted(cfg.hash_splits)}"
         )
     for row_id, row in rows:
-        if hash_split(split_key(row, cfg), cfg.hash_splits) == cfg.split:
-            yield row_id, row
+        key = split_key(row, cfg)
+        if cfg.hash_splits and hash_split(key, cfg.hash_splits) != cfg.split:
+            continue
+        if cfg.held_out_slice and held_out_slice(key) != cfg.held_out_slice:
+            continue
+        yield row_id, row
 
 
 def _read_source(cfg: PromptSourceConfig) -> Iterator[tuple[str, dict]]:
@@ -235,12 +247,19 @@ def _render(cfg: PromptSourceConfig, row: dict, tokenizer) -> tuple[str | None, 
     return format_prompt(messages, tokenizer, chat_template=cfg.chat_template, system_prompt=cfg.system_prompt), None
 
 
-def held_out_source(prompts: PromptSourceConfig, source: str | None, split: str | None) -> PromptSourceConfig:
-    """Where held-out questions come from, rendered like the training prompts: `source` whole (`held_out_whole`),
-    else the prompt file's held-out hash `split` (default test). `source` and `split` are the evaluation's."""
+def held_out_source(
+    prompts: PromptSourceConfig, source: str | None, split: str | None, part: HeldOutSlice
+) -> PromptSourceConfig:
+    """Where held-out questions come from, rendered like the training prompts: the `part` half (development for a
+    decision, confirmation for a reported figure: prompt_source.HeldOutSlice) of `source` whole (`held_out_whole`),
+    else of the prompt file's held-out hash `split` (default test); the embedded task's calib or test split.
+    `source` and `split` are the evaluation's."""
+    if prompts.source == "embedded" and not held_out_whole(prompts, source):
+        return prompts.model_copy(update={"split": "calib" if part == "development" else split or "test"})
     if held_out_whole(prompts, source):
-        return prompts.model_copy(update={"source": source, "hash_splits": None, "number_variants": 0})
-    return prompts.model_copy(update={"split": split or "test"})
+        update = {"source": source, "hash_splits": None, "number_variants": 0}
+        return prompts.model_copy(update={**update, "held_out_slice": part})
+    return prompts.model_copy(update={"split": split or "test", "held_out_slice": part})
 
 
 def calibration_prompts(source: PromptSourceConfig, tokenizer, n: int, split: str | None = None) -> list[list[int]]:

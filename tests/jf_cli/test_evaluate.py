@@ -15,7 +15,8 @@ pytestmark = pytest.mark.timeout(600)
 
 @pytest.fixture()
 def profile_yaml(profile, tmp_path):
-    rows = [{"question": f"What is {i} + 2?", "answer": f"#### {i + 2}"} for i in range(5)]
+    # 12 questions: 7 in the confirmation half `jf eval` and `jf bench decode` read, 5 in the development half.
+    rows = [{"question": f"What is {i} + 2?", "answer": f"#### {i + 2}"} for i in range(12)]
     (tmp_path / "gsm8k.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     data = profile.model_dump(mode="json")
     data["evaluation"].update(

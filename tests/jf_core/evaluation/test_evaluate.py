@@ -30,8 +30,8 @@ QWEN_TEMPLATE = (
 @pytest.fixture()
 def gsm8k_file(tmp_path):
     rows = [
-        {"question": f"What is {i} + 1?", "answer": f"{i}+1=<<{i}+1={i + 1}>>{i + 1}\n#### {i + 1}"} for i in range(6)
-    ]
+        {"question": f"What is {i} + 1?", "answer": f"{i}+1=<<{i}+1={i + 1}>>{i + 1}\n#### {i + 1}"} for i in range(12)
+    ]  # 7 of them in the confirmation half the evaluation reads
     path = tmp_path / "gsm8k.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return str(path)
@@ -163,6 +163,8 @@ def test_bf16_evaluation_reports_identity_instead_of_raising(gsm8k_file):
 
 def test_chat_template_prompts_match_the_trajectory_prompt_format(tmp_path):
     """HumanEval prompts for a chat model are rendered exactly as the trajectory prompts were."""
+    from jf_core.trajectory.prompts import held_out_slice
+
     tok = _tokenizer()
     tok.chat_template = QWEN_TEMPLATE
     record = {
@@ -174,7 +176,8 @@ def test_chat_template_prompts_match_the_trajectory_prompt_format(tmp_path):
     (tmp_path / "he.jsonl").write_text(json.dumps(record) + "\n")
     system = "You are a careful Python programmer."
     cfg = EvalConfig(benchmark="humaneval", source=str(tmp_path / "he.jsonl"), num_prompts=1)
-    got = eval_set(cfg, tok, PromptFormat(system_prompt=system)).prompts[0]
+    half = held_out_slice(record["prompt"])  # the half this one question falls in
+    got = eval_set(cfg, tok, PromptFormat(system_prompt=system), part=half).prompts[0]
     (tmp_path / "train.jsonl").write_text(json.dumps({"prompt": record["prompt"]}) + "\n")
     trajectory = load_prompts(PromptSourceConfig(source=str(tmp_path / "train.jsonl"), system_prompt=system), tok)
     assert got == trajectory.items[0].token_ids

@@ -270,19 +270,22 @@ def test_training_computes_in_its_compute_dtype_and_writes_the_models(profile, t
 
 def test_the_tpf_probe_reads_the_held_out_questions_where_asked(profile, tmp_path):
     """`training.tpf_probe_questions: held_out`: the probe's prompts are the evaluation's own file where it names one
-    (GSM8K's test split beside its train split), rendered like the training prompts; by default the calibration
-    split's."""
+    (GSM8K's test split beside its train split), its development half (the probe's curve decides recipes), rendered
+    like the training prompts; by default the calibration split's."""
     from jf_core.models import load_model
     from jf_core.round.training import probe_prompts
     from jf_core.toy.task import make_split
+    from jf_core.trajectory.prompts import held_out_slice
 
     _, tok = load_model(profile.model.path)
-    rows = [{"id": e.uid, "prompt": e.prompt} for e in make_split("test", 6)]
+    rows = [{"id": e.uid, "prompt": e.prompt} for e in make_split("test", 16)]
     (tmp_path / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     training = JFTrainConfig(tpf_probe_prompts=4, tpf_probe_questions="held_out")
     evaluation = profile.evaluation.model_copy(update={"source": str(tmp_path / "test.jsonl")})
     held = probe_prompts(profile.model_copy(update={"training": training, "evaluation": evaluation}), tok)
-    assert held == [tok(r["prompt"])["input_ids"] for r in rows[:4]]
+    development = [r for r in rows if held_out_slice(r["prompt"]) == "development"]
+    assert len(development) < len(rows)
+    assert sorted(held) == sorted(tok(r["prompt"])["input_ids"] for r in development[:4])
     calibration = probe_prompts(profile.model_copy(update={"training": JFTrainConfig(tpf_probe_prompts=4)}), tok)
     assert len(calibration) == 4 and not set(map(tuple, calibration)) & set(map(tuple, held))
 
@@ -336,7 +339,7 @@ def test_a_trained_models_evaluation_carries_its_input_models_untrained_anchors(
     rows = {r.name for r in result.rows() if r.method.model == UNTRAINED}
     assert rows == {"base_ar", "base_hf_prompt_lookup", "base_tuned"}
     assert all(r.identical_fraction == 1.0 for r in result.rows())  # each against its own model's AR
-    prompts = eval_set(p.evaluation, tok, PromptFormat.of(p.prompts)).prompts
+    prompts = eval_set(p.evaluation, tok, PromptFormat.of(p.prompts), part="confirmation").prompts
     texts = [ar_decode(m, prompts, max_new_tokens=12, stop=stop_tokens(m, tok)).sequences for m in (base_m, other)]
     assert texts[0] != texts[1]  # so an anchor compared with the trained model's AR would have failed
     assert result.row(Method("ar", model=UNTRAINED)).tpf == 1.0

@@ -141,7 +141,7 @@ def test_the_evaluation_holds_out_its_hash_split_of_the_prompt_file(tok):
     from jf_core.config import load_profile
     from jf_core.evaluation.evaluate import eval_set
     from jf_core.evaluation.evaluate import held_out as held_out_filter
-    from jf_core.trajectory.prompts import PromptFormat
+    from jf_core.trajectory.prompts import PromptFormat, held_out_source
 
     profile = load_profile(
         "smollm2-135m",
@@ -149,10 +149,17 @@ def test_the_evaluation_holds_out_its_hash_split_of_the_prompt_file(tok):
         evaluation={"num_prompts": 100},
     )
     assert profile.evaluation.source == str(FIXTURE)  # defaults to the prompt file
-    held_out = eval_set(profile.evaluation, tok, PromptFormat(chat_template=False))
-    questions = {item.record["question"] for item in held_out.items}
-    assert questions == _split(tok, "test")
-    assert not questions & (_split(tok, "train") | _split(tok, "calib"))
+    fmt = PromptFormat(chat_template=False)
+    halves = {part: eval_set(profile.evaluation, tok, fmt, part=part) for part in ("development", "confirmation")}
+    questions = {part: {item.record["question"] for item in held.items} for part, held in halves.items()}
+    # The test split in two fixed halves: decisions read one, reported figures the other.
+    assert questions["development"] | questions["confirmation"] == _split(tok, "test")
+    assert questions["development"] and questions["confirmation"]
+    assert not questions["development"] & questions["confirmation"]
+    assert not _split(tok, "test") & (_split(tok, "train") | _split(tok, "calib"))
+    # The same halves whichever way the held-out questions are read: as benchmark rows or as prompts.
+    as_prompts = held_out_source(profile.prompts, None, "test", "confirmation").model_copy(update={"limit": None})
+    assert {tok.decode(p.token_ids) for p in load_prompts(as_prompts, tok).items} == questions["confirmation"]
     # GSM8K's test file beside its train file: every row of it is held out, not only its "test" hash split.
     other = load_profile("smollm2-135m", prompts={"source": str(FIXTURE)}, evaluation={"source": "test.jsonl"})
     assert other.evaluation.split == "test" and held_out_filter(other.evaluation) is None
@@ -208,8 +215,14 @@ def test_held_out_questions_come_from_the_evaluation_file_where_it_names_another
     from jf_core.trajectory.prompts import held_out_source
 
     prompts = PromptSourceConfig(source="train.jsonl", hash_splits={"train": 0.8, "test": 0.2}, number_variants=2)
-    held = held_out_source(prompts, "test.jsonl", None)
+    held = held_out_source(prompts, "test.jsonl", None, "confirmation")
     assert held.source == "test.jsonl" and held.hash_splits is None and held.number_variants == 0
-    same = held_out_source(prompts, None, None)
+    assert held.held_out_slice == "confirmation" and "held_out_slice" not in prompts.identity()
+    same = held_out_source(prompts, None, None, "development")
     assert same.source == "train.jsonl" and same.split == "test" and same.hash_splits == prompts.hash_splits
-    assert held_out_source(prompts, "train.jsonl", "calib").split == "calib"
+    assert same.held_out_slice == "development"
+    assert held_out_source(prompts, "train.jsonl", "calib", "development").split == "calib"
+    # The embedded task's halves are its own disjoint splits.
+    toy = PromptSourceConfig(source="embedded")
+    assert held_out_source(toy, None, None, "development").split == "calib"
+    assert held_out_source(toy, None, None, "confirmation").split == "test"
