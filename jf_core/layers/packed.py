@@ -9,10 +9,13 @@ forward over a 200-token cache took 44.6 ms for one token against MKL's 63.0, 45
 costs fewer AR steps, for every decoder alike (they share the model).
 
 Only where nothing needs a gradient, in fp32, on plain CPU tensors: training, bf16 and sharded (DTensor) weights keep
-`F.linear`. The packed copy is made on the first such forward (a training process never pays for it), costs one more
-copy of the weights, and is made again whenever the weight changed in place since (an optimizer step, a loaded
-state dict). The values are F.linear's to fp32 rounding, not bit for bit; greedy decoding compares a decoder with
-AR on the same model, so both run the same kernels.
+`F.linear`. The packed copy is made on the first such forward (a training process that asks a gradient of every
+product never pays for it), costs one more copy of the weights, and is made again whenever the weight changed in
+place since (an optimizer step, a loaded state dict). The values are F.linear's to fp32 rounding, not bit for bit;
+greedy decoding compares a decoder with AR on the same model, so both run the same kernels.
+
+Under training's CPU autocast a frozen weight (the base under a draft adapter) is cast once and kept (`CastWeight`)
+instead of on every product: the same values autocast's cast gives, so training is unchanged bit for bit.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from jf_core import pins
 _OPS = torch.ops.mkldnn
 # Private ops, pinned to the torch they were written against (jf_core/pins.py): on another, layers keep F.linear.
 AVAILABLE = torch.backends.mkldnn.is_available() and pins.require("torch-packed")
-_switch = {"on": True}
+_switch = {"on": True, "cast": True}
 
 
 @contextlib.contextmanager
@@ -79,6 +82,56 @@ class PackedWeight:
         return {"_packed": None, "_stamp": None}  # oneDNN tensors neither pickle nor deep-copy: remade on use
 
 
+def cast_cached(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether this product runs on a kept low-precision copy of a frozen weight: under CPU autocast (training's
+    bf16 compute), a weight no gradient is asked of, a plain CPU tensor. Autocast keeps its casts only of leaf
+    weights that require grad, so a frozen base under a draft adapter was cast anew in every forward and every
+    backward's recomputation: a copy of every projection's weight each time."""
+    return (
+        _switch["cast"]
+        and torch.is_autocast_enabled("cpu")
+        and not weight.requires_grad
+        and x.device.type == "cpu"
+        and type(weight.data) is torch.Tensor
+        and weight.dtype != torch.get_autocast_dtype("cpu")
+    )
+
+
+@contextlib.contextmanager
+def uncached_casts() -> Iterator[None]:
+    """Frozen weights cast by autocast on every product meanwhile: what the kept copy saves is measured against it
+    (bench/loss_terms.py)."""
+    previous, _switch["cast"] = _switch["cast"], False
+    try:
+        yield
+    finally:
+        _switch["cast"] = previous
+
+
+class CastWeight:
+    """A frozen weight's copy in autocast's dtype, remade when the weight is another tensor, was written in place
+    since (a loaded state dict), or autocast's dtype changed: the same values autocast's own cast gives."""
+
+    def __init__(self) -> None:
+        self._cast: torch.Tensor | None = None
+        self._stamp: tuple | None = None
+
+    def of(self, weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        stamp = (weight.data_ptr(), -1 if weight.is_inference() else weight._version, dtype)
+        if self._stamp != stamp:
+            self._cast = weight.detach().to(dtype)
+            self._stamp = stamp
+        return self._cast
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        dtype = torch.get_autocast_dtype("cpu")
+        with torch.autocast("cpu", enabled=False):
+            return nn.functional.linear(x.to(dtype), self.of(weight, dtype), None if bias is None else bias.to(dtype))
+
+    def __getstate__(self) -> dict:
+        return {"_cast": None, "_stamp": None}  # a cache: deep copies and pickles start without it
+
+
 class PackedLinear(nn.Linear):
     """An `nn.Linear` (the same parameters, state dict and hooks) whose no-gradient fp32 CPU forward is packed.
 
@@ -95,6 +148,7 @@ class PackedLinear(nn.Linear):
         packed.in_features, packed.out_features = linear.in_features, linear.out_features
         packed.weight, packed.bias = linear.weight, linear.bias  # shared: tying and the state dict are unchanged
         packed.packed_weight = PackedWeight()
+        packed.cast_weight = CastWeight()
         return packed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -103,6 +157,8 @@ class PackedLinear(nn.Linear):
             if draft is not None and self.bias is None:
                 return draft[0].fused(draft[1], self, x)
             y = self.packed_weight.linear(x, self.weight, self.bias)
+        elif cast_cached(x, self.weight):
+            y = self.cast_weight.linear(x, self.weight, self.bias)
         else:
             y = nn.functional.linear(x, self.weight, self.bias)
         return y if draft is None else draft[0].add(draft[1], x, y)

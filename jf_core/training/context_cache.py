@@ -59,6 +59,12 @@ def _permuted(mask: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
 def hidden_states(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
     """The final hidden states [B, L, H] (at the LM head's input) of the packed forward, the adapter on the gated
     positions: the base's context under no_grad, the adapter-dependent positions with autograd over its cache."""
+    return forward(model, batch)[0]
+
+
+def forward(model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """(`hidden_states`, the [B, L] positions they depend on the adapter at: `adapter_dependent`): a loss over
+    positions none of which is dependent has no gradient."""
     mask, gate = batch["attention_mask"], batch["draft_gate"]
     dependent = adapter_dependent(mask, gate)
     # Each row's context first, in its own order (its keys precede its queries, as the mask's causal rule wants),
@@ -91,4 +97,4 @@ def hidden_states(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
     parts.append(seen["hidden"])
     hidden = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
     back = torch.argsort(order, dim=1)
-    return hidden.gather(1, back[..., None].expand(-1, -1, hidden.shape[-1]))
+    return hidden.gather(1, back[..., None].expand(-1, -1, hidden.shape[-1])), dependent

@@ -86,6 +86,16 @@ def _pick(hidden: torch.Tensor, index: torch.Tensor, valid: torch.Tensor) -> tor
     return rows[valid]
 
 
+def _cross_entropy_sum(hidden, head, index: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor, chunk: int):
+    """Summed cross entropy of the head's logits at `index`'s valid positions against `targets`, chunked."""
+    return _chunked(
+        lambda rows, wanted: F.cross_entropy(head(rows), wanted, reduction="sum"),
+        _pick(hidden, index, valid),
+        targets[valid],
+        chunk=chunk,
+    )
+
+
 # ---- the losses ------------------------------------------------------------------------------------------------
 
 
@@ -103,27 +113,22 @@ def jf_losses(
     cfg: JFLossConfig,
     norm: dict[str, float] | None = None,
     base: tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]] | None = None,
+    ar_gradient: bool = True,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Both losses from the final hidden states; `norm` defaults to this batch's own counts (means). `base`: the
-    frozen base model's final hidden states on the same batch and its head, for the base KL term."""
+    frozen base model's final hidden states on the same batch and its head, for the base KL term. `ar_gradient`
+    False: nothing trainable reaches the AR loss's positions (a draft adapter's clean copies are the frozen base's),
+    so the term, whose gradient is zero, is not computed and not reported: its LM head over a third of the packed
+    positions was a tenth of an adapter's step on a CPU for a figure that is the base's own and never moves."""
     local = loss_counts(batch, cfg)
     norm = norm or local
     ar_valid = batch["ar_tgt"] != -100
-    ar = _chunked(
-        lambda rows, targets: F.cross_entropy(head(rows), targets, reduction="sum"),
-        _pick(hidden, batch["ar_src"], ar_valid),
-        batch["ar_tgt"][ar_valid],
-        chunk=cfg.chunk,
-    )
+    ar = _cross_entropy_sum(hidden, head, batch["ar_src"], batch["ar_tgt"], ar_valid, cfg.chunk) if ar_gradient else (
+        hidden.new_zeros((), dtype=torch.float32))  # fmt: skip
     valid = batch["cons_valid"]
     if cfg.consistency == "fixed_point":
         valid = valid & (batch["cons_hard"] != -100)
-        cons = _chunked(
-            lambda rows, targets: F.cross_entropy(head(rows), targets, reduction="sum"),
-            _pick(hidden, batch["cons_student"], valid),
-            batch["cons_hard"][valid],
-            chunk=cfg.chunk,
-        )
+        cons = _cross_entropy_sum(hidden, head, batch["cons_student"], batch["cons_hard"], valid, cfg.chunk)
     else:
         tau, tv = cfg.temperature, cfg.consistency == "tv"
 
@@ -160,13 +165,13 @@ def jf_losses(
         base_kl_mean = base_kl / max(norm["ar"], 1)
         loss = loss + cfg.base_kl_weight * base_kl_mean
         extra = {"base_kl": float(base_kl_mean.detach()), "base_kl_sum": float(base_kl.detach())}
+    ar_figures = {"ar_loss": float(ar_mean.detach()), "ar_loss_sum": float(ar.detach())} if ar_gradient else {}
     return loss, {
         **extra,
+        **ar_figures,
         "loss": float(loss.detach()),
-        "ar_loss": float(ar_mean.detach()),
         "consistency_loss": float(cons_mean.detach()),
         # sums and counts: the trainer reduces these into the step's token-weighted means (`summarize`)
-        "ar_loss_sum": float(ar.detach()),
         "consistency_loss_sum": float(cons.detach()),
         "ar_positions": float(local["ar"]),
         "consistency_positions": float(local["consistency"]),
@@ -242,10 +247,11 @@ class JacobiForcingObjective:
         cons = totals.get("consistency_loss_sum", 0.0) / max(totals.get("consistency_positions", 0.0), 1.0)
         out = {
             "loss": self.cfg.ar_weight * ar + self.cfg.consistency_weight * cons,
-            "ar_loss": ar,
             "consistency_loss": cons,
             "consistency_positions": totals.get("consistency_positions", 0.0),
         }
+        if "ar_loss_sum" in totals:  # absent where no gradient reached it (`jf_losses`' ar_gradient)
+            out["ar_loss"] = ar
         if "base_kl_sum" in totals:
             out["base_kl"] = totals["base_kl_sum"] / max(totals.get("ar_positions", 0.0), 1.0)
             out["loss"] += self.cfg.base_kl_weight * out["base_kl"]
@@ -281,7 +287,12 @@ class JacobiForcingObjective:
         # A draft adapter acts on the drafted positions only: the base computes the context, the clean copies
         # (the teacher) and the AR loss's positions, so only the consistency term reaches the adapter.
         if self.lean and self.context_cache and two_passes.applies(model, batch):
-            return jf_losses(two_passes.hidden_states(model, batch), head_fn(model), batch, self.cfg, norm, base)
+            # The AR loss's positions (the clean copies) depend on no drafted position under either mask: no
+            # gradient reaches them, so that term is left out (jf_losses' ar_gradient).
+            hidden, dependent = two_passes.forward(model, batch)
+            ar_rows = dependent.gather(1, batch["ar_src"])[batch["ar_tgt"] != -100]
+            ar_gradient = bool(ar_rows.any())
+            return jf_losses(hidden, head_fn(model), batch, self.cfg, norm, base, ar_gradient=ar_gradient)
         with gated(model, batch.get("draft_gate")):
             if self.lean:
                 with hidden_states_at_head(model) as captured:

@@ -222,6 +222,7 @@ SEAM = {
     "jf_core/evaluation/tune.py": "an adapter model's tune grid has the chain's span",
     "jf_vllm/launch.py": "the file's name: vLLM does not run the adapter, and says so",
     "bench/gpu_check.py": "a random adapter for the GPU check's timing",
+    "bench/loss_terms.py": "the profile's adapter on the base (for_training), its training step timed",
 }
 
 

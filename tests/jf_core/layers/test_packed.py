@@ -4,6 +4,7 @@ dict, tying, pickling and the draft adapter; and greedy decoding on a packed mod
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import pickle
 
@@ -11,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from jf_core.layers.packed import AVAILABLE, PackedLinear, pack_linears, unpacked
+from jf_core.layers.packed import AVAILABLE, PackedLinear, pack_linears, uncached_casts, unpacked
 
 pytestmark = pytest.mark.skipif(not AVAILABLE, reason="this torch build has no oneDNN")
 
@@ -70,6 +71,42 @@ def test_a_weight_written_in_place_is_packed_again():
     with torch.inference_mode():  # a layer made under inference_mode (its weight keeps no version counter)
         made = PackedLinear.of(nn.Linear(48, 80))
         torch.testing.assert_close(made(x), nn.functional.linear(x, made.weight, made.bias))
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_under_autocast_a_frozen_weight_is_cast_once_and_trains_bit_for_bit_as_autocast_does(bias):
+    """A draft adapter's training: the base frozen, compute in bf16 by CPU autocast. The layer keeps one bf16 copy
+    of the frozen weight (autocast caches no cast of a weight that requires no grad); outputs and the input's
+    gradient equal autocast's own, bit for bit; the copy is remade when the weight is written in place; a weight
+    that trains is left to autocast."""
+    linear = _linear(bias).requires_grad_(False)
+    packed = PackedLinear.of(linear)
+    x = torch.randn(2, 9, 48)
+    results = []
+    for cached in (True, False):
+        xi = x.clone().requires_grad_(True)
+        with contextlib.nullcontext() if cached else uncached_casts():
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                y = packed(xi)
+            y.float().square().sum().backward()
+        results.append((y, xi.grad))
+    (y_kept, g_kept), (y_cast, g_cast) = results
+    assert y_kept.dtype == torch.bfloat16 and torch.equal(y_kept, y_cast) and torch.equal(g_kept, g_cast)
+    kept = packed.cast_weight._cast
+    assert kept is not None and kept.dtype == torch.bfloat16
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        packed(x)
+    assert packed.cast_weight._cast is kept  # the same copy: not cast again
+    with torch.no_grad():
+        linear.weight.mul_(2.0)  # a loaded state dict
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        again = packed(x)
+    assert packed.cast_weight._cast is not kept and torch.equal(again, torch.autocast("cpu", dtype=torch.bfloat16)(
+        nn.functional.linear)(x, linear.weight, linear.bias))  # fmt: skip
+    trained = PackedLinear.of(_linear(bias))  # requires grad: autocast's cast (and its gradient) as ever
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        trained(x.requires_grad_(True)).float().sum().backward()
+    assert trained.cast_weight._cast is None and trained.weight.grad is not None
 
 
 def test_packing_a_model_keeps_its_parameters_ties_state_dict_and_copies():

@@ -1,0 +1,124 @@
+"""A draft adapter's training micro-step (forward, losses, backward) as it ran before two cuts and after each: the AR
+loss term left out where no gradient reaches it, and the frozen base's weights cast to the compute dtype once
+instead of by autocast on every product; the sides taking turns on the same packed batches in one process.
+
+    .venv/bin/python bench/loss_terms.py --profile smollm2-135m --packed RUN/packed/examples.parquet \
+        --batches 6 --repeats 3
+
+`--packed`: a round's packed examples (`$JF_HOME/runs/<profile>/<run>/packed/examples.parquet`), trained as the
+profile trains them (its adapter, mask, compute dtype and two-pass forward). For a draft adapter the AR loss's
+positions are the frozen base's (no gradient reaches them: `jf_core/training/losses.py`, `ar_gradient`), and the
+base's weights never change (`jf_core/layers/packed.py`, `CastWeight`). The adapter's gradients are checked the
+same on every side, bit for bit. Run it alone: a neighbour's time slices land in whichever side runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import time
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from jf_core.config import load_profile, parse_overrides
+from jf_core.draft_adapter.adapter import for_training
+from jf_core.layers.packed import uncached_casts
+from jf_core.model_ref import resolve_model
+from jf_core.models import load_model
+from jf_core.training import context_cache as two_passes
+from jf_core.training.head import head_fn
+from jf_core.training.jf_data import jf_batches, read_packed_share
+from jf_core.training.losses import JacobiForcingObjective, jf_losses, training_attention
+from jf_core.training.noise import NoiseSchedule
+from jf_core.training.precision import resolve_compute_dtype
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--profile", default="smollm2-135m")
+    ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    ap.add_argument("--packed", required=True, help="a round's packed examples (Parquet)")
+    ap.add_argument("--batches", type=int, default=6, help="packed batches, each timed both ways per repeat")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    profile = load_profile(args.profile, **parse_overrides(args.set))
+    t = profile.training
+    if t.draft_lora is None:
+        raise SystemExit(f"{args.profile}: training.draft_lora is unset; this bench measures a draft adapter's step")
+    device = torch.device("cpu")
+    model, tok = load_model(
+        resolve_model(profile.model.path), dtype="float32", device="cpu", attn_implementation=training_attention(device)
+    )
+    for_training(model, t.draft_lora)
+    compute = resolve_compute_dtype(t.compute_dtype, torch.float32, device, model.config.hidden_size)
+    objective = JacobiForcingObjective.of(t)
+    examples = read_packed_share(args.packed, 0, 1)
+    redraw = NoiseSchedule.of(t) if t.state_pick == "each_visit" else None
+    stream = jf_batches(examples, t.batch_size, tok.pad_token_id, seed=t.seed, variant=t.mask, redraw=redraw)
+    batches = [next(stream) for _ in range(args.batches)]
+    trainable = [p for p in model.parameters() if p.requires_grad]
+
+    def step(batch, side: str) -> list[torch.Tensor]:
+        ar_gradient, cached = SIDES[side]
+        model.zero_grad(set_to_none=True)
+        with contextlib.nullcontext() if cached else uncached_casts():
+            with torch.autocast("cpu", dtype=compute, enabled=compute != torch.float32):
+                hidden, _ = two_passes.forward(model, batch)
+                loss, _ = jf_losses(hidden, head_fn(model), batch, objective.cfg, ar_gradient=ar_gradient)
+            loss.backward()
+        return [p.grad.clone() for p in trainable]
+
+    print(f"{len(batches)} batches of {t.batch_size}, {sum(int(b['input_ids'].numel()) for b in batches)} positions "
+          f"in all; compute {compute}; {args.threads} threads")  # fmt: skip
+    for batch in batches[:1]:  # first touch, and the gradients the same every way, bit for bit
+        assert two_passes.applies(model, batch), "the profile's batches do not take the two-pass forward"
+        grads = [step(batch, side) for side in SIDES]
+        for other in grads[1:]:
+            for a, b in zip(grads[0], other, strict=True):
+                assert torch.equal(a, b), "a side's gradients differ"
+    seconds: dict[str, list[float]] = {side: [] for side in SIDES}
+    names = list(SIDES)
+    for r in range(args.repeats):
+        for i, batch in enumerate(batches):
+            k = (r * len(batches) + i) % len(names)
+            for side in names[k:] + names[:k]:  # each side first as often
+                start = time.perf_counter()
+                step(batch, side)
+                seconds[side].append(time.perf_counter() - start)
+    # Against the machine's own limit: the step's counted FLOPs over its time, beside what one matmul of the
+    # model's shape reaches here in the same dtype.
+    peak = matmul_gflops(model.config.hidden_size, model.config.intermediate_size, compute)
+    before = statistics.mean(seconds[names[0]])
+    for side in names:
+        with FlopCounterMode(display=False) as counter:
+            for batch in batches:
+                step(batch, side)
+        flops = counter.get_total_flops() / len(batches)
+        mean = statistics.mean(seconds[side])
+        rate = flops / mean / 1e9
+        print(f"{side:12s} {mean:.3f} s a micro-step (median {statistics.median(seconds[side]):.3f}), "
+              f"{before / mean:.3f}x the tokens a second of {names[0]}; {flops / 1e9:.1f} GFLOP, {rate:.0f} GFLOP/s, "
+              f"{rate / peak:.2f} of a {peak:.0f} GFLOP/s matmul of the model's shape")  # fmt: skip
+
+
+# (the AR term computed, frozen weights' casts kept): as training ran before each change, and now.
+SIDES = {"before": (True, False), "ar_left_out": (False, False), "casts_kept": (True, True), "now": (False, True)}
+
+
+def matmul_gflops(hidden: int, intermediate: int, dtype: torch.dtype, rows: int = 512, repeats: int = 20) -> float:
+    """GFLOP/s of [rows, hidden] x [hidden, intermediate] in `dtype` on this machine, best of `repeats`."""
+    a, b = torch.randn(rows, hidden, dtype=dtype), torch.randn(hidden, intermediate, dtype=dtype)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2 * rows * hidden * intermediate / best / 1e9
+
+
+if __name__ == "__main__":
+    main()
