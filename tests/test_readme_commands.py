@@ -166,6 +166,10 @@ HOW = {
     ".venv/bin/jf bench decode --jf-model models:/jf-tiny@champion --batch-sizes 1 4 16 --num-prompts 16 "
     "--block-sizes 16 --repeats 2 --out bench": (
         "same command", "tests/jf_cli/test_evaluate.py::test_bench_decode_per_batch_size_with_a_sampling_jf_model"),
+    ".venv/bin/jf bench decode --profile smollm2-135m --set prompts.source=../shared/benchmarks/gsm8k_train.jsonl "
+    "--set evaluation.source=../shared/benchmarks/gsm8k_test.jsonl --jf-model DIR --num-prompts 8 "
+    "--max-new-tokens 96 --block-sizes 16 --batch-sizes 1 --repeats 1 --out bench": (
+        "same command", "tests/jf_cli/test_evaluate.py::test_bench_decode_per_batch_size_with_a_sampling_jf_model"),
     ".venv/bin/jf bench spec --profile smollm2-135m --set prompts.source=../shared/benchmarks/gsm8k_train.jsonl "
     "--source ../shared/benchmarks/spec_bench.jsonl --per-group 5 --max-new-tokens 96 --jf-model DIR --out spec": (
         "same command",
@@ -237,6 +241,11 @@ HOW = {
     ".venv/bin/python -m pytest -q": ("as written", ".ci/run"),
     ".venv/bin/mkdocs serve": (
         "same command", "tests/test_docs_site.py::build"),  # mkdocs build --strict: the site, written not served
+    ".venv/bin/python bench/loss_terms.py --profile smollm2-135m --set "
+    "prompts.source=../shared/benchmarks/gsm8k_train.jsonl --packed RUN/packed/examples.parquet --batches 6 "
+    "--repeats 3": (
+        "not in CI", "a benchmark of the real model (timing only); the cuts it times are tested bit for bit in "
+                     "tests/jf_core/training/test_context_cache.py and tests/jf_core/layers/test_packed.py"),
     ".venv/bin/python bench/gpu_check.py --out gpu-check": (
         "not in CI", "CI has no GPU; its smoke mode runs in tests/bench/test_gpu_check.py"),
 }  # fmt: skip
