@@ -15,7 +15,9 @@ place since (an optimizer step, a loaded state dict). The values are F.linear's 
 greedy decoding compares a decoder with AR on the same model, so both run the same kernels.
 
 Under training's CPU autocast a frozen weight (the base under a draft adapter) is cast once and kept (`CastWeight`)
-instead of on every product: the same values autocast's cast gives, so training is unchanged bit for bit.
+instead of on every product: the same values autocast's cast gives, bit for bit. Autocast is obeyed where no
+gradient is needed too: a draft adapter's context pass (jf_core/training/context_cache.py) runs in the compute
+dtype like the rest of its step, where the packed fp32 path used to take it.
 """
 
 from __future__ import annotations
@@ -45,11 +47,13 @@ def unpacked() -> Iterator[None]:
 
 
 def packable(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether this product runs packed: no gradient, fp32, plain CPU tensors."""
+    """Whether this product runs packed: no gradient, fp32, plain CPU tensors, no autocast asking another dtype
+    (training's no-grad context pass under bf16 compute runs in bf16 like the rest of its step)."""
     return (
         AVAILABLE
         and _switch["on"]
         and not torch.is_grad_enabled()
+        and (not torch.is_autocast_enabled("cpu") or not _switch["cast"])
         and x.device.type == "cpu"
         and x.dtype == weight.dtype == torch.float32
         and type(weight.data) is torch.Tensor  # not a DTensor shard, not a meta tensor's subclass
@@ -86,7 +90,8 @@ def cast_cached(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether this product runs on a kept low-precision copy of a frozen weight: under CPU autocast (training's
     bf16 compute), a weight no gradient is asked of, a plain CPU tensor. Autocast keeps its casts only of leaf
     weights that require grad, so a frozen base under a draft adapter was cast anew in every forward and every
-    backward's recomputation: a copy of every projection's weight each time."""
+    backward's recomputation: a copy of every projection's weight each time. Products with no gradient at all
+    (training's context pass) take this path too, in autocast's dtype, rather than the packed fp32 one."""
     return (
         _switch["cast"]
         and torch.is_autocast_enabled("cpu")
@@ -99,8 +104,9 @@ def cast_cached(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 @contextlib.contextmanager
 def uncached_casts() -> Iterator[None]:
-    """Frozen weights cast by autocast on every product meanwhile: what the kept copy saves is measured against it
-    (bench/loss_terms.py)."""
+    """Products under autocast as they ran before `CastWeight` meanwhile: frozen weights cast by autocast on every
+    product, and no-grad fp32 products packed in fp32 whatever autocast asks; what the change saves is measured
+    against it (bench/loss_terms.py)."""
     previous, _switch["cast"] = _switch["cast"], False
     try:
         yield
