@@ -77,7 +77,8 @@ def test_a_weight_written_in_place_is_packed_again():
 def test_under_autocast_a_frozen_weight_is_cast_once_and_trains_bit_for_bit_as_autocast_does(bias):
     """A draft adapter's training: the base frozen, compute in bf16 by CPU autocast. The layer keeps one bf16 copy
     of the frozen weight (autocast caches no cast of a weight that requires no grad); outputs and the input's
-    gradient equal autocast's own, bit for bit; the copy is remade when the weight is written in place; a weight
+    gradient equal autocast's own, bit for bit; the copy is remade when the weight is written in place; a product
+    with no gradient under autocast (training's context pass) runs in autocast's dtype, not packed fp32; a weight
     that trains is left to autocast."""
     linear = _linear(bias).requires_grad_(False)
     packed = PackedLinear.of(linear)
@@ -103,6 +104,11 @@ def test_under_autocast_a_frozen_weight_is_cast_once_and_trains_bit_for_bit_as_a
         again = packed(x)
     assert packed.cast_weight._cast is not kept and torch.equal(again, torch.autocast("cpu", dtype=torch.bfloat16)(
         nn.functional.linear)(x, linear.weight, linear.bias))  # fmt: skip
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):  # a context pass: autocast's dtype, not packed
+        context = packed(x)
+    assert context.dtype == torch.bfloat16 and packed.packed_weight._packed is None
+    with torch.no_grad():  # no autocast: packed fp32, as decoding runs
+        assert packed(x).dtype == torch.float32 and packed.packed_weight._packed is not None
     trained = PackedLinear.of(_linear(bias))  # requires grad: autocast's cast (and its gradient) as ever
     with torch.autocast("cpu", dtype=torch.bfloat16):
         trained(x.requires_grad_(True)).float().sum().backward()
