@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from jf_core.draft_adapter.config import FILE, TARGETS, DraftLora
-from jf_core.layers.lora import add_delta, fused_delta
+from jf_core.layers.lora import BlockDiagonal, add_delta, fused_delta, fused_siblings_delta
 from jf_core.layers.packed import PackedLinear, PackedWeight
 
 ATTRIBUTE = "jf_draft_adapter"
@@ -41,7 +41,8 @@ class DraftAdapter(nn.Module):
         self.b = nn.ParameterDict()
         self.gate: torch.Tensor | None = None  # [B, L]: 1 where the adapter acts, None: the base everywhere
         self._weights: torch.Tensor | None = None  # [B, L, 1]: scale x gate, made once per gate, not per projection
-        self._fused: dict[str, PackedWeight] = {}  # per target: its weight and A packed as one (`fused`)
+        self._fused: dict[str, PackedWeight] = {}  # per target (or group): weights and A packed as one (`fused`)
+        self._blocks: dict[str, BlockDiagonal] = {}  # per group of targets: their Bs as one (`fused_siblings`)
         # The projections it adds to, as a plain list (not submodules: they belong to the model). Their hooks are
         # registered only while a gate is set (`gated`): a module with hooks takes nn.Module's slow call path, which
         # cost AR several percent of a SmolLM2 step on this CPU with 210 hooked projections.
@@ -73,6 +74,15 @@ class DraftAdapter(nn.Module):
         """A packed layer's output with the delta in one packed product (layers/lora.py `fused_delta`)."""
         packed = self._fused.setdefault(key, PackedWeight())
         return fused_delta(packed, layer, x, self.a[key], self.b[key], self._weights)
+
+    def fused_siblings(self, keys: list[str], layers: list[nn.Linear], x: torch.Tensor) -> torch.Tensor:
+        """Packed projections of one input with their deltas in one product (layers/lora.py
+        `fused_siblings_delta`): the members' outputs side by side."""
+        group = "+".join(keys)
+        packed = self._fused.setdefault(group, PackedWeight())
+        blocks = self._blocks.setdefault(group, BlockDiagonal())
+        a, b = [self.a[k] for k in keys], [self.b[k] for k in keys]
+        return fused_siblings_delta(packed, layers, x, a, blocks, b, self._weights)
 
     def _hooked(self, key: str, _module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor | None:
         return None if self.gate is None else self.add(key, args[0], output)

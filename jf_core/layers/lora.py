@@ -32,3 +32,37 @@ def fused_delta(
     # One addmm adds (gate x scale x A x) B^T to the output: half the time of a matmul and an addcmul here.
     delta_in = rows[:, out:] * weights.view(-1, 1)
     return torch.addmm(rows[:, :out], delta_in, b.T).view(*y.shape[:-1], out)
+
+
+class BlockDiagonal:
+    """Several Bs as one block-diagonal matrix (one addmm for a group of projections: siblings.py), remade when a
+    B is another tensor or was written in place since (a TPF probe between training steps)."""
+
+    def __init__(self) -> None:
+        self._stamp: tuple | None = None
+        self._matrix: torch.Tensor | None = None
+
+    def of(self, bs: list[torch.Tensor]) -> torch.Tensor:
+        stamp = tuple((b.data_ptr(), -1 if b.is_inference() else b._version) for b in bs)
+        if self._stamp != stamp:
+            self._matrix = torch.block_diag(*[b.detach() for b in bs])
+            self._stamp = stamp
+        return self._matrix
+
+
+def fused_siblings_delta(
+    packed: PackedWeight,
+    layers: list[nn.Linear],
+    x: torch.Tensor,
+    a: list[torch.Tensor],
+    b: BlockDiagonal,
+    bs: list[torch.Tensor],
+    weights: torch.Tensor,
+) -> torch.Tensor:
+    """`fused_delta` for bias-free projections of one input (a layer's q, k and v): their weights and every A in
+    one packed product, then the Bs as one block-diagonal addmm; the members' outputs side by side."""
+    y = packed.linear(x, (*(layer.weight for layer in layers), *a), None)
+    out = sum(layer.out_features for layer in layers)
+    rows = y.view(-1, y.shape[-1])  # [B * L, out + k r]: the outputs, then x A^T for each member
+    delta_in = rows[:, out:] * weights.view(-1, 1)
+    return torch.addmm(rows[:, :out], delta_in, b.of(bs).T).view(*y.shape[:-1], out)

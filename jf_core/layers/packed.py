@@ -146,6 +146,7 @@ class PackedLinear(nn.Linear):
     product beside the weight (`DraftAdapter.fused`, by lora.py's `fused_delta`)."""
 
     draft: tuple | None = None  # (adapter, key) while an adapter's gate is set
+    siblings = None  # a `siblings.Siblings`: the projections of the same input it runs one product with
 
     @classmethod
     def of(cls, linear: nn.Linear) -> PackedLinear:
@@ -160,6 +161,8 @@ class PackedLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         draft = self.draft
         if packable(x, self.weight):
+            if self.siblings is not None and (y := self.siblings.output(self, x)) is not None:
+                return y
             if draft is not None and self.bias is None:
                 return draft[0].fused(draft[1], self, x)
             y = self.packed_weight.linear(x, self.weight, self.bias)
