@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from jf_core.layers.packed import PackedWeight
+from jf_core.layers.packed import PackedWeight, stamp
 
 
 def add_delta(
@@ -43,10 +43,10 @@ class BlockDiagonal:
         self._matrix: torch.Tensor | None = None
 
     def of(self, bs: list[torch.Tensor]) -> torch.Tensor:
-        stamp = tuple((b.data_ptr(), -1 if b.is_inference() else b._version) for b in bs)
-        if self._stamp != stamp:
+        now = stamp(*bs)
+        if self._stamp != now:
             self._matrix = torch.block_diag(*[b.detach() for b in bs])
-            self._stamp = stamp
+            self._stamp = now
         return self._matrix
 
 

@@ -37,13 +37,24 @@ _switch = {"on": True, "cast": True}
 
 
 @contextlib.contextmanager
-def unpacked() -> Iterator[None]:
-    """Every packed layer on `F.linear` meanwhile: what packing saves is measured against it (bench/packed_linear)."""
-    previous, _switch["on"] = _switch["on"], False
+def switched_off(switches: dict[str, bool], name: str) -> Iterator[None]:
+    """`switches[name]` False meanwhile (a bench's "before" form), restored after."""
+    previous, switches[name] = switches[name], False
     try:
         yield
     finally:
-        _switch["on"] = previous
+        switches[name] = previous
+
+
+def stamp(*tensors: torch.Tensor) -> tuple:
+    """What a cache of tensors derived from `tensors` is keyed by: each one's storage and in-place write count (a
+    tensor made under inference_mode keeps no version counter and is written in place by no optimizer)."""
+    return tuple((t.data_ptr(), -1 if t.is_inference() else t._version) for t in tensors)
+
+
+def unpacked() -> contextlib.AbstractContextManager:
+    """Every packed layer on `F.linear` meanwhile: what packing saves is measured against it (bench/packed_linear)."""
+    return switched_off(_switch, "on")
 
 
 def packable(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -70,12 +81,11 @@ class PackedWeight:
         self._stamp: tuple | None = None
 
     def of(self, *weights: torch.Tensor) -> torch.Tensor:
-        # A tensor made under inference_mode keeps no version counter (and is written in place by no optimizer).
-        stamp = tuple((w.data_ptr(), -1 if w.is_inference() else w._version) for w in weights)
-        if self._stamp != stamp:
+        now = stamp(*weights)
+        if self._stamp != now:
             stacked = torch.cat([w.detach() for w in weights]) if len(weights) > 1 else weights[0].detach()
             self._packed = _OPS._reorder_linear_weight(stacked, None)
-            self._stamp = stamp
+            self._stamp = now
         return self._packed
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor | tuple, bias: torch.Tensor | None) -> torch.Tensor:
@@ -102,16 +112,11 @@ def cast_cached(x: torch.Tensor, weight: torch.Tensor) -> bool:
     )
 
 
-@contextlib.contextmanager
-def uncached_casts() -> Iterator[None]:
+def uncached_casts() -> contextlib.AbstractContextManager:
     """Products under autocast as they ran before `CastWeight` meanwhile: frozen weights cast by autocast on every
     product, and no-grad fp32 products packed in fp32 whatever autocast asks; what the change saves is measured
     against it (bench/loss_terms.py)."""
-    previous, _switch["cast"] = _switch["cast"], False
-    try:
-        yield
-    finally:
-        _switch["cast"] = previous
+    return switched_off(_switch, "cast")
 
 
 class CastWeight:
@@ -123,10 +128,10 @@ class CastWeight:
         self._stamp: tuple | None = None
 
     def of(self, weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        stamp = (weight.data_ptr(), -1 if weight.is_inference() else weight._version, dtype)
-        if self._stamp != stamp:
+        now = (*stamp(weight), dtype)
+        if self._stamp != now:
             self._cast = weight.detach().to(dtype)
-            self._stamp = stamp
+            self._stamp = now
         return self._cast
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

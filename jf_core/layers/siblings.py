@@ -15,29 +15,19 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Iterator
 
 import torch
 from torch import nn
 
-from jf_core.layers.packed import PackedLinear, PackedWeight
+from jf_core.layers.packed import PackedLinear, PackedWeight, stamp, switched_off
 
 NAMES = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # the projections models feed one input
 _switch = {"on": True}
 
 
-@contextlib.contextmanager
-def ungrouped() -> Iterator[None]:
+def ungrouped() -> contextlib.AbstractContextManager:
     """Every member on its own product meanwhile: what grouping saves is measured against it."""
-    previous, _switch["on"] = _switch["on"], False
-    try:
-        yield
-    finally:
-        _switch["on"] = previous
-
-
-def _version(x: torch.Tensor) -> int:
-    return -1 if x.is_inference() else x._version  # an inference tensor keeps no version counter
+    return switched_off(_switch, "on")
 
 
 class Siblings:
@@ -48,7 +38,7 @@ class Siblings:
         self.bounds = [0, *itertools.accumulate(m.out_features for m in members)]
         self.packed = PackedWeight()  # the members' weights stacked (their biases concatenated)
         self._bias: tuple[tuple, torch.Tensor | None] | None = None
-        self._held: list | None = None  # [input, its version, the gate's weights, outputs, members still to serve]
+        self._held: list | None = None  # [input, its stamp, the gate's weights, outputs, members still to serve]
 
     def output(self, member: PackedLinear, x: torch.Tensor) -> torch.Tensor | None:
         """`member`'s output of `x` from the group's one product, or None where the group does not serve it (then
@@ -61,10 +51,10 @@ class Siblings:
             return None  # the adapter's fused product is bias-free (`lora.fused_delta`'s rule)
         weights = None if adapter is None else adapter._weights
         held = self._held
-        if held is None or held[0] is not x or held[1] != _version(x) or held[2] is not weights:
+        if held is None or held[0] is not x or held[1] != stamp(x) or held[2] is not weights:
             y = self._product(x, drafts, adapter)
             outputs = [y[..., a:b] for a, b in itertools.pairwise(self.bounds)]
-            held = self._held = [x, _version(x), weights, outputs, set(range(len(self.members)))]
+            held = self._held = [x, stamp(x), weights, outputs, set(range(len(self.members)))]
         i = next(i for i, m in enumerate(self.members) if m is member)
         held[4].discard(i)
         if not held[4]:
@@ -81,9 +71,9 @@ class Siblings:
         biases = [m.bias for m in self.members]
         if biases[0] is None:
             return None
-        stamp = tuple((b.data_ptr(), _version(b)) for b in biases)
-        if self._bias is None or self._bias[0] != stamp:
-            self._bias = (stamp, torch.cat([b.detach() for b in biases]))
+        now = stamp(*biases)
+        if self._bias is None or self._bias[0] != now:
+            self._bias = (now, torch.cat([b.detach() for b in biases]))
         return self._bias[1]
 
     def __getstate__(self) -> dict:
