@@ -125,6 +125,7 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
             "block_sizes": args.block_sizes,
             "max_new_tokens": args.max_new_tokens,
             "repeats": args.repeats,
+            "min_timed_seconds": args.min_seconds,
         },
     )
     cfg = profile.evaluation
@@ -221,6 +222,7 @@ def _bench_meta(args: argparse.Namespace, profile, path: str, model, batch_size:
         "num_prompts": args.num_prompts,
         "batch_size": batch_size,
         "repeats": args.repeats,
+        "min_timed_seconds": profile.evaluation.min_timed_seconds,
         "max_new_tokens": profile.evaluation.max_new_tokens,
         "device": str(model.device),
         "dtype": str(model.dtype),
@@ -364,6 +366,11 @@ def _register_bench_decode(bench_sub) -> None:
     p.add_argument("--top-p", type=float, default=1.0, help="with --temperature: nucleus sampling")
     p.add_argument("--out", help="directory for bench.json, bench.md and the plots")
     p.add_argument("--repeats", type=positive("--repeats"), default=3, help="runs per method, fastest kept")
+    p.add_argument(
+        "--min-seconds",
+        type=float,
+        help="more runs until each method has this long timed (default: the profile's evaluation.min_timed_seconds)",
+    )
     add_threads_option(p)
     p.set_defaults(func=cmd_bench_decode)
 

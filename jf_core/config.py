@@ -127,6 +127,10 @@ class EvalConfig(StrictModel):
     speed_prompts: int = Field(30, ge=1)  # TPS, every method taking turns
     speed_batch_size: int = Field(1, ge=1)
     repeats: int = Field(2, ge=1)  # timed runs per batch, fastest kept
+    # More runs (methods still taking turns) until each method has spent this long timed, in every timed pass: the
+    # speed pass, the block size's calibration and the tune's crossover. A few batches of milliseconds (a small model
+    # at batch 16) are too short to time; 0 keeps `repeats` runs (tests, which assert behaviour, not speed).
+    min_timed_seconds: float = Field(0.0, ge=0)
     block_sizes: list[int] = [16, 32]
     max_new_tokens: int = Field(160, ge=1)
     batch_size: int = Field(32, ge=1)

@@ -166,6 +166,9 @@ HOW = {
     ".venv/bin/jf bench decode --jf-model models:/jf-tiny@champion --batch-sizes 1 4 16 --num-prompts 16 "
     "--block-sizes 16 --repeats 2 --out bench": (
         "same command", "tests/jf_cli/test_evaluate.py::test_bench_decode_per_batch_size_with_a_sampling_jf_model"),
+    ".venv/bin/jf bench decode --jf-model models:/jf-tiny@champion --batch-sizes 1 4 16 --num-prompts 64 "
+    "--block-sizes 16 --repeats 2 --min-seconds 3 --out bench": (
+        "same command", "tests/jf_cli/test_evaluate.py::test_bench_decode_per_batch_size_with_a_sampling_jf_model"),
     ".venv/bin/jf bench decode --profile smollm2-135m --set prompts.source=../shared/benchmarks/gsm8k_train.jsonl "
     "--set evaluation.source=../shared/benchmarks/gsm8k_test.jsonl --jf-model DIR --num-prompts 8 "
     "--max-new-tokens 96 --block-sizes 16 --batch-sizes 1 --repeats 1 --out bench": (

@@ -30,6 +30,7 @@ SMALL = {
     "training.steps": 40,
     "evaluation.num_prompts": 24,
     "evaluation.speed_prompts": 4,
+    "evaluation.min_timed_seconds": 0,  # no extra timed runs: the figures are not what this test checks
     "evaluation.tune.prompts": 4,
     "evaluation.tune.repeats": 1,
     "evaluation.tune.grid.block_size": [16],

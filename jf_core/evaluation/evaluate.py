@@ -149,8 +149,7 @@ def evaluate_model(
     where AR was measured faster, the tuned config elsewhere. `timed_only`: methods that are references for the
     timing (the untrained anchors), run in the speed pass alone where it is a pass of its own, their outputs checked
     there against their `same_output_as`; the AR-against-AR control is always one of them."""
-    started = time.perf_counter()
-    dtype = next(model.parameters()).dtype
+    started, dtype = time.perf_counter(), next(model.parameters()).dtype
     data = eval_set(cfg, tokenizer, fmt, part="confirmation")
     # The round's rows: our AR, plain Jacobi at each block size, the tuned config (methods.py builds every bench's).
     own = build_methods(
@@ -164,13 +163,14 @@ def evaluate_model(
     skip = set() if one_pass else {AR_CONTROL, *timed_only}
     assessed = {m: d for m, d in methods.items() if m not in skip}
     say(f"quality: {len(assessed)} methods on {len(data.prompts)} {data.benchmark} prompts, batch {cfg.batch_size}")
+    timing = {"repeats": cfg.repeats, "min_seconds": cfg.min_timed_seconds} if one_pass else {}  # else untimed: once
     quality = {
         r.method: r
         for r in bench(
             assessed,
             data.prompts,
             batch_size=cfg.batch_size,
-            repeats=cfg.repeats if one_pass else 1,
+            **timing,
             scorer=_scorer(tokenizer, data),
             same_output_as=same_output_as,
             progress=say,
@@ -213,10 +213,18 @@ def _speed_pass(
     say: Callable[[str], None],
 ) -> dict[Method, MethodResult]:
     """The timed pass where it is not the quality pass (fewer prompts, or another batch size): every method taking
-    turns, each batch's fastest of `cfg.repeats` runs."""
+    turns, each batch's fastest of `cfg.repeats` runs (more until each has `cfg.min_timed_seconds`)."""
     b = cfg.speed_batch_size
     say(f"speed: {len(methods)} methods taking turns on {len(prompts)} prompts, batch {b}, x{cfg.repeats}")
-    rows = bench(methods, prompts, batch_size=b, repeats=cfg.repeats, same_output_as=same_output_as, progress=say)
+    rows = bench(
+        methods,
+        prompts,
+        batch_size=b,
+        repeats=cfg.repeats,
+        same_output_as=same_output_as,
+        progress=say,
+        min_seconds=cfg.min_timed_seconds,
+    )
     return {r.method: r for r in rows}
 
 
@@ -282,7 +290,9 @@ def choose_block_size(
         for n in cfg.block_sizes
     }
     say(f"block size: n in {cfg.block_sizes} taking turns on {len(calibration)} calibration prompts")
-    outputs = run_interleaved(candidates, calibration, 1, repeats=cfg.repeats, progress=say)
+    outputs = run_interleaved(
+        candidates, calibration, 1, repeats=cfg.repeats, progress=say, min_seconds=cfg.min_timed_seconds
+    )
     tps = {n: out.stats.tps for n, out in outputs.items()}
     return int(max(tps, key=tps.get)), Calibration(prompts=len(calibration), tps=tps)
 

@@ -24,6 +24,7 @@ from jf_core.evaluation.method import AR, HF_GENERATE, Method
 Decoder = Callable[[list[list[int]]], DecodeOutput]
 K = TypeVar("K")  # what names a decoder: a `Method` for table rows, a block size or a word for a calibration
 Scorer = Callable[[int, list[int]], bool]  # (prompt index, generated ids) -> correct?
+MAX_RUNS = 32  # `min_seconds`' cap on a pass's runs: a batch of a millisecond must not run a thousand times
 
 
 @dataclass
@@ -74,6 +75,7 @@ def run_interleaved(
     warmup_prompts: int = 2,
     progress: Callable[[str], None] | None = None,
     say_every: float = 10.0,
+    min_seconds: float = 0.0,
 ) -> dict[K, DecodeOutput]:
     """Every decoder over `prompts`, taking turns batch by batch; with `repeats`, each batch runs that many times
     per decoder and its fastest run counts. `progress` gets a line at the start of each run and, at most every
@@ -83,9 +85,15 @@ def run_interleaved(
     wake up). Running method after method lets that drift decide a comparison; taking turns on each batch exposes
     every method to the same machine, and keeping each batch's fastest run drops the spikes. The order of the turns
     rotates from batch to batch, so each method goes first as often as the others (to within one turn): a method
-    always timed first (caches cold, or the core just boosted) would carry that order's bias into every ratio."""
+    always timed first (caches cold, or the core just boosted) would carry that order's bias into every ratio.
+
+    `min_seconds`: after `repeats` runs, more runs (up to `MAX_RUNS` in all) until every decoder has spent at least
+    this long timed. A pass of a few batches of milliseconds each (a small model at a large batch) is too short to
+    time: four 80 ms batches read the same AR 0.19 apart (docs/decoding.md, "Four batches at batch 16")."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
+    if min_seconds < 0:
+        raise ValueError(f"min_seconds must be >= 0, got {min_seconds}")
     batches = batches_of(prompts, batch_size)
     say = progress or (lambda _m: None)
     started = time.perf_counter()
@@ -94,14 +102,20 @@ def run_interleaved(
     for decoder in decoders.values():  # warm every code path before anything is timed
         decode_batched(decoder, prompts[:warmup_prompts], batch_size)
     best: dict[K, list[DecodeOutput | None]] = {name: [None] * len(batches) for name in decoders}
+    spent = dict.fromkeys(decoders, 0.0)  # each decoder's timed seconds over every run
     total, done, said = repeats * len(batches), 0, started
     names = list(decoders)
-    for rep in range(repeats):
-        say(f"run {rep + 1}/{repeats}: {len(decoders)} methods taking turns on {len(batches)} batches")
+    rep = 0
+    while rep < repeats or (rep < MAX_RUNS and min(spent.values()) < min_seconds):
+        if rep >= repeats:
+            total += len(batches)
+        runs = f"{rep + 1}/{repeats}" if rep < repeats else f"{rep + 1} (until {min_seconds:g} s timed each)"
+        say(f"run {runs}: {len(decoders)} methods taking turns on {len(batches)} batches")
         for b, batch in enumerate(batches):
             turn = (rep * len(batches) + b) % len(names)
             for name in names[turn:] + names[:turn]:
                 out = decoders[name](batch)
+                spent[name] += out.stats.seconds
                 kept = best[name][b]
                 if kept is None or out.stats.seconds < kept.stats.seconds:
                     best[name][b] = out
@@ -115,6 +129,7 @@ def run_interleaved(
                     f"batch {done}/{total} ({len(batch)} prompts, every method): {elapsed:.0f} s, "
                     f"about {elapsed / done * (total - done):.0f} s left"
                 )
+        rep += 1
     return {name: concat_outputs(outs) for name, outs in best.items()}
 
 
@@ -132,19 +147,27 @@ def bench(
     same_output_as: dict[Method, Method] | None = None,
     describe: Callable[[list[list[int]]], dict[str, float]] | None = None,
     keep_outputs: bool = False,
+    min_seconds: float = 0.0,
 ) -> list[MethodResult]:
     """Speedups are against `reference` (HF generate, when it is among the methods) and `baseline_ar` (our AR on
         the same model: the headline). `describe` summarises each method's outputs (e.g. `degeneracy.output_stats`).
         Identity compares each method with `same_output_as[method]` (default
         `baseline_ar`), e.g. a fine-tuned model's methods with that model's own greedy AR: the fraction of identical
         outputs and, per prompt, the first position where they diverge. `keep_outputs`: each row keeps its outputs (to
-    compare them with another model's). Timing: `run_interleaved`."""
+    compare them with another model's). Timing: `run_interleaved` (`repeats` runs, more until each method has
+    `min_seconds` timed)."""
     for name in filter(None, (reference, baseline_ar)):
         if name not in methods and not (name == reference == HF_GENERATE):  # HF's row is optional
             raise ValueError(f"the reference method {name} is not among {sorted(m.label for m in methods)}")
     same_output_as = same_output_as or {}
     outputs = run_interleaved(
-        methods, prompts, batch_size, repeats=repeats, warmup_prompts=warmup_prompts, progress=progress
+        methods,
+        prompts,
+        batch_size,
+        repeats=repeats,
+        warmup_prompts=warmup_prompts,
+        progress=progress,
+        min_seconds=min_seconds,
     )
     ref = outputs.get(reference) if reference else None
     ar = outputs.get(baseline_ar)

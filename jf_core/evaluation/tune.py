@@ -126,11 +126,13 @@ def measure_crossover(
     stop: StopTokens,
     batch_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32),
     repeats: int = 1,
+    min_seconds: float = 0.0,
     progress: Callable[[int, float, float], None] | None = None,
 ) -> Crossover:
     """AR and `config` taking turns at each batch size on the same prompts (cycled to fill the largest batch):
     Jacobi's TPS over AR's and its TPF per batch size. A forward's cost grows with batch x width once the device is
-    busy, so the speedup falls with the batch size; where it drops below 1 a server should run AR."""
+    busy, so the speedup falls with the batch size; where it drops below 1 a server should run AR. The calibration
+    prompts fill one batch or two at the larger sizes: `min_seconds` times them more often (`run_interleaved`)."""
     if not batch_sizes:
         raise ValueError("no batch sizes to measure the crossover at")
     decoders = {
@@ -140,7 +142,9 @@ def measure_crossover(
     sizes, speedups, tpfs = [], [], []
     for size in sorted(set(batch_sizes)):
         pool = whole_batches(prompts, size)
-        out = run_interleaved(decoders, pool, size, repeats=repeats, warmup_prompts=min(size, 2))
+        out = run_interleaved(
+            decoders, pool, size, repeats=repeats, warmup_prompts=min(size, 2), min_seconds=min_seconds
+        )
         ar, jf = out["ar"].stats, out["jacobi"].stats
         sizes.append(size)
         speedups.append(round(jf.tps / ar.tps, 4) if ar.tps else 0.0)

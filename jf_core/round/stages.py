@@ -254,6 +254,7 @@ def tune_model(profile: Profile, model, tok, say: Say, on_trial=None) -> TuneRes
             stop=stop,
             batch_sizes=cfg.crossover_batch_sizes,
             repeats=cfg.repeats,
+            min_seconds=profile.evaluation.min_timed_seconds,
             progress=lambda b, x, tpf: say(f"crossover: batch {b}: Jacobi {x:.2f}x AR (TPF {tpf:.2f})"),
         )
         weights = next(model.parameters())

@@ -70,11 +70,13 @@ def test_bench_decode_per_batch_size_with_a_sampling_jf_model(profile, profile_y
     out = tmp_path / "bench"
     argv = ["bench", "decode", "--profile", profile_yaml, "--num-prompts", "4", "--repeats", "1", "--block-sizes", "4"]
     argv += ["--jf-model", str(jf), "--temperature", "2", "--top-k", "20", "--batch-sizes", "1", "2", "--out", str(out)]
+    argv += ["--min-seconds", "0.05"]  # runs until each method has 50 ms timed: these batches take a few ms
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert "## batch size 1" in printed and "## batch size 2" in printed
     one, two = (json.loads((out / f"batch{b}" / "bench.json").read_text()) for b in (1, 2))
     assert one["meta"]["batch_size"] == 1 and two["meta"]["jf_sampling"]["temperature"] == 2.0
+    assert one["meta"]["min_timed_seconds"] == 0.05 and one["meta"]["repeats"] == 1
     for data in (one, two):
         jf_rows = {k: v for k, v in data["methods"].items() if k.startswith("jf_")}
         assert "jf_autotuned" in jf_rows and all(m["identical_fraction"] == 1.0 for m in jf_rows.values())

@@ -209,3 +209,27 @@ def test_hf_generate_row_is_plain_greedy_under_a_qwen_generation_config():
         model.generate(torch.tensor([p]), max_new_tokens=40, pad_token_id=PAD)[0, len(p) :].tolist() for p in prompts
     ]
     assert [s[: len(o)] for s, o in zip(inherited, ours, strict=True)] != ours
+
+
+def test_the_timing_spread_counts_a_tuned_row_its_crossover_sent_to_ar():
+    """AR's work through the dispatch (a tuned row at TPF exactly 1) is one more AR-against-AR pair: at batch 16 on
+    the embedded model such a row read 0.83x while the control read 0.99x, so the control alone understated it."""
+    from jf_core.decoding import JacobiConfig
+    from jf_core.evaluation.method import TUNED, Method
+    from jf_core.evaluation.results import Calibration, Evaluation
+    from jf_core.evaluation.speed import MethodResult
+
+    def row(method: Method, tpf: float, x: float) -> MethodResult:
+        return MethodResult(method, tpf=tpf, tps=100 * x, decode_tps=None, prefill_seconds=None, seconds=1.0,
+                            new_tokens=100, speedup_vs_ar=x)  # fmt: skip
+
+    def spread(tuned_tpf: float) -> float | None:
+        rows = [row(AR, 1.0, 1.0), row(AR_CONTROL, 1.0, 0.99), row(TUNED, tuned_tpf, 0.83), row(jacobi(8), 3.0, 1.6)]
+        return Evaluation(
+            benchmark="embedded", items=1, dtype="float32", block_sizes=[8], calibration=Calibration(),
+            methods={r.method.label: r for r in rows}, speedup_block_size=8, headline_method=TUNED,
+            decode_config=JacobiConfig(block_size=8), eval_seconds=1.0,
+        ).timing_spread  # fmt: skip
+
+    assert spread(1.0) == pytest.approx(0.17)  # dispatched to AR: the same work as AR's row
+    assert spread(2.5) == pytest.approx(0.01)  # Jacobi: other work, not a pair (the control's 0.01 stands)

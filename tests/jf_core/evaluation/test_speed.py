@@ -200,6 +200,41 @@ def test_interleaved_runs_take_turns_and_keep_each_batchs_fastest_run():
     assert out["a"].stats.decode_seconds == 2 * 1.0 and out["b"].stats.decode_seconds == 2 * 2.0
 
 
+def test_interleaved_runs_go_on_until_every_decoder_has_min_seconds_timed_and_stop_at_the_cap():
+    """A pass of short batches runs again (the turns still rotating) until the slowest-to-fill decoder has spent
+    `min_seconds` timed; a decoder that takes no time stops at `MAX_RUNS`, not never."""
+    from jf_core.decoding.common import DecodeOutput
+    from jf_core.decoding.stats import DecodeStats, SequenceStats
+    from jf_core.evaluation.speed import MAX_RUNS, run_interleaved
+
+    calls: list[str] = []
+
+    def decoder(name: str, seconds: float):
+        def run(prompts: list[list[int]]) -> DecodeOutput:
+            calls.append(name)
+            stats = [SequenceStats(new_tokens=1, forwards=1) for _ in prompts]
+            return DecodeOutput([[p[0]] for p in prompts], DecodeStats(stats, decode_seconds=seconds))
+
+        return run
+
+    prompts = [[10], [11], [12], [13]]
+    # Two batches a run: `a` spends 0.25 s a run, `b` 0.75 s: 1 s timed each takes 4 runs (b has 3 s by then).
+    out = run_interleaved(
+        {"a": decoder("a", 0.125), "b": decoder("b", 0.375)}, prompts, 2, repeats=1, warmup_prompts=0, min_seconds=1.0
+    )
+    assert len(calls) == 4 * 2 * 2 and calls.count("a") == calls.count("b")
+    assert calls[:4] == ["a", "b", "b", "a"] and calls[4:8] == ["a", "b", "b", "a"]  # each batch's turn rotates
+    assert out["a"].sequences == [[10], [11], [12], [13]]
+    calls.clear()
+    run_interleaved({"a": decoder("a", 0.0)}, prompts, 2, repeats=1, warmup_prompts=0, min_seconds=1.0)
+    assert len(calls) == MAX_RUNS * 2
+    calls.clear()
+    run_interleaved({"a": decoder("a", 0.1)}, prompts, 2, repeats=3, warmup_prompts=0, min_seconds=0.0)
+    assert len(calls) == 3 * 2  # without it, `repeats` runs exactly
+    with pytest.raises(ValueError, match="min_seconds"):
+        run_interleaved({"a": decoder("a", 0.1)}, prompts, 2, min_seconds=-1.0)
+
+
 def test_jf_methods_sample_losslessly_with_a_seed_per_prompt():
     from jf_core.decoding.multiblock import JFDecodeConfig
     from jf_core.decoding.sampling import Sampling
