@@ -96,6 +96,10 @@ def ar_decode(
     return DecodeOutput(
         sequences=outputs,
         stats=DecodeStats(
-            sequences=stats, prefill_seconds=prefilled - start, decode_seconds=end - prefilled, batch_forwards=forwards
+            sequences=stats,
+            prefill_seconds=prefilled - start,
+            decode_seconds=end - prefilled,
+            batch_forwards=forwards,
+            ar_sequences=len(stats),
         ),
     )

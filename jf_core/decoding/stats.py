@@ -38,6 +38,9 @@ class DecodeStats:
     decode_seconds: float = 0.0
     batch_forwards: int = 0  # model calls after prefill, however many rows each carried
     prefill_timed: bool = True  # False for decoders (HF generate) whose prefill time is inside decode_seconds
+    # Sequences our AR decoded (ar.py), whatever was asked: a dispatch that sent a batch to AR says so here, where a
+    # TPF of 1.0 would also fit a Jacobi decoder that accepted nothing.
+    ar_sequences: int = 0
 
     @property
     def new_tokens(self) -> int:
@@ -63,6 +66,11 @@ class DecodeStats:
     def decode_tps(self) -> float:
         return self.new_tokens / self.decode_seconds if self.decode_seconds else 0.0
 
+    @property
+    def ar_share(self) -> float:
+        """The fraction of the sequences our AR decoded (1.0: every batch went to AR)."""
+        return self.ar_sequences / len(self.sequences) if self.sequences else 0.0
+
     def accepted_histogram(self) -> dict[int, int]:
         return dict(sorted(Counter(k for s in self.sequences for k in s.accepted).items()))
 
@@ -73,6 +81,7 @@ class DecodeStats:
             decode_seconds=self.decode_seconds + other.decode_seconds,
             batch_forwards=self.batch_forwards + other.batch_forwards,
             prefill_timed=self.prefill_timed and other.prefill_timed,
+            ar_sequences=self.ar_sequences + other.ar_sequences,
         )
 
     def summary(self) -> dict[str, float]:

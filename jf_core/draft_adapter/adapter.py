@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
@@ -19,17 +20,33 @@ from jf_core.layers.packed import PackedLinear, PackedWeight
 ATTRIBUTE = "jf_draft_adapter"
 
 
-def target_projections(model: nn.Module, targets=TARGETS) -> list[tuple[str, nn.Linear]]:
-    """The linear layers an adapter adds to: those named one of `targets` (also what `jf plan` counts)."""
-    return [
+_LAYER = re.compile(r"\.layers\.(\d+)\.")  # a decoder layer's index in a projection's name (model.layers.12.mlp...)
+
+
+def target_projections(
+    model: nn.Module, targets=TARGETS, last_layers: int | None = None
+) -> list[tuple[str, nn.Linear]]:
+    """The linear layers an adapter adds to: those named one of `targets` (also what `jf plan` counts), in the
+    model's last `last_layers` decoder layers when given."""
+    found = [
         (name, mod)
         for name, mod in model.named_modules()
         if isinstance(mod, nn.Linear) and name.rsplit(".", 1)[-1] in targets
     ]
+    if last_layers is None:
+        return found
+    index = {name: _LAYER.search(name) for name, _ in found}
+    if not all(index.values()):
+        unnamed = next(name for name, m in index.items() if m is None)
+        raise ValueError(f"draft_lora.last_layers: {unnamed} is in no numbered decoder layer (model.layers.N)")
+    depth = 1 + max((int(m.group(1)) for m in index.values()), default=-1)
+    return [(name, mod) for name, mod in found if int(index[name].group(1)) >= depth - last_layers]
 
 
 class DraftAdapter(nn.Module):
-    def __init__(self, model: nn.Module, rank: int, alpha: float | None = None, targets=TARGETS) -> None:
+    def __init__(
+        self, model: nn.Module, rank: int, alpha: float | None = None, targets=TARGETS, last_layers: int | None = None
+    ) -> None:
         super().__init__()
         if rank < 1:
             raise ValueError(f"draft adapter rank must be >= 1, got {rank}")
@@ -37,6 +54,7 @@ class DraftAdapter(nn.Module):
         self.alpha = float(alpha if alpha is not None else rank)
         self.scale = self.alpha / rank
         self.targets = tuple(targets)
+        self.last_layers = last_layers
         self.a = nn.ParameterDict()
         self.b = nn.ParameterDict()
         self.gate: torch.Tensor | None = None  # [B, L]: 1 where the adapter acts, None: the base everywhere
@@ -48,7 +66,7 @@ class DraftAdapter(nn.Module):
         # cost AR several percent of a SmolLM2 step on this CPU with 210 hooked projections.
         self._targets: list[tuple[str, nn.Linear]] = []
         self._handles: list = []
-        found = target_projections(model, self.targets)
+        found = target_projections(model, self.targets, last_layers)
         if not found:
             raise ValueError(
                 f"{type(model).__name__} has no projection named {', '.join(self.targets)}: the draft adapter "
@@ -107,7 +125,8 @@ class DraftAdapter(nn.Module):
                 mod.draft = None
 
     def metadata(self) -> dict[str, str]:
-        return {"rank": str(self.rank), "alpha": repr(self.alpha), "targets": ",".join(self.targets)}
+        meta = {"rank": str(self.rank), "alpha": repr(self.alpha), "targets": ",".join(self.targets)}
+        return meta if self.last_layers is None else {**meta, "last_layers": str(self.last_layers)}
 
 
 def draft_adapter(model: nn.Module) -> DraftAdapter | None:
@@ -116,13 +135,17 @@ def draft_adapter(model: nn.Module) -> DraftAdapter | None:
 
 
 def attach_draft_adapter(
-    model: nn.Module, rank: int, alpha: float | None = None, targets: Sequence[str] = TARGETS
+    model: nn.Module,
+    rank: int,
+    alpha: float | None = None,
+    targets: Sequence[str] = TARGETS,
+    last_layers: int | None = None,
 ) -> DraftAdapter:
     """Freeze `model` and give it a zero-initialised draft adapter (the only trainable weights from here on)."""
     if draft_adapter(model) is not None:
         raise ValueError(f"{type(model).__name__} already has a draft adapter")
     model.requires_grad_(False)
-    adapter = DraftAdapter(model, rank, alpha, targets)
+    adapter = DraftAdapter(model, rank, alpha, targets, last_layers)
     model.add_module(ATTRIBUTE, adapter)
     return adapter
 
@@ -139,7 +162,7 @@ def for_training(model: nn.Module, config: DraftLora | None) -> DraftAdapter | N
                 "on training it, or train a model without one"
             )
         return None
-    return adapter or attach_draft_adapter(model, config.rank, config.alpha, config.targets)
+    return adapter or attach_draft_adapter(model, config.rank, config.alpha, config.targets, config.last_layers)
 
 
 # -- the gate: where the adapter acts, one rule for decoding and training -----------------------------------------
@@ -220,7 +243,8 @@ def load_draft_adapter(model: nn.Module, directory: Path) -> DraftAdapter | None
     except (KeyError, ValueError) as err:
         raise ValueError(f"{path}: no rank/alpha in its metadata ({err}): not a draft adapter file") from None
     targets = tuple(meta["targets"].split(",")) if meta.get("targets") else TARGETS
-    adapter = attach_draft_adapter(model, rank, alpha, targets)
+    last_layers = int(meta["last_layers"]) if meta.get("last_layers") else None
+    adapter = attach_draft_adapter(model, rank, alpha, targets, last_layers)
     param = next(model.parameters())
     state = {k: v.to(param.dtype) for k, v in tensors.items()}
     missing, unexpected = adapter.load_state_dict(state, strict=False)

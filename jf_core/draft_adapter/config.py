@@ -19,3 +19,6 @@ class DraftLora(BaseModel):
     rank: int = Field(ge=1)
     alpha: float | None = Field(None, gt=0)  # None: alpha = rank (scale 1)
     targets: tuple[str, ...] = Field(TARGETS, min_length=1)  # projection names (Llama-family layers)
+    # Only the model's last N decoder layers adapted (None: all): the layers below compute the base's states for the
+    # draft slots too, and a decoding forward pays the adapter's products in N layers instead of every one.
+    last_layers: int | None = Field(None, ge=1)

@@ -102,21 +102,16 @@ class Evaluation(JsonModel):
     @property
     def timing_spread(self) -> float | None:
         """How far two timings of the same work land apart in this run (the order's bias, the machine's noise, a
-        second model's weights in the caches): the largest |x - 1| of its AR-against-AR pairs, our AR against its
-        control row and against every other model's AR row (the untrained anchors' input model, a bench's trained
-        model: trained from the same architecture, the same work a token), and against our model's tuned row where
-        its crossover sent every batch to AR (TPF exactly 1: AR's work through the dispatch). At batch 16 on the
-        embedded model such a row read 0.83x where the control read 0.99x (docs/decoding.md, "Timed for seconds"):
-        the control alone understated the spread. None without the control row."""
+        second model's weights in the caches): the largest |x - 1| of its AR-against-AR pairs, our AR against every
+        row whose every prompt our AR decoded: its control row, every other model's AR row (the untrained anchors'
+        input model, a bench's trained model: trained from the same architecture, the same work a token), and any
+        decoder whose dispatch sent every batch to AR (`ar_share` 1). At batch 16 on the embedded model such a
+        dispatched row read 0.83x where the control read 0.99x (docs/decoding.md, "Timed for seconds"): the control
+        alone understated the spread. None without the control row."""
         if AR_CONTROL.label not in self.methods:
             return None
-        pairs = [
-            r
-            for r in self.methods.values()
-            if r.method.kind == "ar_control"
-            or (r.method.kind == "ar" and r.method.model)
-            or (r.method.kind in ("tuned", "autotuned") and not r.method.model and r.tpf == 1.0)
-        ]
+        # The kinds as well as the share: an evaluation cached before rows recorded their AR share reads 0.0 there.
+        pairs = [r for r in self.methods.values() if r.method.kind in ("ar", "ar_control") or r.ar_share == 1.0]
         return max(abs(r.speedup_vs_ar - 1.0) for r in pairs)
 
     @property

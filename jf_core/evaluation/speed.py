@@ -45,6 +45,7 @@ class MethodResult:
     first_divergence: list[int | None] = field(default_factory=list)  # per prompt: None when identical
     output_stats: dict[str, float] = field(default_factory=dict)  # `describe` of the outputs (degeneracy.py)
     outputs: list[list[int]] = field(default_factory=list)  # the new tokens per prompt, where `bench` kept them
+    ar_share: float = 0.0  # of the prompts, those our AR decoded (a dispatch's AR batches; 1.0 for AR's own rows)
 
     @property
     def name(self) -> str:
@@ -106,10 +107,13 @@ def run_interleaved(
     total, done, said = repeats * len(batches), 0, started
     names = list(decoders)
     rep = 0
+    planned = repeats  # runs: `repeats`, then as many as min_seconds is expected to need at the pace so far
     while rep < repeats or (rep < MAX_RUNS and min(spent.values()) < min_seconds):
         if rep >= repeats:
-            total += len(batches)
-        runs = f"{rep + 1}/{repeats}" if rep < repeats else f"{rep + 1} (until {min_seconds:g} s timed each)"
+            pace = min(spent.values()) / rep  # the least-timed decoder's seconds a run
+            planned = max(planned, rep + 1, min(MAX_RUNS, math.ceil(min_seconds / pace) if pace > 0 else MAX_RUNS))
+            total = planned * len(batches)
+        runs = f"{rep + 1}/{planned}" + ("" if rep < repeats else f" (until {min_seconds:g} s timed each)")
         say(f"run {runs}: {len(decoders)} methods taking turns on {len(batches)} batches")
         for b, batch in enumerate(batches):
             turn = (rep * len(batches) + b) % len(names)
@@ -197,6 +201,7 @@ def bench(
                 first_divergence=diverged,
                 output_stats={} if describe is None else describe(out.sequences),
                 outputs=[list(seq) for seq in out.sequences] if keep_outputs else [],
+                ar_share=s.ar_share,
             )
         )
     return results

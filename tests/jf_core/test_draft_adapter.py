@@ -172,6 +172,48 @@ def test_an_adapter_attaches_once(tiny_model):
         attach_draft_adapter(_with_random_adapter(tiny_model), rank=2)
 
 
+def test_an_adapter_on_the_last_layers_only_adds_there_and_keeps_the_base_models_output(tiny_model, tmp_path):
+    """`draft_lora.last_layers`: the adapter's products only in the model's last N decoder layers (a cheaper
+    drafting forward); the layers below give the draft slots the base's states, and the output stays the base's."""
+    from jf_core.draft_adapter.adapter import DraftAdapter, load_draft_adapter
+
+    model = copy.deepcopy(tiny_model)
+    depth = len(model.model.layers)
+    adapter = attach_draft_adapter(model, rank=4, last_layers=1)
+    assert {key.split("__")[2] for key in adapter.a} == {str(depth - 1)}
+    assert len(adapter.a) == 7 and adapter.metadata()["last_layers"] == "1"
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for b in adapter.b.values():
+            b.copy_(torch.randn(b.shape, generator=g) * 0.5)
+    # Below its layers the adapter changes nothing, even gated everywhere: the last layer's input is the base's.
+    ids = torch.tensor([_prompts(1)[0]])
+    seen = {}
+    hook = model.model.layers[-1].register_forward_pre_hook(lambda _m, args: seen.setdefault(len(seen), args[0]))
+    with torch.no_grad():
+        model(ids)
+        with gated(model, torch.ones(1, ids.shape[1])):
+            drafted_logits = model(ids).logits
+    hook.remove()
+    assert torch.equal(seen[0], seen[1])
+    assert not torch.equal(drafted_logits, tiny_model(ids).logits)
+    prompts = _prompts()
+    expected = ar_decode(tiny_model, prompts, max_new_tokens=40, stop=STOP).sequences
+    cfg = JacobiConfig(block_size=8, max_new_tokens=40)
+    assert jacobi_decode(model, prompts, cfg, stop=STOP).sequences == expected
+    # Saved and loaded, the adapter is on the same layers.
+    from safetensors.torch import save_file
+
+    tensors, meta = adapter_file(adapter)
+    save_file(tensors, str(tmp_path / FILE), metadata=meta)
+    loaded = load_draft_adapter(copy.deepcopy(tiny_model), tmp_path)
+    assert isinstance(loaded, DraftAdapter) and loaded.last_layers == 1 and set(loaded.a) == set(adapter.a)
+    with pytest.raises(ValueError, match="greater than or equal to 1"):
+        from jf_core.draft_adapter.config import DraftLora
+
+        DraftLora(rank=4, last_layers=0)
+
+
 def test_a_model_directory_keeps_its_adapter_beside_the_base_weights(embedded, tmp_path):
     """save_model_dir writes the adapter file inside the atomic write; load_model attaches it; the weight files hold
     the base alone (they load as the base without the adapter)."""

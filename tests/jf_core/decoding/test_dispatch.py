@@ -91,3 +91,21 @@ def test_empty_batches_measure_nothing(tokens, seconds):
     d = Dispatch()
     d.observe("ar", 2, tokens=tokens, seconds=seconds)
     assert d.rates == {} and d.summary() == {}
+
+
+def test_a_batch_the_crossover_sends_to_ar_is_recorded_as_ars(tiny_model):
+    """The stats say which decoder ran, not a TPF that a Jacobi decoder accepting nothing would also give: the
+    evaluation's spread pairs a row with AR's only where our AR decoded every prompt."""
+    from jf_core.decoding import JacobiConfig
+    from jf_core.decoding.common import StopTokens, decode_batched
+    from jf_core.decoding.dispatch import decode
+
+    prompts = [[5, 9, 13], [7, 11, 3, 4]]
+    cfg = JacobiConfig(block_size=4, max_new_tokens=12)
+
+    def share(batch_size: int) -> float:
+        run = lambda batch: decode(tiny_model, batch, cfg, stop=StopTokens(2, 0), ar_above_batch=1)  # noqa: E731
+        return decode_batched(run, prompts, batch_size).stats.ar_share
+
+    assert share(2) == 1.0  # above the crossover: AR
+    assert share(1) == 0.0  # at it: Jacobi, whatever its TPF

@@ -212,19 +212,21 @@ def test_hf_generate_row_is_plain_greedy_under_a_qwen_generation_config():
 
 
 def test_the_timing_spread_counts_a_tuned_row_its_crossover_sent_to_ar():
-    """AR's work through the dispatch (a tuned row at TPF exactly 1) is one more AR-against-AR pair: at batch 16 on
-    the embedded model such a row read 0.83x while the control read 0.99x, so the control alone understated it."""
+    """AR's work through the dispatch (a tuned row whose every prompt our AR decoded) is one more AR-against-AR pair:
+    at batch 16 on the embedded model such a row read 0.83x while the control read 0.99x, so the control alone
+    understated it. A Jacobi row that accepted nothing (TPF 1.0 too) did other work: not a pair."""
     from jf_core.decoding import JacobiConfig
     from jf_core.evaluation.method import TUNED, Method
     from jf_core.evaluation.results import Calibration, Evaluation
     from jf_core.evaluation.speed import MethodResult
 
-    def row(method: Method, tpf: float, x: float) -> MethodResult:
+    def row(method: Method, tpf: float, x: float, ar_share: float = 0.0) -> MethodResult:
         return MethodResult(method, tpf=tpf, tps=100 * x, decode_tps=None, prefill_seconds=None, seconds=1.0,
-                            new_tokens=100, speedup_vs_ar=x)  # fmt: skip
+                            new_tokens=100, speedup_vs_ar=x, ar_share=ar_share)  # fmt: skip
 
-    def spread(tuned_tpf: float) -> float | None:
-        rows = [row(AR, 1.0, 1.0), row(AR_CONTROL, 1.0, 0.99), row(TUNED, tuned_tpf, 0.83), row(jacobi(8), 3.0, 1.6)]
+    def spread(ar_share: float) -> float | None:
+        rows = [row(AR, 1.0, 1.0, 1.0), row(AR_CONTROL, 1.0, 0.99, 1.0), row(TUNED, 1.0, 0.83, ar_share),
+                row(jacobi(8), 3.0, 1.6)]  # fmt: skip
         return Evaluation(
             benchmark="embedded", items=1, dtype="float32", block_sizes=[8], calibration=Calibration(),
             methods={r.method.label: r for r in rows}, speedup_block_size=8, headline_method=TUNED,
@@ -232,4 +234,5 @@ def test_the_timing_spread_counts_a_tuned_row_its_crossover_sent_to_ar():
         ).timing_spread  # fmt: skip
 
     assert spread(1.0) == pytest.approx(0.17)  # dispatched to AR: the same work as AR's row
-    assert spread(2.5) == pytest.approx(0.01)  # Jacobi: other work, not a pair (the control's 0.01 stands)
+    assert spread(0.5) == pytest.approx(0.01)  # half its batches Jacobi: not the same work
+    assert spread(0.0) == pytest.approx(0.01)  # Jacobi at TPF 1.0: other work, not a pair (the control's 0.01 stands)

@@ -219,10 +219,16 @@ def test_interleaved_runs_go_on_until_every_decoder_has_min_seconds_timed_and_st
 
     prompts = [[10], [11], [12], [13]]
     # Two batches a run: `a` spends 0.25 s a run, `b` 0.75 s: 1 s timed each takes 4 runs (b has 3 s by then).
+    said: list[str] = []
     out = run_interleaved(
-        {"a": decoder("a", 0.125), "b": decoder("b", 0.375)}, prompts, 2, repeats=1, warmup_prompts=0, min_seconds=1.0
-    )
+        {"a": decoder("a", 0.125), "b": decoder("b", 0.375)}, prompts, 2, repeats=1, warmup_prompts=0,
+        min_seconds=1.0, progress=said.append, say_every=0.0,
+    )  # fmt: skip
     assert len(calls) == 4 * 2 * 2 and calls.count("a") == calls.count("b")
+    # The progress counts against the runs min_seconds needs at the first run's pace: 8 batches from the second run
+    # on, a total that does not grow run by run.
+    counted = [line.split(" (")[0] for line in said if line.startswith("batch")]
+    assert counted == ["batch 1/2", "batch 2/2"] + [f"batch {k}/8" for k in range(3, 9)]
     assert calls[:4] == ["a", "b", "b", "a"] and calls[4:8] == ["a", "b", "b", "a"]  # each batch's turn rotates
     assert out["a"].sequences == [[10], [11], [12], [13]]
     calls.clear()
