@@ -31,7 +31,7 @@ def jf_commands() -> list[tuple[str, list[str]]]:
     out = []
     for _readme, body in blocks("bash"):
         for line in command_lines(body):
-            concrete = re.sub(r"\s*\[[^\]]*\]", "", line)
+            concrete = re.sub(r"\s*\[(?!\")[^\]]*\]", "", line)  # not a JSON list of strings: ["a", "b"]
             for placeholder, value in PLACEHOLDERS.items():
                 concrete = re.sub(rf"(?<![\w/]){re.escape(placeholder)}(?![\w/])", value, concrete)
             lexer = shlex.shlex(concrete, posix=True, punctuation_chars=";&|")
@@ -185,6 +185,16 @@ HOW = {
     "\"lookup\": 16}'": (
         "not in CI", "a benchmark of the real model (timing only); `jf bench cycle` runs on the embedded model in "
                      "tests/jf_core/evaluation/test_cycle_cost.py"),
+    ".venv/bin/jf experiment --profile smollm2-135m --set prompts.source=../shared/benchmarks/gsm8k_train.jsonl "
+    "--set evaluation.source=../shared/benchmarks/gsm8k_test.jsonl --train 64 --held-out 8 --variant 'all7:{}' "
+    "--variant 'mlp:{\"training\": {\"draft_lora\": {\"targets\": [\"gate_proj\", \"up_proj\", \"down_proj\"]}}}' "
+    "--variant 'mlp_last10:{\"training\": {\"draft_lora\": {\"targets\": [\"gate_proj\", \"up_proj\", "
+    "\"down_proj\"], \"last_layers\": 10}}}' --variant 'mlp_last10_r48:{\"training\": {\"draft_lora\": "
+    "{\"targets\": [\"gate_proj\", \"up_proj\", \"down_proj\"], \"last_layers\": 10, \"rank\": 48, "
+    "\"alpha\": 96}}}' --out layers.jsonl": (
+        "not in CI", "four adapters of the real model trained (about 40 minutes); `jf experiment` with a draft "
+                     "adapter runs on a tiny model in tests/jf_core/experiments/test_run.py, `last_layers` in "
+                     "tests/jf_core/test_draft_adapter.py"),
     ".venv/bin/jf run [--profile tiny] [--set section.key=value]": (
         "same command", "tests/test_readme_main_job.py::main_job"),
     ".venv/bin/jf run --set evaluation.tune.prompts=8": ("same command", "tests/test_readme_main_job.py::main_job"),

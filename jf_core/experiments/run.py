@@ -131,6 +131,9 @@ def run_variants(
     return rows
 
 
+INPUT_ROW = "base"  # the input model's row, untrained, first in every experiment
+
+
 def run_experiment(
     profile: Profile,
     model_in: str,
@@ -146,13 +149,15 @@ def run_experiment(
     trained questions: `measure.trained` is some or all of them). Every model is measured in fp32 on
     `profile.model.device`; training computes in the profile's model dtype there. A variant with `from` starts from
     that earlier variant's trained model (its trajectories are that model's: an adapter's, drafted by the adapter)."""
+    if INPUT_ROW in variants:  # its row would read as the input model's in every table and plot
+        raise ValueError(f"a variant may not be named {INPUT_ROW!r}: that is the input model's row (rename it)")
     device = profile.model.device
     emit = on_row or (lambda _row: None)
     base_marker = profile.runs_dir() / profile.name / "experiments" / f"{model_identity(model_in)}-{measure.key()}.json"
     base = run_stage(
         base_marker, Measured, lambda: measure.model(model_in, device, None), what="the input model's figures"
     )
-    first = ExperimentRow(variant="base", trained=base.trained, held_out=base.held_out, model=model_in)
+    first = ExperimentRow(variant=INPUT_ROW, trained=base.trained, held_out=base.held_out, model=model_in)
     emit(first)
 
     def row(run: VariantRun) -> ExperimentRow:

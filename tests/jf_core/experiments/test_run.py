@@ -199,3 +199,11 @@ def test_rows_written_before_variants_had_their_stages_read_back():
     data = Path(__file__).resolve().parents[3] / "docs" / "data" / "cpu_lora_curve_1e6_2026-11-27.jsonl"
     rows = [ExperimentRow.model_validate(json.loads(line)) for line in data.read_text().splitlines() if line.strip()]
     assert rows[0].variant == "base" and rows[-1].train_tokens > 10**6
+
+
+def test_a_variant_named_as_the_input_models_row_is_refused_before_any_work(profile, tmp_path):
+    """`--variant 'base:{}'` trained the profile's default and printed it as a second "base" row, indistinguishable
+    from the untrained input model's (seen 2026-12-02): refused by name before anything is measured or trained."""
+    with pytest.raises(ValueError, match="may not be named 'base'"):
+        run_experiment(profile, "unused", {"base": {}, "mlp": {}}, measure=None, collect=None)
+    assert not (Path(profile.storage.runs_dir) / profile.name / "experiments").exists()
