@@ -346,8 +346,11 @@ def test_a_trained_models_evaluation_carries_its_input_models_untrained_anchors(
     best = max((result.row(Method(k, model=UNTRAINED)) for k in ANCHOR_KINDS), key=lambda r: r.tps)
     assert result.best_untrained == best and result.speedup_vs_untrained == result.headline.tps / best.tps
     assert result.metrics()["speedup_vs_untrained"] == result.speedup_vs_untrained
-    # The spread: the widest AR-against-AR pair of the run, the control and the input model's AR (same shapes).
-    pairs = (result.row(AR_CONTROL), result.row(Method("ar", model=UNTRAINED)))
+    # The spread: the widest AR-against-AR pair of the run: the control, the input model's AR (same shapes), and its
+    # tuned row where the tune's crossover sent every batch to AR (the random base accepts next to nothing).
+    tuned = result.row(Method("tuned", model=UNTRAINED))
+    pairs = [result.row(AR_CONTROL), result.row(Method("ar", model=UNTRAINED))]
+    pairs += [tuned] if tuned.ar_share == 1.0 else []
     assert result.timing_spread == max(abs(r.speedup_vs_ar - 1.0) for r in pairs)
     # Kept apart from the same model's evaluation without anchors (another measurement, another file).
     assert eval_path(p, str(trained)) != eval_path(p, str(trained), {"anchors": "x"})
