@@ -305,6 +305,7 @@ def check_adapter_speed(
     device: torch.device, smoke: bool, model_dir: str | None, prompts_file: str | None, num_prompts: int
 ) -> dict:
     from jf_core.draft_adapter.adapter import attach_draft_adapter, draft_adapter
+    from jf_core.draft_adapter.config import DraftLora
     from jf_core.evaluation.method import HF_GENERATE
     from jf_core.evaluation.methods import build_methods
     from jf_core.evaluation.speed import bench
@@ -312,7 +313,7 @@ def check_adapter_speed(
     stop = STOP
     if model_dir is None:
         model = random_qwen2(SMOKE, device, torch.float32)
-        adapter = attach_draft_adapter(model, rank=4)
+        adapter = attach_draft_adapter(model, DraftLora(rank=4))
         g = torch.Generator().manual_seed(0)
         with torch.no_grad():
             for b in adapter.b.values():

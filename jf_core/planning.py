@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from jf_core.config import Profile
+from jf_core.draft_adapter.config import DraftLora
 
 GIB = 1024**3
 WORKSPACE = int(1.5 * GIB)  # CUDA context, cuBLAS/attention workspaces, allocator slack
@@ -63,19 +64,20 @@ class ModelShape:
     adapter_features: int = 0
 
     @classmethod
-    def of(cls, config, name: str) -> ModelShape:
-        """Count parameters on the meta device: the real model's modules, no memory."""
+    def of(cls, config, name: str, adapter: DraftLora | None = None) -> ModelShape:
+        """Count parameters on the meta device: the real model's modules, no memory; the adapter's projections as
+        `adapter` (the profile's `training.draft_lora`) places them."""
         import torch
         from transformers import AutoModelForCausalLM
 
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config)
         from jf_core.draft_adapter.adapter import target_projections
-        from jf_core.training.parallel import decoder_layers
+        from jf_core.layers.blocks import decoder_layers
 
         layers = decoder_layers(model)
         total = sum(p.numel() for p in model.parameters())
-        targets = [m for _, m in target_projections(model)]
+        targets = [m for _, m in target_projections(model, adapter)]
         per_layer = sum(p.numel() for p in layers[0].parameters())
         text = config.get_text_config(decoder=True)
         heads = text.num_attention_heads
@@ -338,7 +340,7 @@ def _fix(plan_fn: Callable[[Profile], StagePlan], profile: Profile, knobs) -> st
 def plan(profile: Profile) -> tuple[ModelShape, str, list[StagePlan]]:
     """The profile's stages planned: trajectories, then training under each strategy (the profile's own first)."""
     config, source = model_config(profile)
-    shape = ModelShape.of(config, profile.model.path)
+    shape = ModelShape.of(config, profile.model.path, profile.training.draft_lora)
     workers = max(profile.compute.train_workers, 1)
     stages = [trajectory_plan(shape, profile)]
     strategies = [profile.training.strategy] + [s for s in ("single", "ddp", "fsdp2") if s != profile.training.strategy]

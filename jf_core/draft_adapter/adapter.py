@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-import re
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
@@ -14,47 +13,38 @@ import torch
 from torch import nn
 
 from jf_core.draft_adapter.config import FILE, TARGETS, DraftLora
+from jf_core.layers.blocks import decoder_layers
 from jf_core.layers.lora import BlockDiagonal, add_delta, fused_delta, fused_siblings_delta
 from jf_core.layers.packed import PackedLinear, PackedWeight
 
 ATTRIBUTE = "jf_draft_adapter"
 
 
-_LAYER = re.compile(r"\.layers\.(\d+)\.")  # a decoder layer's index in a projection's name (model.layers.12.mlp...)
-
-
-def target_projections(
-    model: nn.Module, targets=TARGETS, last_layers: int | None = None
-) -> list[tuple[str, nn.Linear]]:
-    """The linear layers an adapter adds to: those named one of `targets` (also what `jf plan` counts), in the
-    model's last `last_layers` decoder layers when given."""
+def target_projections(model: nn.Module, config: DraftLora | None = None) -> list[tuple[str, nn.Linear]]:
+    """The linear layers an adapter of `config` adds to (None: every projection named in TARGETS, what `jf plan`
+    counts without an adapter): those named one of its targets, in the model's last `last_layers` decoder layers
+    when given."""
+    targets = config.targets if config is not None else TARGETS
     found = [
         (name, mod)
         for name, mod in model.named_modules()
         if isinstance(mod, nn.Linear) and name.rsplit(".", 1)[-1] in targets
     ]
-    if last_layers is None:
+    if config is None or config.last_layers is None:
         return found
-    index = {name: _LAYER.search(name) for name, _ in found}
-    if not all(index.values()):
-        unnamed = next(name for name, m in index.items() if m is None)
-        raise ValueError(f"draft_lora.last_layers: {unnamed} is in no numbered decoder layer (model.layers.N)")
-    depth = 1 + max((int(m.group(1)) for m in index.values()), default=-1)
-    return [(name, mod) for name, mod in found if int(index[name].group(1)) >= depth - last_layers]
+    top = {id(m) for layer in decoder_layers(model)[-config.last_layers :] for m in layer.modules()}
+    return [(name, mod) for name, mod in found if id(mod) in top]
 
 
 class DraftAdapter(nn.Module):
-    def __init__(
-        self, model: nn.Module, rank: int, alpha: float | None = None, targets=TARGETS, last_layers: int | None = None
-    ) -> None:
+    def __init__(self, model: nn.Module, config: DraftLora) -> None:
         super().__init__()
-        if rank < 1:
-            raise ValueError(f"draft adapter rank must be >= 1, got {rank}")
-        self.rank = rank
-        self.alpha = float(alpha if alpha is not None else rank)
-        self.scale = self.alpha / rank
-        self.targets = tuple(targets)
-        self.last_layers = last_layers
+        self.config = config
+        self.rank = config.rank
+        self.alpha = float(config.alpha if config.alpha is not None else config.rank)
+        self.scale = self.alpha / self.rank
+        self.targets = config.targets
+        self.last_layers = config.last_layers
         self.a = nn.ParameterDict()
         self.b = nn.ParameterDict()
         self.gate: torch.Tensor | None = None  # [B, L]: 1 where the adapter acts, None: the base everywhere
@@ -66,7 +56,7 @@ class DraftAdapter(nn.Module):
         # cost AR several percent of a SmolLM2 step on this CPU with 210 hooked projections.
         self._targets: list[tuple[str, nn.Linear]] = []
         self._handles: list = []
-        found = target_projections(model, self.targets, last_layers)
+        found = target_projections(model, config)
         if not found:
             raise ValueError(
                 f"{type(model).__name__} has no projection named {', '.join(self.targets)}: the draft adapter "
@@ -74,10 +64,10 @@ class DraftAdapter(nn.Module):
             )
         for name, mod in found:
             key = name.replace(".", "__")
-            a = torch.empty(rank, mod.in_features, dtype=mod.weight.dtype, device=mod.weight.device)
+            a = torch.empty(self.rank, mod.in_features, dtype=mod.weight.dtype, device=mod.weight.device)
             nn.init.kaiming_uniform_(a, a=math.sqrt(5))  # LoRA's init: A random, B zero, so the adapter starts at 0
             self.a[key] = nn.Parameter(a)
-            self.b[key] = nn.Parameter(torch.zeros(mod.out_features, rank, dtype=a.dtype, device=a.device))
+            self.b[key] = nn.Parameter(torch.zeros(mod.out_features, self.rank, dtype=a.dtype, device=a.device))
             self._targets.append((key, mod))
 
     def set_gate(self, gate: torch.Tensor | None) -> None:
@@ -134,18 +124,12 @@ def draft_adapter(model: nn.Module) -> DraftAdapter | None:
     return getattr(getattr(model, "module", model), ATTRIBUTE, None)
 
 
-def attach_draft_adapter(
-    model: nn.Module,
-    rank: int,
-    alpha: float | None = None,
-    targets: Sequence[str] = TARGETS,
-    last_layers: int | None = None,
-) -> DraftAdapter:
+def attach_draft_adapter(model: nn.Module, config: DraftLora) -> DraftAdapter:
     """Freeze `model` and give it a zero-initialised draft adapter (the only trainable weights from here on)."""
     if draft_adapter(model) is not None:
         raise ValueError(f"{type(model).__name__} already has a draft adapter")
     model.requires_grad_(False)
-    adapter = DraftAdapter(model, rank, alpha, targets, last_layers)
+    adapter = DraftAdapter(model, config)
     model.add_module(ATTRIBUTE, adapter)
     return adapter
 
@@ -162,7 +146,7 @@ def for_training(model: nn.Module, config: DraftLora | None) -> DraftAdapter | N
                 "on training it, or train a model without one"
             )
         return None
-    return adapter or attach_draft_adapter(model, config.rank, config.alpha, config.targets, config.last_layers)
+    return adapter or attach_draft_adapter(model, config)
 
 
 # -- the gate: where the adapter acts, one rule for decoding and training -----------------------------------------
@@ -239,12 +223,17 @@ def load_draft_adapter(model: nn.Module, directory: Path) -> DraftAdapter | None
         meta = fh.metadata() or {}
     tensors = load_file(str(path))
     try:
-        rank, alpha = int(meta["rank"]), float(meta["alpha"])
-    except (KeyError, ValueError) as err:
-        raise ValueError(f"{path}: no rank/alpha in its metadata ({err}): not a draft adapter file") from None
-    targets = tuple(meta["targets"].split(",")) if meta.get("targets") else TARGETS
-    last_layers = int(meta["last_layers"]) if meta.get("last_layers") else None
-    adapter = attach_draft_adapter(model, rank, alpha, targets, last_layers)
+        config = DraftLora(
+            rank=int(meta["rank"]),
+            alpha=float(meta["alpha"]),
+            targets=tuple(meta["targets"].split(",")) if meta.get("targets") else TARGETS,
+            last_layers=int(meta["last_layers"]) if meta.get("last_layers") else None,
+        )
+    except (KeyError, ValueError) as err:  # pydantic's ValidationError is a ValueError
+        raise ValueError(
+            f"{path}: no rank/alpha in its metadata, or invalid ones ({err}): not a draft adapter file"
+        ) from None
+    adapter = attach_draft_adapter(model, config)
     param = next(model.parameters())
     state = {k: v.to(param.dtype) for k, v in tensors.items()}
     missing, unexpected = adapter.load_state_dict(state, strict=False)

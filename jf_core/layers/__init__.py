@@ -8,6 +8,8 @@ for speed on its device. The decoders, training and the engine name none of them
 - `siblings.py`: a layer's projections of one input (q, k, v; gate, up) as one packed product, `group_siblings`;
 - `lora.py`: a low-rank delta on a layer's output, by hook or fused into the packed product (the draft adapter's
   arithmetic; the adapter itself, its gate and files, is jf_core/draft_adapter/);
+- `blocks.py`: the model's repeated decoder blocks (`decoder_layers`: what FSDP2 shards, what an adapter's
+  `last_layers` counts);
 - `prepare.py`: `prepare_for_decoding`.
 """
 

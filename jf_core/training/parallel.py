@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from jf_core.checksums import verify, write_manifest
+from jf_core.layers.blocks import decoder_layers
 from jf_core.model_dir import save_checkpoint
 
 STATE = "trainer_state.json"
@@ -231,15 +232,6 @@ def shard_fsdp2(
         fully_shard(layer, mp_policy=policy, offload_policy=offload)
     fully_shard(model, mp_policy=policy, offload_policy=offload, reshard_after_forward=False)
     return model
-
-
-def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The model's repeated decoder blocks (the classes transformers declares `_no_split_modules`)."""
-    names = set(getattr(model, "_no_split_modules", None) or [])
-    layers = [m for m in model.modules() if type(m).__name__ in names]
-    if not layers:
-        raise ValueError(f"{type(model).__name__}: no decoder layers to shard (no _no_split_modules)")
-    return layers
 
 
 def enable_activation_checkpointing(model: torch.nn.Module) -> None:

@@ -16,6 +16,7 @@ from jf_core.decoding.multiblock import JFDecodeConfig, jf_decode
 from jf_core.decoding.proposers import AdapterChain, Room
 from jf_core.decoding.sampling import Sampling
 from jf_core.draft_adapter.adapter import FILE, adapter_file, attach_draft_adapter, base_state_dict, gated
+from jf_core.draft_adapter.config import DraftLora
 from tests.conftest import PAD, VOCAB
 
 STOP = StopTokens(2, PAD)
@@ -29,7 +30,7 @@ def _prompts(count: int = 3) -> list[list[int]]:
 def _with_random_adapter(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
     """A copy of `model` whose adapter is far from zero: its drafts are not the base's."""
     model = copy.deepcopy(model)
-    adapter = attach_draft_adapter(model, rank=4)
+    adapter = attach_draft_adapter(model, DraftLora(rank=4))
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for b in adapter.b.values():
@@ -135,7 +136,7 @@ def test_a_zero_adapter_drafts_what_the_base_would(tiny_model):
     cfg = JacobiConfig(block_size=8, max_new_tokens=40)
     plain = jacobi_decode(tiny_model, prompts, cfg, stop=STOP)
     drafted = copy.deepcopy(tiny_model)
-    attach_draft_adapter(drafted, rank=4)
+    attach_draft_adapter(drafted, DraftLora(rank=4))
     out = jacobi_decode(drafted, prompts, cfg, stop=STOP)
     assert out.sequences == plain.sequences
     assert [s.forwards for s in out.stats.sequences] == [s.forwards for s in plain.stats.sequences]
@@ -169,7 +170,7 @@ def test_sampling_with_an_adapter_is_the_base_models_sample(tiny_model):
 
 def test_an_adapter_attaches_once(tiny_model):
     with pytest.raises(ValueError, match="already has a draft adapter"):
-        attach_draft_adapter(_with_random_adapter(tiny_model), rank=2)
+        attach_draft_adapter(_with_random_adapter(tiny_model), DraftLora(rank=2))
 
 
 def test_an_adapter_on_the_last_layers_only_adds_there_and_keeps_the_base_models_output(tiny_model, tmp_path):
@@ -179,7 +180,7 @@ def test_an_adapter_on_the_last_layers_only_adds_there_and_keeps_the_base_models
 
     model = copy.deepcopy(tiny_model)
     depth = len(model.model.layers)
-    adapter = attach_draft_adapter(model, rank=4, last_layers=1)
+    adapter = attach_draft_adapter(model, DraftLora(rank=4, last_layers=1))
     assert {key.split("__")[2] for key in adapter.a} == {str(depth - 1)}
     assert len(adapter.a) == 7 and adapter.metadata()["last_layers"] == "1"
     g = torch.Generator().manual_seed(0)
@@ -209,8 +210,6 @@ def test_an_adapter_on_the_last_layers_only_adds_there_and_keeps_the_base_models
     loaded = load_draft_adapter(copy.deepcopy(tiny_model), tmp_path)
     assert isinstance(loaded, DraftAdapter) and loaded.last_layers == 1 and set(loaded.a) == set(adapter.a)
     with pytest.raises(ValueError, match="greater than or equal to 1"):
-        from jf_core.draft_adapter.config import DraftLora
-
         DraftLora(rank=4, last_layers=0)
 
 

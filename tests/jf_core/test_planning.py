@@ -105,12 +105,13 @@ def test_a_draft_adapter_is_planned_as_what_it_allocates(tmp_path, monkeypatch):
     gradients and AdamW moments are 16 bytes a weight of a real attached adapter, and the only strategy and knobs
     shown are those its config accepts (one process, no activation checkpointing)."""
     from jf_core.draft_adapter.adapter import attach_draft_adapter, gated
+    from jf_core.draft_adapter.config import DraftLora
     from jf_core.training.config import JFTrainConfig
 
     config = small_config()
     shape = ModelShape.of(config, "small")
     model = Qwen2ForCausalLM(config)
-    adapter = attach_draft_adapter(model, rank=4)
+    adapter = attach_draft_adapter(model, DraftLora(rank=4))
     weights = sum(p.numel() for p in adapter.parameters())
     assert shape.adapter_features * 4 == weights and shape.adapter_projections == len(adapter.a) == 21
     optimizer = torch.optim.AdamW(adapter.parameters(), lr=1e-3)
@@ -123,6 +124,12 @@ def test_a_draft_adapter_is_planned_as_what_it_allocates(tmp_path, monkeypatch):
     grads = sum(p.grad.numel() * p.grad.element_size() for p in adapter.parameters())
     planned_adapter = 16 * 4 * shape.adapter_features
     assert 4 * weights + grads + moments == planned_adapter
+    # The adapter the profile asks for, not every projection: the MLP's in the last decoder layer.
+    mlp_top = DraftLora(rank=4, targets=("gate_proj", "up_proj", "down_proj"), last_layers=1)
+    narrow = ModelShape.of(config, "small", mlp_top)
+    placed = attach_draft_adapter(Qwen2ForCausalLM(config), mlp_top)
+    assert narrow.adapter_projections == len(placed.a) == 3 and all(key.split("__")[2] == "2" for key in placed.a)
+    assert narrow.adapter_features * 4 == sum(p.numel() for p in placed.parameters())
 
     # The profile that trains one (SmolLM2's), planned from its package's GGUF on a machine that has not imported
     # it (an empty $JF_HOME): no weights read, one process.

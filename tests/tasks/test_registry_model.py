@@ -215,11 +215,12 @@ def test_a_draft_adapter_travels_with_its_model_through_the_registry(registered)
     import torch
 
     from jf_core.draft_adapter.adapter import FILE, adapter_file, attach_draft_adapter, base_state_dict
+    from jf_core.draft_adapter.config import DraftLora
     from jf_core.model_dir import save_model_dir
 
     base_dir = registered["model_dir"]
     model, tok = load_model(str(base_dir))
-    adapter = attach_draft_adapter(model, rank=4)
+    adapter = attach_draft_adapter(model, DraftLora(rank=4))
     with torch.no_grad():
         for b in adapter.b.values():
             b.normal_(0, 0.5, generator=torch.Generator().manual_seed(0))

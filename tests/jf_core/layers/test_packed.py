@@ -143,6 +143,7 @@ def test_greedy_decoding_on_a_packed_model_is_its_ar_with_a_draft_adapter_acting
     from jf_core.decoding.common import StopTokens
     from jf_core.decoding.multiblock import JFDecodeConfig, JFDecoder
     from jf_core.draft_adapter.adapter import attach_draft_adapter, draft_adapter, draft_gate, gated
+    from jf_core.draft_adapter.config import DraftLora
     from tests.conftest import PAD
     from tests.jf_core.decoding.test_jacobi import MAX_NEW, prompts, reference
 
@@ -157,10 +158,10 @@ def test_greedy_decoding_on_a_packed_model_is_its_ar_with_a_draft_adapter_acting
                        width_margin=2, max_new_tokens=MAX_NEW),
     ):  # fmt: skip
         assert JFDecoder(model, cfg, stop=StopTokens(None, PAD)).decode(ps).sequences == want
-    adapter = attach_draft_adapter(model, rank=4)
+    adapter = attach_draft_adapter(model, DraftLora(rank=4))
     for b in adapter.b.values():
         nn.init.normal_(b, std=0.5)  # a random adapter: drafts differ from the base's guesses
-    hooked = attach_draft_adapter(plain, rank=4)  # the same adapter on the unpacked model: forward hooks
+    hooked = attach_draft_adapter(plain, DraftLora(rank=4))  # the same adapter on the unpacked model: forward hooks
     hooked.load_state_dict(adapter.state_dict())
     ids = torch.tensor([ps[0], ps[0][::-1]])
     gate = draft_gate([range(1, ids.shape[1]), range(2, 4)], ids.shape[1])

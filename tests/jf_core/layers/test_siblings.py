@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch import nn
 
+from jf_core.draft_adapter.config import DraftLora
 from jf_core.layers.packed import AVAILABLE, PackedLinear, pack_linears
 from jf_core.layers.siblings import Siblings, group_siblings, ungrouped
 
@@ -45,7 +46,7 @@ def test_the_grouped_forward_is_the_ungrouped_one_with_and_without_an_adapter(ti
     with ungrouped():
         separate = _products(model, ids)
     assert _products(model, ids) == separate - 3 * model.config.num_hidden_layers  # 7 products a layer -> 4
-    adapter = attach_draft_adapter(model, rank=4)
+    adapter = attach_draft_adapter(model, DraftLora(rank=4))
     for b in adapter.b.values():
         nn.init.normal_(b, std=0.5)
     gate = draft_gate([range(1, 6), range(3, 5)], ids.shape[1])
@@ -78,7 +79,7 @@ def test_a_member_fed_another_input_runs_alone_and_an_uneven_adapter_leaves_the_
         want = [nn.functional.linear(t, m.weight) for t, m in zip((x, other, x), members, strict=True)]
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w)
-    adapter = attach_draft_adapter(parent, rank=2, targets=("q_proj", "v_proj"))
+    adapter = attach_draft_adapter(parent, DraftLora(rank=2, targets=("q_proj", "v_proj")))
     for b in adapter.b.values():
         nn.init.normal_(b, std=0.5)
     with torch.no_grad(), gated(parent, draft_gate([range(1, 3)], 3)):
@@ -104,7 +105,7 @@ def test_greedy_decoding_on_a_grouped_model_is_its_ar_with_a_draft_adapter_actin
     cfg = JFDecodeConfig(block_size=16, num_blocks=1, pool_size=0, lookup=16, adaptive_width=True, width_scale=1.0,
                          width_margin=2, max_new_tokens=MAX_NEW)  # fmt: skip
     assert JFDecoder(model, cfg, stop=StopTokens(None, PAD)).decode(ps).sequences == want
-    adapter = attach_draft_adapter(model, rank=4)
+    adapter = attach_draft_adapter(model, DraftLora(rank=4))
     for b in adapter.b.values():
         nn.init.normal_(b, std=0.5)
     cfg = JFDecodeConfig(block_size=8, num_blocks=1, pool_size=0, lookup=8, draft_span=3, max_new_tokens=MAX_NEW)

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from jf_core.draft_adapter.adapter import attach_draft_adapter
+from jf_core.draft_adapter.config import DraftLora
 from jf_core.training.context_cache import adapter_dependent, applies
 from jf_core.training.losses import JacobiForcingObjective, JFLossConfig
 from jf_core.training.mask import CLEAN, NOISY, PROMPT
@@ -21,7 +22,7 @@ def _examples(seed: int) -> list[PackedExample]:
 
 def _adapter_model(arch: str):
     model = TINY_MODELS[arch]()
-    adapter = attach_draft_adapter(model, rank=4)
+    adapter = attach_draft_adapter(model, DraftLora(rank=4))
     with torch.no_grad():
         for b in adapter.b.values():
             b.normal_(0, 0.5)  # an adapter that changes the drafts (a fresh one's B is zero)

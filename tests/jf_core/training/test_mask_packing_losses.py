@@ -8,6 +8,7 @@ import random
 import pytest
 import torch
 
+from jf_core.draft_adapter.config import DraftLora
 from jf_core.training.losses import JacobiForcingObjective, JFLossConfig, jf_losses
 from jf_core.training.mask import build_mask, layout
 from jf_core.training.noise import NoiseSchedule
@@ -421,7 +422,7 @@ def test_a_draft_adapter_sees_in_one_pass_what_it_drafts_on_in_decoding(mask):
 
     model = TINY_MODELS["qwen2"]()
     base = TINY_MODELS["qwen2"]()
-    adapter = attach_draft_adapter(model, rank=4)
+    adapter = attach_draft_adapter(model, DraftLora(rank=4))
     with torch.no_grad():
         for b in adapter.b.values():
             b.normal_(0, 0.5)
@@ -484,7 +485,7 @@ def test_the_trainer_steps_the_adapter_alone_under_bf16_autocast():
 
     model = TINY_MODELS["qwen2"]()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    adapter = attach_draft_adapter(model, rank=4)
+    adapter = attach_draft_adapter(model, DraftLora(rank=4))
     examples = _random_examples(3, ((3, 2), (5, 3)))
     batches = jf_batches(examples, 2, PAD, seed=0, variant="clean_context")
     objective = JacobiForcingObjective(JFLossConfig(), "clean_context")
@@ -518,7 +519,7 @@ def test_an_adapter_run_resumes_from_its_checkpoint_to_the_same_adapter(tmp_path
     def run(seed: int, **kw):
         model = TINY_MODELS["qwen2"]()
         torch.manual_seed(seed)  # a different random A in every fresh adapter
-        attach_draft_adapter(model, rank=4)
+        attach_draft_adapter(model, DraftLora(rank=4))
         batches = jf_batches(examples, 2, PAD, seed=0, variant="clean_context")
         train(model, batches, JacobiForcingObjective(JFLossConfig(), "clean_context"), cfg, progress=False, **kw)
         return model
