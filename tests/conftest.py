@@ -15,9 +15,10 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("MLFLOW_ENABLE_TELEMETRY", "false")
 os.environ.setdefault("DO_NOT_TRACK", "true")
 
-# The suite runs in two pytest-xdist workers side by side (pyproject.toml's addopts), most of whose slow tests wait on
-# servers, windows and leases: each worker takes one CPU, for its own ops and for every process it starts (jf reads
-# JF_CPUS), so the two never contend for a core and a thread is never descheduled mid-op.
+# The suite runs in three pytest-xdist workers on two CPUs (pyproject.toml's addopts), most of whose slow tests wait on
+# servers, windows and leases: each worker runs one thread, for its own ops and for every process it starts (jf reads
+# JF_CPUS), so no multi-threaded op ever waits on a thread the others' load descheduled (that cost 10x); when all
+# three compute they share the CPUs, one thread each.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("JF_CPUS", "1")
 torch.set_num_threads(min(2 if "JF_CPUS" not in os.environ else int(os.environ["JF_CPUS"]), torch.get_num_threads()))
@@ -25,7 +26,7 @@ torch.set_num_threads(min(2 if "JF_CPUS" not in os.environ else int(os.environ["
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    """Beside the other worker, a test marked `alone` (it measures the machine's load) runs with the CPUs to itself:
+    """Beside the other workers, a test marked `alone` (it measures the machine's load) runs with the CPUs to itself:
     its whole protocol (the module fixtures it sets up and tears down included) holds the workers' lock file
     exclusively, every other test's shared. A turnstile ahead of the lock lets an `alone` test in before the other
     worker's next test, which would otherwise always find the lock free first."""
@@ -49,10 +50,10 @@ def pytest_runtest_protocol(item, nextitem):
 
 
 def pytest_collection_modifyitems(config, items):
-    """The longest files first, so the two workers (which take whole files, in this order) finish together instead of
+    """The longest files first, so the workers (which take whole files, in this order) finish together instead of
     one starting the stack test as the other ends: files with a `slow` test before the rest, and among them the longer
     `timeout` their author gave first; the order within a file is kept. Files holding an `alone` test go last: such a
-    test waits for the other worker's current test to end, and at the end of the run that is a short one (the slow
+    test waits for the other workers' current tests to end, and at the end of the run that is a short one (the slow
     files' tests took minutes each to release it)."""
 
     def timeout(item) -> float:
