@@ -32,7 +32,11 @@ def target_projections(model: nn.Module, config: DraftLora | None = None) -> lis
     ]
     if config is None or config.last_layers is None:
         return found
-    top = {id(m) for layer in decoder_layers(model)[-config.last_layers :] for m in layer.modules()}
+    try:
+        layers = decoder_layers(model)
+    except ValueError as err:
+        raise ValueError(f"draft_lora.last_layers: {err}") from None
+    top = {id(m) for layer in layers[-config.last_layers :] for m in layer.modules()}
     return [(name, mod) for name, mod in found if id(mod) in top]
 
 
