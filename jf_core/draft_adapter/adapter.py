@@ -44,11 +44,7 @@ class DraftAdapter(nn.Module):
     def __init__(self, model: nn.Module, config: DraftLora) -> None:
         super().__init__()
         self.config = config
-        self.rank = config.rank
-        self.alpha = float(config.alpha if config.alpha is not None else config.rank)
-        self.scale = self.alpha / self.rank
-        self.targets = config.targets
-        self.last_layers = config.last_layers
+        self.scale = self.alpha / self.rank  # read by every gated forward: computed once
         self.a = nn.ParameterDict()
         self.b = nn.ParameterDict()
         self.gate: torch.Tensor | None = None  # [B, L]: 1 where the adapter acts, None: the base everywhere
@@ -73,6 +69,22 @@ class DraftAdapter(nn.Module):
             self.a[key] = nn.Parameter(a)
             self.b[key] = nn.Parameter(torch.zeros(mod.out_features, self.rank, dtype=a.dtype, device=a.device))
             self._targets.append((key, mod))
+
+    @property
+    def rank(self) -> int:
+        return self.config.rank
+
+    @property
+    def alpha(self) -> float:
+        return float(self.config.alpha if self.config.alpha is not None else self.config.rank)
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        return self.config.targets
+
+    @property
+    def last_layers(self) -> int | None:
+        return self.config.last_layers
 
     def set_gate(self, gate: torch.Tensor | None) -> None:
         self.gate = gate
