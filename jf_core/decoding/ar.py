@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from transformers import DynamicCache
 
 from jf_core.decoding.clock import NO_CLOCK, NoClock
 from jf_core.decoding.common import (
@@ -23,6 +22,7 @@ from jf_core.decoding.common import (
     model_device,
 )
 from jf_core.decoding.kv import attention_layout, cache_kwargs
+from jf_core.decoding.reserved_cache import reserved_cache
 from jf_core.decoding.sampling import Sampler, Sampling
 from jf_core.decoding.stats import DecodeStats, SequenceStats, Timer
 
@@ -52,7 +52,7 @@ def ar_decode(
     start = timer.now()
     ids, mask = left_pad(prompts, stop.pad, device)
     positions = (mask.cumsum(1) - 1).clamp(min=0)
-    cache = DynamicCache(config=model.config)
+    cache = reserved_cache(model.config)
     logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, **cache_kwargs(model, cache)).logits
     active = list(range(len(prompts)))
     nxt = sampler.pick(logits[:, -1:], active, torch.zeros_like(ids[:, :1]))[:, 0]  # output position 0

@@ -32,6 +32,7 @@ import torch
 from transformers import DynamicCache
 
 from jf_core import pins
+from jf_core.decoding.reserved_cache import reserved_cache
 
 pins.require("transformers-model")  # the model's backend, statefulness and SDPA support are private names
 
@@ -191,7 +192,7 @@ class KVState:
     ) -> tuple[KVState, torch.Tensor]:
         """Run left-padded prompts; return the state and the logits at each row's last prompt token ([B, V])."""
         valid = attention_mask.bool()
-        cache = DynamicCache()  # full layers only, even for sliding-window models: KVState indexes slots
+        cache = reserved_cache()  # full layers only, even for sliding-window models: KVState indexes slots
         state = cls(model, cache, valid[:, :0])
         width = input_ids.shape[1]
         rel = (torch.cumsum(valid.long(), dim=1) - 1).clamp(min=0)

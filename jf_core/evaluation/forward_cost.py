@@ -10,9 +10,9 @@ import statistics
 import time
 
 import torch
-from transformers import DynamicCache
 
 from jf_core.decoding.kv import cache_kwargs
+from jf_core.decoding.reserved_cache import reserved_cache
 
 
 def _sync(device: torch.device) -> None:
@@ -38,7 +38,7 @@ def window_cost(
     vocab = model.config.get_text_config(decoder=True).vocab_size
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(3, vocab, (batch, context), generator=gen).to(device)
-    cache = DynamicCache(config=model.config)
+    cache = reserved_cache(model.config)  # the decoders' cache: a forward appends in place
     model(input_ids=ids, **cache_kwargs(model, cache))
     times: dict[int, list[float]] = {w: [] for w in widths}
     for rep in range(warmup + repeats):
