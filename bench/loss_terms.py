@@ -1,7 +1,8 @@
-"""A draft adapter's training micro-step (forward, losses, backward) as it ran before two cuts and after each: the AR
-loss term left out where no gradient reaches it, then the frozen base's products in the compute dtype from a copy
-cast once (the context pass's too, which ran in packed fp32); the sides taking turns on the same packed batches in
-one process.
+"""A draft adapter's training micro-step (forward, losses, backward) as it ran before three cuts and after each: the
+AR loss term left out where no gradient reaches it, then the frozen base's products in the compute dtype from a copy
+cast once (the context pass's too, which ran in packed fp32), then the projections of one input grouped (a layer's
+q, k, v and gate, up: one product of the frozen weights and one of the adapter's As and Bs each, with autograd;
+jf_core/layers/siblings.py); the sides taking turns on the same packed batches in one process.
 
     .venv/bin/python bench/loss_terms.py --profile smollm2-135m --packed RUN/packed/examples.parquet \
         --batches 6 --repeats 3
@@ -10,7 +11,8 @@ one process.
 profile trains them (its adapter, mask, compute dtype and two-pass forward). For a draft adapter the AR loss's
 positions are the frozen base's (no gradient reaches them: `jf_core/training/losses.py`, `ar_gradient`), and the
 base's weights never change (`jf_core/layers/packed.py`, `CastWeight`). The adapter's gradients are checked the
-same with the AR term and without, bit for bit, and their cosine before/now printed. Run it alone: a neighbour's
+same with the AR term and without, bit for bit, and their cosines (cast once against before, grouped against cast
+once) printed. Run it alone: a neighbour's
 time slices land in whichever side runs.
 """
 
@@ -27,6 +29,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from jf_core.config import load_profile, parse_overrides
 from jf_core.draft_adapter.adapter import for_training
 from jf_core.layers.packed import uncached_casts, unpacked
+from jf_core.layers.siblings import ungrouped
 from jf_core.model_ref import resolve_model
 from jf_core.models import load_model
 from jf_core.training import context_cache as two_passes
@@ -65,9 +68,12 @@ def main() -> None:
     trainable = [p for p in model.parameters() if p.requires_grad]
 
     def step(batch, side: str) -> list[torch.Tensor]:
-        ar_gradient, cached = SIDES[side]
+        ar_gradient, cached, grouped = SIDES[side]
         model.zero_grad(set_to_none=True)
-        with contextlib.nullcontext() if cached else uncached_casts():
+        with (
+            contextlib.nullcontext() if cached else uncached_casts(),
+            contextlib.nullcontext() if grouped else ungrouped(),
+        ):
             with torch.autocast("cpu", dtype=compute, enabled=compute != torch.float32):
                 hidden, _ = two_passes.forward(model, batch)
                 loss, _ = jf_losses(hidden, head_fn(model), batch, objective.cfg, ar_gradient=ar_gradient)
@@ -80,9 +86,10 @@ def main() -> None:
         assert two_passes.applies(model, batch), "the profile's batches do not take the two-pass forward"
         grads = {side: torch.cat([g.flatten() for g in step(batch, side)]) for side in SIDES}
         assert torch.equal(grads["before"], grads["ar_left_out"]), "leaving the AR term out changed the gradients"
-        # The context pass in the compute dtype: gradients as close as bf16 gets to fp32's, printed.
-        cosine = torch.nn.functional.cosine_similarity(grads["before"].float(), grads["now"].float(), dim=0)
-        print(f"the adapter's gradients, now against before: cosine {float(cosine):.6f}")
+        # The context pass in the compute dtype: gradients as close as bf16 gets to fp32's; grouped: bf16 rounding.
+        for new, old in (("cast_once", "before"), ("grouped", "cast_once")):
+            cosine = torch.nn.functional.cosine_similarity(grads[old].float(), grads[new].float(), dim=0)
+            print(f"the adapter's gradients, {new} against {old}: cosine {float(cosine):.6f}")
     seconds: dict[str, list[float]] = {side: [] for side in SIDES}
     names = list(SIDES)
     for r in range(args.repeats):
@@ -109,8 +116,14 @@ def main() -> None:
               f"{rate / peak:.2f} of a {peak:.0f} GFLOP/s matmul of the model's shape")  # fmt: skip
 
 
-# (the AR term computed, autocast's products as now): as training ran before the changes, after the first, and now.
-SIDES = {"before": (True, False), "ar_left_out": (False, False), "now": (False, True)}
+# (the AR term computed, frozen weights cast once, one input's projections grouped): as training ran before the
+# changes and after each.
+SIDES = {
+    "before": (True, False, False),
+    "ar_left_out": (False, False, False),
+    "cast_once": (False, True, False),
+    "grouped": (False, True, True),
+}
 
 
 def matmul_gflops(hidden: int, intermediate: int, dtype: torch.dtype, rows: int = 512, repeats: int = 20) -> float:

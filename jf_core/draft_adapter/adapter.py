@@ -14,7 +14,7 @@ from torch import nn
 
 from jf_core.draft_adapter.config import FILE, TARGETS, DraftLora
 from jf_core.layers.blocks import decoder_layers
-from jf_core.layers.lora import BlockDiagonal, add_delta, fused_delta, fused_siblings_delta
+from jf_core.layers.lora import BlockDiagonal, add_delta, add_siblings_delta, fused_delta, fused_siblings_delta
 from jf_core.layers.packed import PackedLinear, PackedWeight
 
 ATTRIBUTE = "jf_draft_adapter"
@@ -93,6 +93,11 @@ class DraftAdapter(nn.Module):
     def add(self, key: str, x: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
         """`output` (the projection's, of input `x`) plus the adapter's delta where the gate is set."""
         return add_delta(output, x, self.a[key], self.b[key], self._weights)
+
+    def add_siblings(self, keys: list[str], x: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
+        """`output` (projections of one input `x`, side by side) plus each one's delta (layers/lora.py
+        `add_siblings_delta`): the training path, with autograd."""
+        return add_siblings_delta(output, x, [self.a[k] for k in keys], [self.b[k] for k in keys], self._weights)
 
     def fused(self, key: str, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         """A packed layer's output with the delta in one packed product (layers/lora.py `fused_delta`)."""

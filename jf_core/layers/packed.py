@@ -120,24 +120,31 @@ def uncached_casts() -> contextlib.AbstractContextManager:
 
 
 class CastWeight:
-    """A frozen weight's copy in autocast's dtype, remade when the weight is another tensor, was written in place
-    since (a loaded state dict), or autocast's dtype changed: the same values autocast's own cast gives."""
+    """A frozen weight's copy in autocast's dtype (of several stacked by rows: one product for them all), remade when
+    a weight is another tensor, was written in place since (a loaded state dict), or autocast's dtype changed: the
+    same values autocast's own cast gives."""
 
     def __init__(self) -> None:
         self._cast: torch.Tensor | None = None
         self._stamp: tuple | None = None
 
-    def of(self, weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        now = (*stamp(weight), dtype)
+    def of(self, dtype: torch.dtype, *weights: torch.Tensor) -> torch.Tensor:
+        now = (*stamp(*weights), dtype)
         if self._stamp != now:
-            self._cast = weight.detach().to(dtype)
+            self._cast = (
+                torch.cat([w.detach().to(dtype) for w in weights])
+                if len(weights) > 1
+                else weights[0].detach().to(dtype)
+            )
             self._stamp = now
         return self._cast
 
-    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def linear(self, x: torch.Tensor, weight: torch.Tensor | tuple, bias: torch.Tensor | None) -> torch.Tensor:
+        """`x`'s product with the weight (or the stacked weights) in autocast's dtype; `x` may be in it already."""
         dtype = torch.get_autocast_dtype("cpu")
+        weights = weight if isinstance(weight, tuple) else (weight,)
         with torch.autocast("cpu", enabled=False):
-            return nn.functional.linear(x.to(dtype), self.of(weight, dtype), None if bias is None else bias.to(dtype))
+            return nn.functional.linear(x.to(dtype), self.of(dtype, *weights), None if bias is None else bias.to(dtype))
 
     def __getstate__(self) -> dict:
         return {"_cast": None, "_stamp": None}  # a cache: deep copies and pickles start without it
@@ -172,6 +179,8 @@ class PackedLinear(nn.Linear):
                 return draft[0].fused(draft[1], self, x)
             y = self.packed_weight.linear(x, self.weight, self.bias)
         elif cast_cached(x, self.weight):
+            if self.siblings is not None and (y := self.siblings.cast_output(self, x)) is not None:
+                return y
             y = self.cast_weight.linear(x, self.weight, self.bias)
         else:
             y = nn.functional.linear(x, self.weight, self.bias)

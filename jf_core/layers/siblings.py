@@ -1,4 +1,5 @@
-"""Packed projections of one input run as one product: a layer's q, k and v, and its gate and up (decoding only).
+"""Projections of one input run as one product: a layer's q, k and v, and its gate and up (packed, in decoding; cast
+once to the compute dtype, in a draft adapter's training).
 
 At decoding's few rows a oneDNN call costs this CPU tens of microseconds beyond its arithmetic, and SmolLM2's 30
 layers make 210 of them a forward (a draft adapter acting adds a slice, a product with its gate and an addmm to
@@ -19,7 +20,7 @@ import itertools
 import torch
 from torch import nn
 
-from jf_core.layers.packed import PackedLinear, PackedWeight, stamp, switched_off
+from jf_core.layers.packed import CastWeight, PackedLinear, PackedWeight, stamp, switched_off
 
 NAMES = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # the projections models feed one input
 _switch = {"on": True}
@@ -37,22 +38,43 @@ class Siblings:
         self.members = members
         self.bounds = [0, *itertools.accumulate(m.out_features for m in members)]
         self.packed = PackedWeight()  # the members' weights stacked (their biases concatenated)
+        self.cast = CastWeight()  # the same stack in training's autocast dtype (frozen members)
         self._bias: tuple[tuple, torch.Tensor | None] | None = None
         self._held: list | None = None  # [input, its stamp, the gate's weights, outputs, members still to serve]
 
     def output(self, member: PackedLinear, x: torch.Tensor) -> torch.Tensor | None:
-        """`member`'s output of `x` from the group's one product, or None where the group does not serve it (then
-        the member runs alone)."""
+        """`member`'s output of `x` from the group's one packed product, or None where the group does not serve it
+        (then the member runs alone)."""
+        drafts, adapter = self._drafts()
+        if drafts is None or (adapter is not None and self.members[0].bias is not None):
+            return None  # the adapter's fused product is bias-free (`lora.fused_delta`'s rule)
+        return self._serve(member, x, adapter, lambda: self._product(x, drafts, adapter))
+
+    def cast_output(self, member: PackedLinear, x: torch.Tensor) -> torch.Tensor | None:
+        """`member`'s output of `x` under training's autocast (packed.py `cast_cached`): the frozen members' weights
+        cast and stacked once, one product for the group, and an adapter's deltas with autograd (`lora.add_siblings
+        _delta`: every A one product, the Bs one block-diagonal one). None where the group does not serve it."""
+        drafts, adapter = self._drafts()
+        if drafts is None or any(m.weight.requires_grad for m in self.members):
+            return None
+        return self._serve(member, x, adapter, lambda: self._cast_product(x, drafts, adapter))
+
+    def _drafts(self) -> tuple[list | None, object]:
+        """(each member's (adapter, key) or None, the adapter acting on them all); (None, None) where grouping is
+        off or an adapter acts on the members unevenly."""
         drafts = [m.draft for m in self.members]
         adapter = drafts[0][0] if drafts[0] is not None else None
         if not _switch["on"] or any((d[0] if d is not None else None) is not adapter for d in drafts):
-            return None
-        if adapter is not None and self.members[0].bias is not None:
-            return None  # the adapter's fused product is bias-free (`lora.fused_delta`'s rule)
+            return None, None
+        return drafts, adapter
+
+    def _serve(self, member: PackedLinear, x: torch.Tensor, adapter, product) -> torch.Tensor:
+        """`member`'s slice of the group's output for `x`: the first member called with `x` runs `product`, and every
+        member's output is kept for the others (the same tensor, unchanged since, under the same gate)."""
         weights = None if adapter is None else adapter._weights
         held = self._held
         if held is None or held[0] is not x or held[1] != stamp(x) or held[2] is not weights:
-            y = self._product(x, drafts, adapter)
+            y = product()
             outputs = [y[..., a:b] for a, b in itertools.pairwise(self.bounds)]
             held = self._held = [x, stamp(x), weights, outputs, set(range(len(self.members)))]
         i = next(i for i, m in enumerate(self.members) if m is member)
@@ -67,6 +89,10 @@ class Siblings:
             return adapter.fused_siblings([d[1] for d in drafts], self.members, x)
         return self.packed.linear(x, weights, self._biases())
 
+    def _cast_product(self, x: torch.Tensor, drafts: list, adapter) -> torch.Tensor:
+        y = self.cast.linear(x, tuple(m.weight for m in self.members), self._biases())
+        return y if adapter is None else adapter.add_siblings([d[1] for d in drafts], x, y)
+
     def _biases(self) -> torch.Tensor | None:
         biases = [m.bias for m in self.members]
         if biases[0] is None:
@@ -78,7 +104,7 @@ class Siblings:
 
     def __getstate__(self) -> dict:
         # A copy keeps its members and drops what it computed (oneDNN tensors neither pickle nor deep-copy).
-        return {**self.__dict__, "packed": PackedWeight(), "_bias": None, "_held": None}
+        return {**self.__dict__, "packed": PackedWeight(), "cast": CastWeight(), "_bias": None, "_held": None}
 
 
 def group_siblings(model: nn.Module) -> int:
