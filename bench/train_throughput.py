@@ -12,7 +12,9 @@ run on the same trajectories, through the round's own packing and driver (`pack_
 Each `--option NAME:JSON` is a set of `training` overrides (plus `threads`, torch's intra-op threads; default
 `--threads`). A step's time is the median of steps 1 to `--steps` - 1 from the training history's `elapsed_s`
 (step 0 pays for first-touch allocations); its tokens are the packed examples' mean length times the sequences a
-step takes (`batch_size` x `grad_accum`), padding not counted. The table gives the median over `--repeats` and the
+step takes (`batch_size` x `grad_accum`), padding not counted, every noisy copy a visit draws counted
+(`training.noisy_copies`); "noisy tokens" are the noisy copies' tokens alone, the positions the consistency loss
+trains. The table gives the median over `--repeats` and the
 ratio to the first option. Trajectories are synthetic (greedy AR + corrupted tails): the same packed shapes as
 Jacobi's at a fraction of the cost. Run it alone: a neighbour's time slices land in whichever option is running.
 """
@@ -72,8 +74,13 @@ def measure(profile, model_dir: str, records: list[dict], overrides: dict, steps
     p = variant_profile(profile, {"training": overrides})
     summary, packed = train_on_records(p, model_dir, records, where)
     seconds = step_seconds(summary.history)
-    tokens = statistics.fmean(e.total_length for e in packed) * p.training.batch_size * p.training.grad_accum
-    return {"step_seconds": seconds, "tokens_per_step": tokens, "tokens_per_s": tokens / seconds}
+    t = p.training
+    copies, sequences = t.noisy_copies, t.batch_size * t.grad_accum
+    # Every noisy copy a visit draws is packed too; the noisy copies' tokens are what the consistency loss trains.
+    tokens = statistics.fmean(e.total_length + (copies - 1) * e.num_blocks * e.n for e in packed) * sequences
+    noisy = statistics.fmean(copies * e.num_blocks * e.n for e in packed) * sequences
+    return {"step_seconds": seconds, "tokens_per_step": tokens, "tokens_per_s": tokens / seconds,
+            "noisy_per_step": noisy, "noisy_per_s": noisy / seconds}  # fmt: skip
 
 
 def main() -> int:
@@ -114,12 +121,17 @@ def main() -> int:
                 print(f"{name} (repeat {r + 1}): {speed}", flush=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    first = statistics.median(x["tokens_per_s"] for x in rows[next(iter(options))])
-    print("\n| option | tokens/s (median) | s a step | tokens a step | vs first |\n|---|---|---|---|---|")
+    first = rows[next(iter(options))]
+    first_tps = statistics.median(x["tokens_per_s"] for x in first)
+    first_noisy = statistics.median(x["noisy_per_s"] for x in first)
+    print("\n| option | tokens/s (median) | s a step | tokens a step | vs first | noisy tokens/s | vs first |"
+          "\n|---|---|---|---|---|---|---|")  # fmt: skip
     for name, runs in rows.items():
         tps = statistics.median(x["tokens_per_s"] for x in runs)
+        noisy = statistics.median(x["noisy_per_s"] for x in runs)
         step = statistics.median(x["step_seconds"] for x in runs)
-        print(f"| {name} | {tps:.1f} | {step:.2f} | {runs[0]['tokens_per_step']:.0f} | {tps / first:.2f}x |")
+        print(f"| {name} | {tps:.1f} | {step:.2f} | {runs[0]['tokens_per_step']:.0f} | {tps / first_tps:.2f}x "
+              f"| {noisy:.1f} | {noisy / first_noisy:.2f}x |")  # fmt: skip
     if args.out:
         Path(args.out).write_text(json.dumps({"options": options, "rows": rows}, indent=2))
     return 0

@@ -259,6 +259,16 @@ HOW = {
     "--repeats 3": (
         "not in CI", "a benchmark of the real model (timing only); the cuts it times are tested bit for bit in "
                      "tests/jf_core/training/test_context_cache.py and tests/jf_core/layers/test_packed.py"),
+    ".venv/bin/python bench/trajectory_speed.py --profile smollm2-135m --set "
+    "prompts.source=../shared/benchmarks/gsm8k_train.jsonl --prompts 64 --max-new-tokens 96 --batch-sizes 64 "
+    "--repeats 2 --kinds synthetic --caches reserved concatenating": (
+        "same command", "tests/bench/test_trajectory_speed.py::test_both_caches_take_turns_and_give_the_same_answers"),
+    ".venv/bin/python bench/train_throughput.py --profile smollm2-135m --set "
+    "prompts.source=../shared/benchmarks/gsm8k_train.jsonl --questions 8 --steps 8 --repeats 2 --option 'profile:{}' "
+    "--option 'copies_2:{\"noisy_copies\": 2}' --option 'copies_3:{\"noisy_copies\": 3}'": (
+        "not in CI", "a benchmark of the real model (timing only); its token counting is tested in "
+                     "tests/bench/test_train_throughput.py, the copies' losses in "
+                     "tests/jf_core/training/test_mask_packing_losses.py"),
     ".venv/bin/python bench/gpu_check.py --out gpu-check": (
         "not in CI", "CI has no GPU; its smoke mode runs in tests/bench/test_gpu_check.py"),
 }  # fmt: skip

@@ -204,12 +204,12 @@ def _start(name: str, overrides: dict, model_in: str, trained: dict[str, str]) -
 
 
 def _packed_tokens(profile: Profile, examples: Path) -> int:
-    """About how many packed tokens training went through: the examples' mean length times the sequences a step
-    takes times the steps."""
+    """About how many packed tokens training went through: the examples' mean length (with every noisy copy a visit
+    draws) times the sequences a step takes times the steps."""
     from jf_core.training.jf_data import read_packed_share
 
-    lengths = [e.total_length for e in read_packed_share(examples, 0, 1)]
     t = profile.training
+    lengths = [e.total_length + (t.noisy_copies - 1) * e.num_blocks * e.n for e in read_packed_share(examples, 0, 1)]
     return int(statistics.fmean(lengths) * t.steps * t.batch_size * t.grad_accum)
 
 

@@ -85,10 +85,13 @@ def pack_to(profile: Profile, records: list[dict], out: Path, source: str = "the
     from jf_core.training.noise import NoiseSchedule
     from jf_core.training.packing import pack_records
 
-    packed, stats = pack_records(records, NoiseSchedule.of(profile.training), profile.training.max_length)
+    t = profile.training
+    packed, stats = pack_records(records, NoiseSchedule.of(t), t.max_length, t.noisy_copies)
     if not packed:
         raise ValueError(f"packing {source} produced no examples (dropped: {dict(stats.dropped_blocks)})")
-    write_parquet_atomic(out, pa.Table.from_pylist([asdict(e) for e in packed]))
+    # Further noisy copies are drawn per visit, never stored.
+    rows = [{k: v for k, v in asdict(e).items() if k != "extra_noisy"} for e in packed]
+    write_parquet_atomic(out, pa.Table.from_pylist(rows))
     return packed, stats
 
 

@@ -115,6 +115,7 @@ def _batches(profile: Profile, examples, tok, rank: int, *, dense_mask: bool):
         ar_every=t.mix_ar_every,
         dense_mask=dense_mask,
         redraw=NoiseSchedule.of(t) if t.state_pick == "each_visit" else None,
+        copies=t.noisy_copies,
     )
 
 

@@ -84,6 +84,10 @@ class JFTrainConfig(BaseModel):
     # visit sees the same); each_visit, drawn again from all the block's recorded states each time its example is
     # seen (the schedule seeded by the visit: jf_core/training/packing.py `redrawn`).
     state_pick: Literal["at_packing", "each_visit"] = "at_packing"
+    # Noisy copies of every block a visit (each_visit only): K > 1 packs K - 1 more, drawn from the block's states,
+    # after the clean blocks; one prompt and clean context serves them all (jf_core/training/packing.py), which a
+    # draft adapter's step computes once, without autograd.
+    noisy_copies: int = Field(1, ge=1)
     # On-policy states: every this many steps the model being trained decodes `onpolicy_prompts` of its training
     # prompts (in turn) and the draft states it visits join those blocks' pools (jf_core/training/onpolicy.py).
     onpolicy_every: int | None = Field(None, ge=1)
@@ -131,6 +135,15 @@ class JFTrainConfig(BaseModel):
             raise ValueError(
                 f"training.tpf_probe_every decodes with the whole model in one process: strategy {self.strategy} "
                 "shards it over workers (set strategy single, or tpf_probe_every null)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _copies_drawn(self) -> JFTrainConfig:
+        if self.noisy_copies > 1 and self.state_pick != "each_visit":
+            raise ValueError(
+                "training.noisy_copies > 1 draws each visit's copies from every block's states, which only each_visit "
+                "does: set training.state_pick: each_visit"
             )
         return self
 

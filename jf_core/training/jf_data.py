@@ -47,21 +47,30 @@ def jf_batches(
     ar_every: int = 0,
     dense_mask: bool = True,
     redraw: NoiseSchedule | None = None,
+    copies: int = 1,
 ) -> Iterator[dict[str, torch.Tensor]]:
     """Endless collated batches; with `ar_batches` and `ar_every` = k, every k-th batch is a plain AR batch. With
     `redraw` (training.state_pick: each_visit), every block's noisy copy is drawn again from all its states each time
     its example is seen, instead of the one packing fixed (`packing.redrawn`); the pool is read at collation, so
-    states added to an example while training (on-policy) are drawn from the next time it is seen."""
+    states added to an example while training (on-policy) are drawn from the next time it is seen. `copies` (> 1
+    needs `redraw`): each block's noisy copies a visit (training.noisy_copies), drawn the same way."""
+    if copies > 1 and redraw is None:
+        raise ValueError(
+            "training.noisy_copies > 1 draws the copies from each block's states: set state_pick: each_visit"
+        )
     visits = [0] * len(examples)
     for count, idx in enumerate(batch_orders(examples, batch_size, seed), start=1):
         if ar_batches is not None and ar_every and count % ar_every == 0:
             yield next(ar_batches)
-        yield collate([_visit(examples, i, visits, redraw) for i in idx], pad_token_id, variant, dense_mask=dense_mask)
+        batch = [_visit(examples, i, visits, redraw, copies) for i in idx]
+        yield collate(batch, pad_token_id, variant, dense_mask=dense_mask)
 
 
-def _visit(examples: Sequence[PackedExample], i: int, visits: list[int], redraw: NoiseSchedule | None) -> PackedExample:
+def _visit(
+    examples: Sequence[PackedExample], i: int, visits: list[int], redraw: NoiseSchedule | None, copies: int = 1
+) -> PackedExample:
     visit, visits[i] = visits[i], visits[i] + 1
-    return examples[i] if redraw is None else redrawn(examples[i], redraw, visit)
+    return examples[i] if redraw is None else redrawn(examples[i], redraw, visit, copies)
 
 
 def global_batches(
@@ -72,13 +81,16 @@ def global_batches(
     seed: int,
     variant: str = "shipped",
     redraw: NoiseSchedule | None = None,
+    copies: int = 1,
 ) -> Iterator[dict[str, torch.Tensor]]:
     """The batches data-parallel workers train on together (worker r: its share, seed + r), as one batch per step."""
     streams = [batch_orders(share, batch_size, seed + rank) for rank, share in enumerate(shares)]
     visits = [[0] * len(share) for share in shares]
     while True:
         examples = [
-            _visit(shares[rank], i, visits[rank], redraw) for rank, stream in enumerate(streams) for i in next(stream)
+            _visit(shares[rank], i, visits[rank], redraw, copies)
+            for rank, stream in enumerate(streams)
+            for i in next(stream)
         ]
         yield collate(examples, pad_token_id, variant)
 

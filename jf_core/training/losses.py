@@ -202,7 +202,7 @@ def check_lean_head(model: torch.nn.Module, batch: Batch, variant: str = "shippe
 def _forward_kwargs(model: torch.nn.Module, batch: Batch, variant: str) -> dict:
     mask = batch.get("attention_mask")
     if attention_implementation(unwrap(model)) == "flex_attention":
-        mask = flex_block_mask(batch["layout_kind"], batch["layout_block"], variant)
+        mask = flex_block_mask(batch["layout_kind"], batch["layout_block"], variant, batch.get("layout_copy"))
     return {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"], "attention_mask": mask}
 
 
@@ -302,7 +302,7 @@ class JacobiForcingObjective:
         return jf_losses(logits, lambda rows: rows, batch, self.cfg, norm, base)
 
 
-def flex_block_mask(kind: torch.Tensor, block: torch.Tensor, variant: str):
+def flex_block_mask(kind: torch.Tensor, block: torch.Tensor, variant: str, copy: torch.Tensor | None = None):
     """The noise-aware mask as a FlexAttention BlockMask: on GPUs it skips fully masked tiles instead of
     materialising B x L x L. The builder is compiled once and reused for every batch of a shape."""
     from torch.nn.attention.flex_attention import create_block_mask
@@ -311,7 +311,13 @@ def flex_block_mask(kind: torch.Tensor, block: torch.Tensor, variant: str):
 
     batch, width = kind.shape
     return create_block_mask(
-        mask_mod(kind, block, variant), B=batch, H=None, Q_LEN=width, KV_LEN=width, device=kind.device, _compile=True
+        mask_mod(kind, block, variant, copy),
+        B=batch,
+        H=None,
+        Q_LEN=width,
+        KV_LEN=width,
+        device=kind.device,
+        _compile=True,
     )
 
 

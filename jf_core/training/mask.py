@@ -1,4 +1,8 @@
-"""The noise-aware causal mask of the packed layout [prompt][N_0][C_0][N_1][C_1]...
+"""The noise-aware causal mask of the packed layout [prompt][N_0][C_0][N_1][C_1]...[N'_0][N'_1]...
+
+`N'` are a block's further noisy copies (`training.noisy_copies` > 1: copy c of every block, after the clean
+blocks, each block at its own positions again), which see what N_j sees; each copy's blocks see none of another
+copy's. They share one context: the prompt and the clean blocks are computed once for them all.
 
 Who sees whom (True = the query may attend to the key):
 - prompt: causal within the prompt;
@@ -22,44 +26,59 @@ PROMPT, NOISY, CLEAN, PAD = 0, 1, 2, 3
 VARIANTS = ("shipped", "clean_context")
 
 
-def layout(prompt_len: int, n: int, num_blocks: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(kind, block index) of every position of one packed example, padded to `width`."""
+def layout(
+    prompt_len: int, n: int, num_blocks: int, width: int, copies: int = 1
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(kind, block index, noisy copy) of every position of one packed example with `copies` noisy copies of each
+    block, padded to `width` (the copy is 0 for the prompt, the clean blocks and the first noisy copy)."""
     pos = torch.arange(width)
     seg = (pos - prompt_len).div(n, rounding_mode="floor")
+    pairs = 2 * num_blocks  # segments of the [N_j][C_j] part
     kind = torch.where(seg % 2 == 0, NOISY, CLEAN)
+    kind = torch.where(seg >= pairs, NOISY, kind)
     kind = torch.where(pos < prompt_len, PROMPT, kind)
-    kind = torch.where(pos >= prompt_len + 2 * n * num_blocks, PAD, kind)
-    block = torch.where(kind == PROMPT, -1, seg.div(2, rounding_mode="floor"))
-    return kind, block
+    kind = torch.where(pos >= prompt_len + n * num_blocks * (1 + copies), PAD, kind)
+    further = (seg - pairs).clamp(min=0)
+    block = torch.where(seg >= pairs, further % max(num_blocks, 1), seg.div(2, rounding_mode="floor"))
+    block = torch.where(kind == PROMPT, -1, block)
+    copy = torch.where((seg >= pairs) & (kind == NOISY), 1 + further.div(max(num_blocks, 1), rounding_mode="floor"), 0)
+    return kind, block, copy
 
 
-def _rule(kind_q, block_q, kind_k, block_k, q, k, variant: str) -> torch.Tensor:
+def _rule(kind_q, block_q, copy_q, kind_k, block_k, copy_k, q, k, variant: str) -> torch.Tensor:
     causal = k <= q
-    same_block = (kind_q == kind_k) & (block_q == block_k) & causal
+    same_block = (kind_q == kind_k) & (block_q == block_k) & (copy_q == copy_k) & causal
     in_blocks = (kind_q == NOISY) | (kind_q == CLEAN)
-    history_kind = CLEAN if variant == "clean_context" else NOISY
-    earlier = (block_k < block_q) & (
-        ((kind_q == NOISY) & (kind_k == history_kind)) | ((kind_q == CLEAN) & (kind_k == CLEAN))
-    )
+    if variant == "clean_context":
+        history = kind_k == CLEAN
+    else:  # a noisy copy's history is its own copy's earlier noisy blocks
+        history = (kind_k == NOISY) & (copy_q == copy_k)
+    earlier = (block_k < block_q) & (((kind_q == NOISY) & history) | ((kind_q == CLEAN) & (kind_k == CLEAN)))
     prompt_rows = (kind_q == PROMPT) & (kind_k == PROMPT) & causal
     return prompt_rows | (in_blocks & ((kind_k == PROMPT) | same_block | earlier)) | ((kind_q == PAD) & (q == k))
 
 
-def build_mask(kind: torch.Tensor, block: torch.Tensor, variant: str = "shipped") -> torch.Tensor:
-    """kind, block: [B, L] from `layout`; returns [B, 1, L, L] bool."""
+def build_mask(
+    kind: torch.Tensor, block: torch.Tensor, variant: str = "shipped", copy: torch.Tensor | None = None
+) -> torch.Tensor:
+    """kind, block, copy: [B, L] from `layout` (copy None: one noisy copy); returns [B, 1, L, L] bool."""
     if variant not in VARIANTS:
         raise ValueError(f"unknown mask variant {variant!r}; expected one of {VARIANTS}")
+    copy = torch.zeros_like(kind) if copy is None else copy
     width = kind.shape[1]
     q = torch.arange(width)[:, None]
     k = torch.arange(width)[None, :]
-    mask = _rule(kind[:, :, None], block[:, :, None], kind[:, None, :], block[:, None, :], q, k, variant)
+    mask = _rule(kind[:, :, None], block[:, :, None], copy[:, :, None], kind[:, None, :], block[:, None, :],
+                 copy[:, None, :], q, k, variant)  # fmt: skip
     return mask[:, None]
 
 
-def mask_mod(kind: torch.Tensor, block: torch.Tensor, variant: str = "shipped"):
+def mask_mod(kind: torch.Tensor, block: torch.Tensor, variant: str = "shipped", copy: torch.Tensor | None = None):
     """The same rule as a FlexAttention mask_mod over batched layouts ([B, L] tensors on the model's device)."""
+    copy = torch.zeros_like(kind) if copy is None else copy
 
     def mod(b, h, q_idx, kv_idx):
-        return _rule(kind[b, q_idx], block[b, q_idx], kind[b, kv_idx], block[b, kv_idx], q_idx, kv_idx, variant)
+        return _rule(kind[b, q_idx], block[b, q_idx], copy[b, q_idx], kind[b, kv_idx], block[b, kv_idx],
+                     copy[b, kv_idx], q_idx, kv_idx, variant)  # fmt: skip
 
     return mod

@@ -26,7 +26,11 @@ def test_options_train_and_count_their_tokens(profile, tmp_path):
     records = collect(model, tok, items, cfg, model_hash="t").records
     one = measure(profile, profile.model.path, records, {"batch_size": 1, "grad_accum": 2}, 4, tmp_path / "a")
     two = measure(profile, profile.model.path, records, {"batch_size": 2, "grad_accum": 2}, 4, tmp_path / "b")
+    copies = {"batch_size": 1, "grad_accum": 2, "state_pick": "each_visit", "noisy_copies": 3}
+    three = measure(profile, profile.model.path, records, copies, 4, tmp_path / "c")
     assert two["tokens_per_step"] == pytest.approx(2 * one["tokens_per_step"])
-    for row in (one, two):
+    assert three["noisy_per_step"] == pytest.approx(3 * one["noisy_per_step"])  # the copies' tokens are counted
+    assert three["tokens_per_step"] == pytest.approx(one["tokens_per_step"] + 2 * one["noisy_per_step"])
+    for row in (one, two, three):
         assert row["step_seconds"] > 0
         assert row["tokens_per_s"] == pytest.approx(row["tokens_per_step"] / row["step_seconds"])

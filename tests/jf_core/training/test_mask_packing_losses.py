@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import random
 
@@ -16,15 +17,18 @@ from jf_core.training.packing import PackedExample, collate, loss_positions, pac
 from tests.conftest import PAD, TINY_MODELS
 
 
-def reference_mask(prompt_len, n, blocks, width, variant):
-    """The rules, written out position by position."""
+def reference_mask(prompt_len, n, blocks, width, variant, copies=1):
+    """The rules, written out position by position; noisy copy c > 0 of block j is kind "N<c>" after the clean
+    blocks."""
 
     def where(i):
         if i < prompt_len:
             return ("P", -1, i)
-        if i >= prompt_len + 2 * n * blocks:
+        if i >= prompt_len + (1 + copies) * n * blocks:
             return ("pad", -1, i)
         seg = (i - prompt_len) // n
+        if seg >= 2 * blocks:
+            return (f"N{1 + (seg - 2 * blocks) // blocks}", (seg - 2 * blocks) % blocks, (i - prompt_len) % n)
         return ("N" if seg % 2 == 0 else "C", seg // 2, (i - prompt_len) % n)
 
     m = torch.zeros(width, width, dtype=torch.bool)
@@ -42,8 +46,8 @@ def reference_mask(prompt_len, n, blocks, width, variant):
                 ok_ = ok <= oq
             elif kq == "C":
                 ok_ = kk == "C" and bk < bq
-            else:
-                ok_ = kk == ("N" if variant == "shipped" else "C") and bk < bq
+            else:  # a noisy copy: its own copy's earlier blocks (shipped) or the earlier clean blocks
+                ok_ = kk == (kq if variant == "shipped" else "C") and bk < bq
             m[q, k] = ok_
     return m
 
@@ -52,10 +56,11 @@ def reference_mask(prompt_len, n, blocks, width, variant):
 def test_mask_equals_rules_on_random_layouts(variant):
     rng = random.Random(0)
     for _ in range(25):
-        p, n, t = rng.randint(1, 6), rng.randint(1, 5), rng.randint(1, 4)
-        width = p + 2 * n * t + rng.randint(0, 5)
-        kind, block = layout(p, n, t, width)
-        assert torch.equal(build_mask(kind[None], block[None], variant)[0, 0], reference_mask(p, n, t, width, variant))
+        p, n, t, copies = rng.randint(1, 6), rng.randint(1, 5), rng.randint(1, 4), rng.choice([1, 1, 2, 3])
+        width = p + (1 + copies) * n * t + rng.randint(0, 5)
+        kind, block, copy = layout(p, n, t, width, copies)
+        got = build_mask(kind[None], block[None], variant, copy[None])[0, 0]
+        assert torch.equal(got, reference_mask(p, n, t, width, variant, copies))
 
 
 def record(pid, j, states, fixed, length=None):
@@ -237,14 +242,15 @@ def test_the_old_hard_targets_key_is_refused_with_its_new_spelling():
 def test_flex_mask_mod_states_the_same_rule(variant):
     from jf_core.training.mask import mask_mod
 
-    kinds, blocks = zip(*(layout(p, n, t, 40) for p, n, t in ((3, 4, 3), (7, 2, 5))), strict=True)
-    kind, block = torch.stack(kinds), torch.stack(blocks)
-    mod = mask_mod(kind, block, variant)
-    q = torch.arange(40)[:, None].expand(40, 40)
-    k = torch.arange(40)[None, :].expand(40, 40)
-    dense = build_mask(kind, block, variant)
+    kinds, blocks, copies = zip(*(layout(p, n, t, 50, c) for p, n, t, c in ((3, 4, 3, 1), (7, 2, 5, 3))), strict=True)
+    kind, block, copy = torch.stack(kinds), torch.stack(blocks), torch.stack(copies)
+    mod = mask_mod(kind, block, variant, copy)
+    q = torch.arange(50)[:, None].expand(50, 50)
+    k = torch.arange(50)[None, :].expand(50, 50)
+    dense = build_mask(kind, block, variant, copy)
     for b in range(2):
         assert torch.equal(mod(torch.full_like(q, b), 0, q, k), dense[b, 0])
+    assert copy[1].max() == 2 and not torch.equal(dense[1, 0], build_mask(kind, block, variant)[1, 0])
 
 
 @pytest.mark.gpu
@@ -551,3 +557,94 @@ def test_an_adapter_run_resumes_from_its_checkpoint_to_the_same_adapter(tmp_path
     again = run(1, hooks=[Checkpoints(old.parent, Every(3))])
     for (name, a), (_, b) in zip(straight.state_dict().items(), again.state_dict().items(), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("mask", ["clean_context", "shipped"])
+def test_each_noisy_copy_is_trained_as_its_own_packing_would_train_it(mask):
+    """training.noisy_copies: an example packed with three noisy copies of its blocks gives each copy's positions the
+    logits they get packed alone ([prompt][N^c_0][C_0][N^c_1][C_1]...: the same context, seen once), so the
+    consistency loss is the copies' own losses weighted by their positions, in one pass and in the draft adapter's
+    two passes alike, and the adapter's gradient is theirs."""
+    from dataclasses import replace
+
+    from jf_core.draft_adapter.adapter import attach_draft_adapter
+    from jf_core.training.packing import draft_positions
+
+    model = TINY_MODELS["qwen2"]()
+    adapter = attach_draft_adapter(model, DraftLora(rank=4))
+    with torch.no_grad():
+        for b in adapter.b.values():
+            b.normal_(0, 0.5)
+    ex = _random_examples(0, ((3, 3),))[0]
+    extra = [_random_examples(seed, ((3, 3),))[0].noisy for seed in (1, 2)]
+    for copy in extra:
+        for j, noisy in enumerate(copy):
+            noisy[0] = ex.clean[j][0]  # a Jacobi block's first token is always right
+    extra[1][2] = list(ex.clean[2])  # one block at its fixed point: nothing to learn there
+    together = replace(ex, extra_noisy=extra)
+    alone = [replace(ex, noisy=noisy) for noisy in [ex.noisy, *extra]]
+    assert together.copies == 3 and together.total_length == 3 + 4 * 3 * 4
+    assert together.position_ids()[-12:] == ex.position_ids()[3:7] + ex.position_ids()[11:15] + ex.position_ids()[19:23]
+    cons = [len(loss_positions(e)[1]) for e in alone]
+    assert len(loss_positions(together)[1]) == sum(cons) and cons[2] == 6  # 3 a block, block 2 none
+    assert len(draft_positions(together)) == sum(len(draft_positions(e)) for e in alone)
+
+    batch = collate([together], PAD, mask)
+    with torch.no_grad(), gated_forward(model, batch, mask) as logits:
+        starts = [start for _, _, start in together.noisy_blocks()]
+        for c, single in enumerate(alone):
+            single_batch = collate([single], PAD, mask)
+            with gated_forward(model, single_batch, mask) as want:
+                for j in range(ex.num_blocks):
+                    got = logits[0, starts[c * ex.num_blocks + j] :][: ex.n]
+                    torch.testing.assert_close(got, want[0, single.noisy_start(j) :][: ex.n])
+
+    def step(b, context_cache):
+        model.zero_grad(set_to_none=True)
+        loss, metrics = JacobiForcingObjective(JFLossConfig(chunk=5), mask, context_cache=context_cache)(model, b)
+        loss.backward()
+        return metrics["consistency_loss"], torch.cat([p.grad.flatten() for p in adapter.parameters()])
+
+    singles = [step(collate([e], PAD, mask), False) for e in alone]
+    want_loss = sum(loss * k for (loss, _), k in zip(singles, cons, strict=True)) / sum(cons)
+    for context_cache in (False, True):
+        loss, grad = step(batch, context_cache)
+        assert loss == pytest.approx(want_loss, rel=1e-5)
+        # the packed loss is the positions' mean: its gradient, the singles' weighted by their positions
+        want_grad = sum(g * k for (_, g), k in zip(singles, cons, strict=True)) / sum(cons)
+        torch.testing.assert_close(grad, want_grad, rtol=1e-4, atol=1e-6)
+
+
+@contextlib.contextmanager
+def gated_forward(model, batch, mask):
+    from jf_core.draft_adapter.adapter import gated
+    from jf_core.training.losses import _forward_kwargs
+
+    with gated(model, batch["draft_gate"]):
+        yield model(**_forward_kwargs(model, batch, mask)).logits
+
+
+def test_noisy_copies_are_drawn_per_visit_and_fit_the_packing():
+    """Each visit draws K copies as K consecutive draws (one copy: the draws as before), reproducibly; packing fits
+    as many blocks as K copies leave room for; the config and the batches refuse copies without each_visit."""
+    from jf_core.training.config import JFTrainConfig
+    from jf_core.training.jf_data import jf_batches
+    from jf_core.training.packing import redrawn
+
+    states = [[1, 9, 9, 9], [1, 2, 9, 9], [1, 2, 3, 9], [1, 2, 3, 4]]
+    recs = [record("p", 0, states, [1, 2, 3, 4]), record("p", 1, [[5, 9, 9, 9], [5, 6, 7, 8]], [5, 6, 7, 8])]
+    schedule = NoiseSchedule("uniform_state", seed=2)
+    (ex,), _ = pack_records(recs, schedule, max_length=64)
+    three = redrawn(ex, schedule, 4, copies=3)
+    assert three.copies == 3 and len(three.extra_noisy[0]) == ex.num_blocks
+    assert [three.noisy, *three.extra_noisy] == [redrawn(ex, schedule, v).noisy for v in (12, 13, 14)]
+    assert redrawn(ex, schedule, 4, copies=3) == three
+    (short,), stats = pack_records(recs, schedule, max_length=len(ex.prompt) + 3 * 4, copies=2)
+    assert short.num_blocks == 1 and stats.dropped_blocks == {"max_length": 1}
+    batch = next(jf_batches([ex], 1, PAD, seed=0, redraw=schedule, copies=3))
+    assert batch["input_ids"].shape[1] == len(ex.prompt) + 4 * 2 * 4 and batch["layout_copy"].max() == 2
+    with pytest.raises(ValueError, match="set state_pick: each_visit"):
+        next(jf_batches([ex], 1, PAD, seed=0, copies=2))
+    with pytest.raises(ValueError, match=r"training.noisy_copies > 1"):
+        JFTrainConfig(noisy_copies=2)
+    assert JFTrainConfig(noisy_copies=2, state_pick="each_visit").noisy_copies == 2
