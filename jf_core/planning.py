@@ -5,7 +5,8 @@ is not cached here falls back to a snapshot shipped in jf_core/profiles/configs/
 
 - **Trajectory generation** (one actor per GPU): the weights in the model's dtype; the KV cache of a batch of
   `trajectory.batch_size` sequences of (longest prompt + max_new_tokens + one block) tokens, doubled for the
-  rejected-draft slots the cache may hold before it compacts (jf_core/decoding/kv.py compacts above 50% waste); a
+  rejected-draft slots the cache may hold before it compacts (jf_core/decoding/kv.py compacts above 50% waste), and
+  a quarter more for the room it appends into (jf_core/decoding/reserved_cache.py `GROWTH`); a
   window's logits; one layer's activations; the fp32 LM head copy when `model.lm_head_fp32`.
 - **Training**, for each strategy (`single`, `ddp`, `fsdp2` over `compute.train_workers`): fp32 master weights,
   fp32 gradients and AdamW's two fp32 moments (sharded over the workers by FSDP2); the compute-dtype copies
@@ -171,6 +172,8 @@ def _dtype(profile: Profile, on_gpu: bool = True) -> int:
 
 
 def trajectory_plan(shape: ModelShape, profile: Profile) -> StagePlan:
+    from jf_core.decoding.reserved_cache import GROWTH  # torch and transformers: only when a plan is made
+
     d = _dtype(profile)
     t = profile.trajectory
     prompt = profile.prompts.max_prompt_tokens or 1024
@@ -178,7 +181,10 @@ def trajectory_plan(shape: ModelShape, profile: Profile) -> StagePlan:
     kv_per_token = 2 * shape.layers * shape.kv_heads * shape.head_dim * d
     lines = [
         ("weights", shape.params * d),
-        ("KV cache (x2: rejected-draft slots before compaction)", 2 * tokens * kv_per_token),
+        (
+            "KV cache (x2: rejected-draft slots before compaction; x1.25: room to append in place)",
+            int(2 * (1 + GROWTH) * tokens * kv_per_token),
+        ),
         ("window logits", t.batch_size * t.block_size * shape.vocab * d),
         ("one layer's activations", t.batch_size * t.block_size * (4 * shape.hidden + 3 * shape.intermediate) * d),
         ("workspace", WORKSPACE),

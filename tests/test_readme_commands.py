@@ -269,6 +269,12 @@ HOW = {
         "not in CI", "a benchmark of the real model (timing only); its token counting is tested in "
                      "tests/bench/test_train_throughput.py, the copies' losses in "
                      "tests/jf_core/training/test_mask_packing_losses.py"),
+    ".venv/bin/jf experiment --profile smollm2-135m --set prompts.source=../shared/benchmarks/gsm8k_train.jsonl "
+    "--set evaluation.source=../shared/benchmarks/gsm8k_test.jsonl --set training.max_length=2048 --set "
+    "training.seed=1 --set training.tpf_probe_every=100 --train 64 --held-out 8 --variant 'one_copy_s1:{}' "
+    "--variant 'three_copies_s1:{\"training\": {\"noisy_copies\": 3, \"steps\": 114}}' --out copies.jsonl": (
+        "not in CI", "a study of the real model (about 25 minutes); `jf experiment` runs in tests/jf_core/experiments, "
+                     "the copies' losses in tests/jf_core/training/test_mask_packing_losses.py"),
     ".venv/bin/python bench/gpu_check.py --out gpu-check": (
         "not in CI", "CI has no GPU; its smoke mode runs in tests/bench/test_gpu_check.py"),
 }  # fmt: skip

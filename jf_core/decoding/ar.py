@@ -52,7 +52,7 @@ def ar_decode(
     start = timer.now()
     ids, mask = left_pad(prompts, stop.pad, device)
     positions = (mask.cumsum(1) - 1).clamp(min=0)
-    cache = reserved_cache(model.config)
+    cache = reserved_cache(model.config, room=ids.shape[1] + max_new_tokens)  # its final length: one buffer
     logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, **cache_kwargs(model, cache)).logits
     active = list(range(len(prompts)))
     nxt = sampler.pick(logits[:, -1:], active, torch.zeros_like(ids[:, :1]))[:, 0]  # output position 0

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from jf_core.config import load_profile
 from jf_core.decoding.kv import cache_kwargs
+from jf_core.decoding.reserved_cache import GROWTH, MIN_GROWTH, reserved_cache
 from jf_core.planning import GIB, ModelShape, PlanError, check, format_plan, model_config, plan
 
 
@@ -41,12 +42,20 @@ def test_static_parts_equal_real_allocations_of_a_small_model():
     grads = sum(p.grad.numel() * p.grad.element_size() for p in model.parameters())
     moments = sum(t.numel() * t.element_size() for s in optimizer.state.values() for k, t in s.items() if k != "step")
     assert grads == 4 * params and moments == 8 * params
-    # KV cache: 2 (K, V) x layers x kv heads x head dim x bytes per token, as the trajectory plan counts it.
-    cache = DynamicCache()
+    # KV cache: 2 (K, V) x layers x kv heads x head dim x bytes per token, as the trajectory plan counts it, in the
+    # decoders' own cache (its buffers, room included: at most a quarter more than the slots, as planned).
+    cache = reserved_cache()
+    per_token = 3 * 2 * shape.layers * shape.kv_heads * shape.head_dim * 2
+
+    def allocated() -> int:
+        return sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer._keys, layer._values))
+
     with torch.no_grad():
         model.to(torch.bfloat16)(input_ids=torch.randint(0, 1000, (3, 17)), **cache_kwargs(model, cache))
-    cached = sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
-    assert cached == 3 * 17 * 2 * shape.layers * shape.kv_heads * shape.head_dim * 2
+        assert allocated() == 17 * per_token
+        for _ in range(80):  # 80 more tokens appended one at a time
+            model(input_ids=torch.randint(0, 1000, (3, 1)), **cache_kwargs(model, cache))
+    assert cache.get_seq_length() == 97 and allocated() <= (1 + GROWTH) * 97 * per_token + MIN_GROWTH * per_token
 
 
 def test_the_real_profiles_fit_their_gpus():

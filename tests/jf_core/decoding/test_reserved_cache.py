@@ -65,7 +65,14 @@ def test_appending_writes_into_the_room_instead_of_copying_the_cache():
             layer.crop(-1)
         buffers.add(layer._keys.data_ptr())
     assert layer.get_seq_length() == 68
-    assert len(buffers) <= 5  # 8 slots of room at first, doubled as needed: 16, 32, 64, 128
+    assert len(buffers) == 5  # 8 slots of room at first, a quarter more (at least 16) as needed: 24, 40, 56, 72
+    assert layer._keys.shape[-2] == 72
+    known = ReservedLayer(room=70)  # where the caller knows the final length: one buffer, no copy
+    known.update(*states(1, 8, 0))
+    first = known._keys.data_ptr()
+    for seed in range(1, 61):
+        known.update(*states(1, 1, seed))
+    assert known.get_seq_length() == 68 and known._keys.data_ptr() == first and known._keys.shape[-2] == 70
 
 
 def test_a_cache_from_a_config_keeps_transformers_sliding_layers(tiny_model):
@@ -76,6 +83,7 @@ def test_a_cache_from_a_config_keeps_transformers_sliding_layers(tiny_model):
     config = type(config).from_dict({**config.to_dict(), **sliding, "layer_types": ["sliding_attention"] *
                                      config.num_hidden_layers})  # fmt: skip
     assert not any(isinstance(layer, ReservedLayer) for layer in reserved_cache(config).layers)
-    lazy = reserved_cache()
+    lazy = reserved_cache(room=12)
     lazy.update(*states(1, 3, 0), layer_idx=1)
     assert [type(layer) for layer in lazy.layers] == [ReservedLayer, ReservedLayer]
+    assert lazy.layers[1]._keys.shape[-2] == 12
