@@ -77,7 +77,7 @@ def measure(profile, model_dir: str, records: list[dict], overrides: dict, steps
     t = p.training
     copies, sequences = t.noisy_copies, t.batch_size * t.grad_accum
     # Every noisy copy a visit draws is packed too; the noisy copies' tokens are what the consistency loss trains.
-    tokens = statistics.fmean(e.total_length + (copies - 1) * e.num_blocks * e.n for e in packed) * sequences
+    tokens = statistics.fmean(e.length_with(copies) for e in packed) * sequences
     noisy = statistics.fmean(copies * e.num_blocks * e.n for e in packed) * sequences
     return {"step_seconds": seconds, "tokens_per_step": tokens, "tokens_per_s": tokens / seconds,
             "noisy_per_step": noisy, "noisy_per_s": noisy / seconds}  # fmt: skip

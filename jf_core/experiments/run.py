@@ -209,7 +209,7 @@ def _packed_tokens(profile: Profile, examples: Path) -> int:
     from jf_core.training.jf_data import read_packed_share
 
     t = profile.training
-    lengths = [e.total_length + (t.noisy_copies - 1) * e.num_blocks * e.n for e in read_packed_share(examples, 0, 1)]
+    lengths = [e.length_with(t.noisy_copies) for e in read_packed_share(examples, 0, 1)]
     return int(statistics.fmean(lengths) * t.steps * t.batch_size * t.grad_accum)
 
 

@@ -52,7 +52,12 @@ class PackedExample:
 
     @property
     def total_length(self) -> int:
-        return len(self.prompt) + (1 + self.copies) * self.num_blocks * self.n
+        return self.length_with(self.copies)
+
+    def length_with(self, copies: int) -> int:
+        """The packed length with `copies` noisy copies of every block (stored examples hold one; a visit draws the
+        rest: what training goes through)."""
+        return len(self.prompt) + (1 + copies) * self.num_blocks * self.n
 
     def input_ids(self) -> list[int]:
         ids = list(self.prompt)

@@ -5,14 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from jf_core.draft_adapter.adapter import attach_draft_adapter
-from jf_core.draft_adapter.config import DraftLora
 from jf_core.training.context_cache import adapter_dependent, applies
 from jf_core.training.losses import JacobiForcingObjective, JFLossConfig
 from jf_core.training.mask import CLEAN, NOISY, PROMPT
 from jf_core.training.packing import PackedExample, collate
 from tests.conftest import PAD, TINY_MODELS
-from tests.jf_core.training.test_mask_packing_losses import _random_examples
+from tests.jf_core.training.test_mask_packing_losses import _random_examples, adapter_model
 
 
 def _examples(seed: int) -> list[PackedExample]:
@@ -20,20 +18,11 @@ def _examples(seed: int) -> list[PackedExample]:
     return _random_examples(seed, ((3, 3), (7, 2)))
 
 
-def _adapter_model(arch: str):
-    model = TINY_MODELS[arch]()
-    adapter = attach_draft_adapter(model, DraftLora(rank=4))
-    with torch.no_grad():
-        for b in adapter.b.values():
-            b.normal_(0, 0.5)  # an adapter that changes the drafts (a fresh one's B is zero)
-    return model, adapter
-
-
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
 @pytest.mark.parametrize("mask", ["clean_context", "shipped"])
 @pytest.mark.parametrize("consistency", ["kl", "fixed_point"])
 def test_two_passes_give_the_one_packed_forwards_losses_and_gradients(arch, mask, consistency):
-    model, adapter = _adapter_model(arch)
+    model, adapter = adapter_model(arch)
     batch = collate(_examples(0), PAD, mask)
     assert applies(model, batch)
     results = []
@@ -74,7 +63,7 @@ def test_the_second_pass_holds_exactly_what_the_adapter_reaches():
 
 
 def test_the_whole_model_training_and_flex_batches_take_the_one_pass():
-    model, _ = _adapter_model("qwen2")
+    model, _ = adapter_model("qwen2")
     batch = collate(_examples(0), PAD, "clean_context")
     assert applies(model, batch)
     assert not applies(model, {k: v for k, v in batch.items() if k != "attention_mask"})  # FlexAttention's batches

@@ -131,6 +131,19 @@ def separate_pass_losses(model, ex: PackedExample, cfg: JFLossConfig):
     return ar, torch.stack(kls).mean()
 
 
+def adapter_model(arch: str):
+    """(a tiny model, its draft adapter) whose Bs are random: an adapter that changes the drafts (a fresh one's B is
+    zero)."""
+    from jf_core.draft_adapter.adapter import attach_draft_adapter
+
+    model = TINY_MODELS[arch]()
+    adapter = attach_draft_adapter(model, DraftLora(rank=4))
+    with torch.no_grad():
+        for b in adapter.b.values():
+            b.normal_(0, 0.5)
+    return model, adapter
+
+
 def _random_examples(seed: int, shapes: tuple[tuple[int, int], ...]) -> list[PackedExample]:
     """One example per (prompt length, blocks) of random tokens, blocks of 4 whose noisy copy keeps the first token
     (the position a Jacobi step always gets right) and draws the other three."""
@@ -422,16 +435,12 @@ def test_a_draft_adapter_sees_in_one_pass_what_it_drafts_on_in_decoding(mask):
     it (plain Jacobi's chain: the base's cache and window root, the adapter on the rest); under the shipped mask the
     noisy states before it, drafted by the adapter too (multi-block's chain, whose next block is drafted on a block
     still in flight). The clean copies are the base's. Only the adapter learns."""
-    from jf_core.draft_adapter.adapter import attach_draft_adapter, gated
+    from jf_core.draft_adapter.adapter import gated
     from jf_core.training.losses import _forward_kwargs
     from jf_core.training.packing import draft_positions
 
-    model = TINY_MODELS["qwen2"]()
+    model, adapter = adapter_model("qwen2")
     base = TINY_MODELS["qwen2"]()
-    adapter = attach_draft_adapter(model, DraftLora(rank=4))
-    with torch.no_grad():
-        for b in adapter.b.values():
-            b.normal_(0, 0.5)
     ex = _random_examples(0, ((3, 2),))[0]
     ex.noisy[1][1] = ex.clean[1][1]  # block 1 agrees with its fixed point through offset 1
     n0, n1 = ex.noisy_start(0), ex.noisy_start(1)
@@ -567,14 +576,9 @@ def test_each_noisy_copy_is_trained_as_its_own_packing_would_train_it(mask):
     two passes alike, and the adapter's gradient is theirs."""
     from dataclasses import replace
 
-    from jf_core.draft_adapter.adapter import attach_draft_adapter
     from jf_core.training.packing import draft_positions
 
-    model = TINY_MODELS["qwen2"]()
-    adapter = attach_draft_adapter(model, DraftLora(rank=4))
-    with torch.no_grad():
-        for b in adapter.b.values():
-            b.normal_(0, 0.5)
+    model, adapter = adapter_model("qwen2")
     ex = _random_examples(0, ((3, 3),))[0]
     extra = [_random_examples(seed, ((3, 3),))[0].noisy for seed in (1, 2)]
     for copy in extra:
