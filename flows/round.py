@@ -110,7 +110,7 @@ def jf_round(
         root = str(paths.root)
         logger.info("round directory %s", root)
         traj, packed, trained = round_tasks.train_chain(prof, model_in, paths)
-        round_tasks.tune(prof, root, trained)
+        tuned = round_tasks.tune(prof, root, trained)
         untrained_tune = round_tasks.tune_untrained(prof, model_in)
         base = round_tasks.evaluate(prof, model_in, "input model")
         jf_model = str(paths.model)
@@ -121,7 +121,9 @@ def jf_round(
         if origin != model_in:
             origin_path = round_tasks.resolve_model(origin, prof)
             lineage = (origin, round_tasks.evaluate(prof, origin_path, "lineage base model"))
-        report = round_report(prof, model_in, paths, traj, packed, trained, base, jf, lineage)
+        report = round_report(
+            prof, model_in, paths, traj, packed, trained, base, jf, lineage, tune=tuned, tune_untrained=untrained_tune
+        )
         report.save(paths.root / "report.json")
         champion = round_tasks.champion_figures(prof, report.eval_key)
         registration = round_tasks.register(prof, run_id, report, history or [], champion)

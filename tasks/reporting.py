@@ -6,7 +6,7 @@ import re
 from typing import TYPE_CHECKING
 
 from jf_core.evaluation.tables import markdown
-from jf_core.round.report import resumed_note
+from jf_core.round.report import resumed_note, stage_times
 
 if TYPE_CHECKING:
     from jf_core.round.report import RoundReport
@@ -40,6 +40,7 @@ def summary_markdown(report: RoundReport, registry: Registration | None, run_url
         f"headline TPF **{head.tpf:.2f}** ({report.eval.headline_method}); "
         f"speedup vs our AR **{head.speedup_vs_ar:.2f}x**; trained {report.train.train_seconds:.0f} s"
         f"{resumed_note(report.train.resumed_from_step)}.\n\n"
+        f"{stage_times(report.stage_seconds).capitalize()}.\n\n"
         f"{report.eval.versus().line(report.eval.timing_spread)}.\n\n"
         f"Identical to greedy AR on {report.identical_fraction:.3f} of the evaluation prompts "
         f"({report.eval.dtype}).\n\n"

@@ -24,6 +24,10 @@ from jf_core.evaluation.method import AR, HF_GENERATE, Method
 Decoder = Callable[[list[list[int]]], DecodeOutput]
 K = TypeVar("K")  # what names a decoder: a `Method` for table rows, a block size or a word for a calibration
 Scorer = Callable[[int, list[int]], bool]  # (prompt index, generated ids) -> correct?
+# Prompts each method decodes untimed before a pass: one decoded to the end runs every code path the timed ones
+# will (prefill, the decode loop, the cache's growth). Two took 2.3 of a SmolLM2 round's 21 evaluation minutes
+# at batch 1 (2026-12-03), and as long again in each tune of 4 calibration prompts.
+WARMUP_PROMPTS = 1
 MAX_RUNS = 32  # `min_seconds`' cap on a pass's runs: a batch of a millisecond must not run a thousand times
 
 
@@ -73,7 +77,7 @@ def run_interleaved(
     batch_size: int,
     *,
     repeats: int = 1,
-    warmup_prompts: int = 2,
+    warmup_prompts: int = WARMUP_PROMPTS,
     progress: Callable[[str], None] | None = None,
     say_every: float = 10.0,
     min_seconds: float = 0.0,
@@ -142,7 +146,7 @@ def bench(
     prompts: list[list[int]],
     *,
     batch_size: int = 1,
-    warmup_prompts: int = 2,
+    warmup_prompts: int = WARMUP_PROMPTS,
     repeats: int = 1,
     scorer: Scorer | None = None,
     reference: Method | None = HF_GENERATE,

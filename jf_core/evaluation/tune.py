@@ -19,7 +19,7 @@ from jf_core.config import TuneConfig
 from jf_core.decoding import DecodeOutput, JacobiConfig, JFDecodeConfig, StopTokens, ar_decode, decode
 from jf_core.decoding.common import concat_outputs
 from jf_core.draft_adapter.adapter import draft_adapter
-from jf_core.evaluation.speed import run_interleaved, whole_batches
+from jf_core.evaluation.speed import WARMUP_PROMPTS, run_interleaved, whole_batches
 from jf_core.model_dir import Crossover
 
 
@@ -94,7 +94,7 @@ def tune(
         decoders = {i: lambda ps, cfg=configs[i]: decode(model, ps, cfg, stop=stop) for i in running}
         rung = f"rung {r + 1}/{len(slices)}: {len(running)} configs, " if len(slices) > 1 else ""
         lines = (lambda line, rung=rung: say(rung + line)) if say else None
-        warm = 2 if r == 0 else 0  # warm once: a configuration's code paths stay warm between rungs
+        warm = WARMUP_PROMPTS if r == 0 else 0  # warm once: a configuration's code paths stay warm between rungs
         measured = run_interleaved(decoders, part, batch_size, repeats=repeats, warmup_prompts=warm, progress=lines)
         for i, out in measured.items():
             outs[i].append(out)

@@ -15,7 +15,7 @@ from jf_core.evaluation.method import AR, AR_CONTROL, Method, jacobi
 from jf_core.evaluation.results import Evaluation, JsonModel
 from jf_core.evaluation.speed import MethodResult
 from jf_core.round.paths import RoundPaths, eval_key
-from jf_core.round.results import PackResult, Registration, TrainResult, TrajectoriesResult
+from jf_core.round.results import PackResult, Registration, TrainResult, TrajectoriesResult, TuneResult
 from jf_core.threads import ThreadRecord
 
 
@@ -55,12 +55,25 @@ class RoundSummary(BaseModel):
     best_untrained: str | None = None
     timing_spread: float | None = None
     train_seconds: float
+    # Wall seconds of each stage when it ran (RoundReport.stage_seconds): where a round's time went.
+    stage_seconds: dict[str, float] = {}
     resumed_from_step: int | None = None
     dtype: str  # the evaluation's numerics (identity is promised in fp32, measured in bf16)
     metrics: list[dict[str, Any]]  # the table of TPF and TPS per block size (RoundReport.metrics_rows)
     registry: Registration | None = None
     mlflow_run_id: str | None = None
     mlflow_url: str | None = None
+
+
+def stage_times(stage_seconds: dict[str, float]) -> str:
+    """One line of where a round's time went: each stage's minutes, training's share of the stages' sum."""
+    total = sum(stage_seconds.values())
+    if not total:
+        return "time per stage: not recorded"
+    parts = [
+        f"{name} {s / 60:.1f}" + (f" ({s / total:.0%})" if name == "train" else "") for name, s in stage_seconds.items()
+    ]
+    return f"minutes per stage: {', '.join(parts)}; {total / 60:.1f} in all"
 
 
 def resumed_note(resumed_from_step: int | None) -> str:
@@ -103,6 +116,23 @@ class RoundReport(JsonModel):
     train: TrainResult
     base_eval: Evaluation
     eval: Evaluation
+    tune: TuneResult | None = None  # the trained model's decode config (None: the profile does not tune)
+    tune_untrained: TuneResult | None = None  # the same tune on the input model: its untrained anchor's config
+
+    @property
+    def stage_seconds(self) -> dict[str, float]:
+        """Wall seconds of each stage when it ran, in the round's order (a stage reused from an earlier run counts
+        that run's): what a user asks of a round's hours, and what says whether training had most of them."""
+        stages = {
+            "trajectories": self.trajectories.seconds,
+            "pack": self.packing.seconds,
+            "train": self.train.seconds or self.train.train_seconds,
+            "tune": self.tune.seconds if self.tune is not None else None,
+            "tune_untrained": self.tune_untrained.seconds if self.tune_untrained is not None else None,
+            "evaluate_input": self.base_eval.eval_seconds,
+            "evaluate": self.eval.eval_seconds,
+        }
+        return {name: s for name, s in stages.items() if s is not None}
 
     @property
     def method_name(self) -> str:
@@ -205,6 +235,7 @@ class RoundReport(JsonModel):
             "speedup_vs_hf_generate": head.speedup_vs_hf_generate,
             "identical_fraction": self.identical_fraction,
             "train_seconds": self.train.train_seconds,
+            **{f"stage_seconds_{name}": v for name, v in self.stage_seconds.items()},
             "lineage_base_accuracy": self.lineage_base_accuracy,
             **{f"output_{k}": v for k, v in head.output_stats.items()},  # what the gate's degeneracy checks read
             **{f"base_output_{k}": v for k, v in base.output_stats.items()},
@@ -241,6 +272,7 @@ class RoundReport(JsonModel):
             best_untrained=best.name if (best := self.eval.best_untrained) is not None else None,
             timing_spread=self.eval.timing_spread,
             train_seconds=self.train.train_seconds,
+            stage_seconds=self.stage_seconds,
             resumed_from_step=self.train.resumed_from_step,
             dtype=self.eval.dtype,
             metrics=self.metrics_rows(),
@@ -257,9 +289,12 @@ def round_report(
     base: Evaluation,
     jf: Evaluation,
     lineage_base: tuple[str, Evaluation] | None = None,
+    *,
+    tune: TuneResult | None = None,
+    tune_untrained: TuneResult | None = None,
 ) -> RoundReport:
     """The report of a round from its stages' results; `lineage_base` is the chain's original base model and its
-    evaluation (None: the input is the base)."""
+    evaluation (None: the input is the base); `tune`, `tune_untrained`: the tune stages' results, where they ran."""
     key = eval_key(profile)
     origin, origin_eval = lineage_base or (model_in, base)
     return RoundReport(
@@ -283,4 +318,6 @@ def round_report(
         train=train,
         base_eval=base,
         eval=jf,
+        tune=tune,
+        tune_untrained=tune_untrained,
     )

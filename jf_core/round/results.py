@@ -12,6 +12,7 @@ take what `run_stage` returns.
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
@@ -43,6 +44,7 @@ class StageResult(BaseModel):
 
     stamp: str = Field(default_factory=_stamp)
     inputs: dict[str, str] = {}
+    seconds: float = 0.0  # wall time of the stage's work when it ran (a reused stage keeps its run's)
 
 
 class TrajectoriesResult(StageResult):
@@ -55,8 +57,9 @@ class TrajectoriesResult(StageResult):
     shards_generated: int
     rows: int
     new_tokens_generated: int
-    seconds: float  # end to end: prompts, Ray and actor start-up, generation
-    pool_seconds: float = 0.0  # generation only: from all actors ready to the last shard committed
+    # `seconds`: end to end (prompts, Ray and actor start-up, generation); this: generation only, from all actors
+    # ready to the last shard committed
+    pool_seconds: float = 0.0
 
     @property
     def tokens_per_second(self) -> float:
@@ -147,8 +150,10 @@ def run_stage(
         (on_reuse or log.info)(f"reusing {what} at {marker.parent if marker.name == DONE else marker}")
         return done
     with hold() if hold is not None else nullcontext():
+        started = time.perf_counter()
         result = work()
     if isinstance(result, StageResult):
-        result = result.model_copy(update={"stamp": _stamp(), "inputs": stamps})
+        elapsed = time.perf_counter() - started
+        result = result.model_copy(update={"stamp": _stamp(), "inputs": stamps, "seconds": elapsed})
     write_json_atomic(marker, result.model_dump(mode="json"))
     return result

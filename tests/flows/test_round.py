@@ -80,10 +80,13 @@ def test_round_registers_reuses_and_gates(prefect_server, jf_env):
     registered = {"registry", "mlflow_run_id", "mlflow_url"}
     assert summary.model_dump(exclude=registered) == report.summary().model_dump(exclude=registered)
     assert report.headline.tpf == summary.headline_tpf
+    # Where the round's time went: every stage that ran, timed (this profile does not tune).
+    assert list(summary.stage_seconds) == ["trajectories", "pack", "train", "evaluate_input", "evaluate"]
+    assert all(s > 0 for s in summary.stage_seconds.values()), summary.stage_seconds
     assert champion.tags["train_block_size"] == str(report.block_size)
     assert champion.tags["decode_block_size"] == str(report.eval.decode_config.block_size)
     run = client.get_run(summary.mlflow_run_id)
-    for key in ("accuracy", "tpf", "tps", "speedup_vs_ar", "loss", "tpf_n4", "tpf_n8"):
+    for key in ("accuracy", "tpf", "tps", "speedup_vs_ar", "loss", "tpf_n4", "tpf_n8", "stage_seconds_train"):
         assert key in run.data.metrics, key
     # The trained model against its input model's untrained decoding, timed in its evaluation (this profile does
     # not tune, so HF prompt lookup is the one anchor), and the run's AR-against-AR control.

@@ -62,6 +62,7 @@ def test_summary_states_the_gate_and_links_mlflow():
     md = summary_markdown(REPORT, reg, "http://127.0.0.1:5000/#/experiments/1/runs/abc")
     assert "version 3" in md and "champion` unchanged" in md and "TPF 4.160 below 5" in md
     assert "[MLflow run](http://127.0.0.1:5000/#/experiments/1/runs/abc)" in md
+    assert "Minutes per stage: trajectories 0.1, pack 0.0, train 7.7 (99%), " in md  # where the round's time went
 
 
 def test_summary_tables_every_gate_check():

@@ -57,3 +57,20 @@ def test_report_json_reads_back_as_written_and_refuses_another_shape(tmp_path):
     del data["eval"]["methods"]["ar"]["tps"]
     with pytest.raises(ValidationError, match=r"eval\.methods\.ar\.tps"):
         RoundReport.model_validate(data)
+
+
+def test_the_stage_times_say_where_the_rounds_time_went_and_trainings_share():
+    from jf_core.round.report import stage_times
+    from jf_core.round.results import PackResult
+
+    report = _report()  # trajectories 4 s, no pack time, training 464 s, two evaluations of 1 s, no tune
+    assert report.stage_seconds == {
+        "trajectories": 4.0, "pack": 0.0, "train": 464.0, "evaluate_input": 1.0, "evaluate": 1.0,
+    }  # fmt: skip
+    packing = PackResult.model_validate({**report.packing.model_dump(), "seconds": 30.0})
+    timed = report.model_copy(update={"packing": packing})
+    assert timed.stage_seconds["pack"] == 30.0 and timed.metrics()["stage_seconds_pack"] == 30.0
+    assert timed.summary().stage_seconds == timed.stage_seconds
+    line = stage_times({"trajectories": 60.0, "train": 240.0, "evaluate": 300.0})
+    assert line == "minutes per stage: trajectories 1.0, train 4.0 (40%), evaluate 5.0; 10.0 in all"
+    assert stage_times({}) == "time per stage: not recorded"

@@ -210,7 +210,11 @@ def test_a_rerun_reuses_every_stage_and_a_stage_made_again_remakes_the_ones_afte
         return [s for s in stages if before[s] != after[s]]
 
     first = run_round()
+    # Each stage's result carries its work's wall time, and a reused stage the time of the run that made it.
+    made = {s: json.loads(m.read_text()) for s, m in markers.items()}
+    assert all(made[s]["seconds"] > 0 for s in stages), {s: made[s]["seconds"] for s in stages}
     assert made_again(first, run_round()) == []  # a re-run reuses every stage
+    assert all(json.loads(m.read_text())["seconds"] == made[s]["seconds"] for s, m in markers.items())
     markers["packed"].unlink()  # one stage's marker gone: it and the stages after it run again
     second = run_round()
     assert made_again(first, second) == ["packed", "model", "tune"]
