@@ -131,14 +131,23 @@ def run(options: ServeOptions, *, host: str = "127.0.0.1", port: int = 8000, rep
             signal.signal(sig, handler)
 
 
+# Serve's controller kills an HTTP proxy that has not answered its 5 s readiness check three times and starts
+# another, and serve.start, waiting on the first one, fails with ActorDiedError: on a busy 2-core machine a proxy
+# takes longer than that to start. The processes of a Ray started after this inherit the environment (a joined
+# cluster keeps its own settings).
+PROXY_READY_ENV = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60"}
+
+
+def give_proxies_time() -> None:
+    """Give the HTTP proxies of a Ray this process starts next a minute to come up (`PROXY_READY_ENV`)."""
+    for key, value in PROXY_READY_ENV.items():
+        os.environ.setdefault(key, value)
+
+
 def _serve_until(stop: threading.Event, options: ServeOptions, *, host: str, port: int, replicas: int, ready) -> None:
     from jacobi_forcing.infra.ray_cluster import ray_session
 
-    # Serve's controller kills an HTTP proxy that has not answered its 5 s readiness check three times and starts
-    # another, until serve.start gives up: on a busy 2-core machine a proxy takes longer than that to start, and
-    # `jf serve` failed. The processes of a Ray this call starts inherit this environment (a joined cluster keeps
-    # its own settings).
-    os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
+    give_proxies_time()
     with ray_session() as session:
         before = None if session.private else _running_serve()
         if before is not None:

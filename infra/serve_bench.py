@@ -117,11 +117,12 @@ def bench_serve(
     from ray import serve
 
     from jacobi_forcing.infra.ray_cluster import ray_session
-    from jacobi_forcing.infra.serve_app import JFServer
+    from jacobi_forcing.infra.serve_app import JFServer, give_proxies_time
     from jacobi_forcing.infra.stack import free_port
 
     port = port or free_port()
     out: list[LoadResult] = []
+    give_proxies_time()
     with ray_session():
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         try:

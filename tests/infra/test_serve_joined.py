@@ -15,7 +15,7 @@ import pytest
 from ray import serve
 
 from jacobi_forcing.infra.ray_cluster import ray_session
-from jacobi_forcing.infra.serve_app import APP, ServeConflict, ServeOptions, run
+from jacobi_forcing.infra.serve_app import APP, PROXY_READY_ENV, ServeConflict, ServeOptions, run
 from jacobi_forcing.infra.stack import free_port
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
@@ -29,9 +29,13 @@ class Neighbour:
         return "still here"
 
 
-def test_jf_serve_on_a_joined_ray_stops_only_its_own_application(profile):
+def test_jf_serve_on_a_joined_ray_stops_only_its_own_application(profile, monkeypatch):
     options = ServeOptions(model_path=profile.model.path, name="tiny", device="cpu")
     sigint = signal.getsignal(signal.SIGINT)
+    # The cluster's own setting, as jf serve gives a Ray it starts: without it, CI's busy host took more than the
+    # default 3 x 5 s to start this Serve's proxy and serve.start below failed (ActorDiedError).
+    for key, value in PROXY_READY_ENV.items():
+        monkeypatch.setenv(key, value)
     with ray_session(num_cpus=2):
         port = free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
