@@ -148,6 +148,11 @@ class EvalConfig(StrictModel):
     # found on that model (`base_*` rows, taking turns with the trained model's). The gate holds the trained model
     # to the best of them (registry.gate.untrained_margin).
     untrained: bool = True
+    # Tunes and evaluations run in a process started for them (jf_core/round/fresh.py): in the process that had just
+    # trained, every drafter timed 5-20% slower against AR than in a new one at the same moment (2026-12-03), so the
+    # tune's choice and the gate's verdict followed the round's history. false: in the caller's process (a few
+    # seconds less per stage, for a tiny model where timings decide nothing).
+    fresh_process: bool = True
     _splits: tuple[dict[str, float], str] | None = PrivateAttr(default=None)  # (fractions, text field), set by Profile
 
     @property

@@ -132,9 +132,13 @@ def eval_path(profile: Profile, model_path: str, anchors: object = None) -> Path
 
 def untrained_tune_path(profile: Profile, model_path: str) -> Path:
     """The tune of a model a round trains from (its anchors' decode config), kept outside the model, which may be
-    read-only or shared: keyed by the model's content, the tune config, the length it decodes at and the numerics."""
+    read-only or shared: keyed by the model's content, the tune config, the length it decodes at, the numerics and
+    where it is timed."""
     e = profile.evaluation
-    key = _digest([e.tune.model_dump(), e.max_new_tokens, e.calibration_split, profile.model.decode_kwargs()])
+    # fresh_process too: a tune timed in a process that had trained (before 2026-12-03) is not reused
+    key = _digest(
+        [e.tune.model_dump(), e.max_new_tokens, e.calibration_split, profile.model.decode_kwargs(), e.fresh_process]
+    )
     return profile.runs_dir() / "tunes" / f"{model_identity(model_path)}-{key}.json"
 
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from jf_core.config import Profile
 from jf_core.model_dir import DECODE_TUNING, DONE
@@ -38,6 +38,7 @@ log = logging.getLogger("jf.stages")
 
 Say = Callable[[str], None]
 Hold = Callable[[], AbstractContextManager]  # what a stage's work holds while it runs (`run_stage`)
+R = TypeVar("R")
 
 
 def stage_trajectories(
@@ -202,7 +203,7 @@ def stage_tune(
     return run_stage(
         model_dir / DECODE_TUNING,
         TuneResult,
-        lambda: _tune(profile, model_dir, progress or log.info, on_trial),
+        lambda: timed_work(profile, _tune, profile, model_dir, say=progress or log.info, on_trial=on_trial),
         what="the tuned decode config",
         inputs={"model": trained} if trained is not None else None,
         reuse=reuse,
@@ -276,13 +277,28 @@ def stage_tune_untrained(
         return None
 
     def work() -> TuneResult:
-        from jf_core.models import load_model
-
-        model, tok = load_model(model_in, **profile.model.decode_kwargs())
-        return tune_model(profile, model, tok, progress or log.info)
+        return timed_work(profile, _tune_untrained, profile, model_in, say=progress or log.info)
 
     what = f"the untrained tune of {model_in}"
     return run_stage(untrained_tune_path(profile, model_in), TuneResult, work, what=what, on_reuse=on_reuse)
+
+
+def _tune_untrained(profile: Profile, model_in: str, say: Say) -> TuneResult:
+    from jf_core.models import load_model
+
+    model, tok = load_model(model_in, **profile.model.decode_kwargs())
+    return tune_model(profile, model, tok, say)
+
+
+def timed_work(profile: Profile, fn: Callable[..., R], *args, **callbacks) -> R:
+    """`fn(*args, **callbacks)` for a stage that times decoding (tunes, evaluations): in a new process when
+    `evaluation.fresh_process` (jf_core/round/fresh.py: a process that has trained times drafters slow), else here.
+    `callbacks` are the progress hooks, called in this process either way."""
+    if not profile.evaluation.fresh_process:
+        return fn(*args, **callbacks)
+    from jf_core.round.fresh import run_fresh
+
+    return run_fresh(fn, *args, callbacks=callbacks)
 
 
 @contextmanager
@@ -333,13 +349,17 @@ def stage_evaluate(
     from jf_core.evaluation.results import Evaluation
 
     def work() -> Evaluation:
-        from jf_core.evaluation.evaluate import evaluate_profile
-
-        with eval_threads(profile) as threads:
-            result = evaluate_profile(model_path, profile, untrained=untrained, progress=progress or log.info)
-        return result.model_copy(update={"model": model_path, "torch_threads": threads})
+        return timed_work(profile, _evaluate, profile, model_path, untrained, progress=progress or log.info)
 
     anchors = None if untrained is None else {**asdict(untrained), "model_path": model_identity(untrained.model_path)}
     out = eval_path(profile, model_path, anchors)
     what = f"the evaluation of {model_path}"
     return run_stage(out, Evaluation, work, what=what, reuse=reuse, on_reuse=on_reuse, hold=hold)
+
+
+def _evaluate(profile: Profile, model_path: str, untrained, progress: Say) -> Evaluation:
+    from jf_core.evaluation.evaluate import evaluate_profile
+
+    with eval_threads(profile) as threads:
+        result = evaluate_profile(model_path, profile, untrained=untrained, progress=progress)
+    return result.model_copy(update={"model": model_path, "torch_threads": threads})

@@ -362,3 +362,27 @@ def test_a_trained_models_evaluation_carries_its_input_models_untrained_anchors(
     assert plain.best_untrained is None and plain.speedup_vs_untrained is None
     off = p.model_copy(update={"evaluation": p.evaluation.model_copy(update={"untrained": False})})
     assert stage_tune_untrained(off, base) is None and untrained_anchors(off, base, found) is None
+
+
+def test_an_evaluation_in_a_fresh_process_measures_what_it_measures_here(profile, tmp_path):
+    """`evaluation.fresh_process` moves the timed work into a new process (a process that has trained times
+    drafters slow: jf_core/round/fresh.py); what it measures besides time, and the progress it says, are the same."""
+    from jf_core.round.stages import stage_evaluate
+
+    evaluation = profile.evaluation.model_copy(
+        update={"num_prompts": 2, "speed_prompts": 1, "repeats": 1, "block_sizes": [4], "max_new_tokens": 8}
+    )
+    runs = profile.storage.model_copy(update={"runs_dir": str(tmp_path)})
+    results, said = {}, {}
+    for fresh in (True, False):
+        p = profile.model_copy(
+            update={"evaluation": evaluation.model_copy(update={"fresh_process": fresh}), "storage": runs}
+        )
+        said[fresh] = []
+        results[fresh] = stage_evaluate(p, p.model.path, progress=said[fresh].append)
+    here, there = results[False], results[True]
+    assert there.accuracy == here.accuracy and there.tpf == here.tpf
+    assert {k: (m.tpf, m.identical_fraction) for k, m in there.methods.items()} == {
+        k: (m.tpf, m.identical_fraction) for k, m in here.methods.items()
+    }
+    assert len(said[True]) == len(said[False]) > 0
