@@ -82,7 +82,7 @@ def test_the_work_runs_on_the_callers_torch_thread_count():
 
 def test_an_error_in_the_work_is_raised_here_as_itself_with_its_traceback():
     lines: list[str] = []
-    with pytest.raises(ValueError, match="evaluation.source: no such file") as caught:
+    with pytest.raises(ValueError, match=r"evaluation\.source: no such file") as caught:
         run_fresh(_fails, callbacks={"say": lines.append})
     assert lines == ["started"]  # what it said before failing still arrives
     note = "\n".join(caught.value.__notes__)
