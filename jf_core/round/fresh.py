@@ -21,7 +21,10 @@ import sys
 import traceback
 from collections.abc import Callable, Mapping
 from functools import partial
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from jf_core.config import Profile
 
 T = TypeVar("T")
 
@@ -94,3 +97,11 @@ def run_fresh(fn: Callable[..., T], *args: Any, callbacks: Mapping[str, Callable
         if not answered and child.is_alive():  # the caller was interrupted (Ctrl-C, a cancelled task): the work
             child.kill()  # must not outlive it
         child.join()
+
+
+def timed_work(profile: Profile, fn: Callable[..., T], *args: Any, **callbacks: Callable | None) -> T:
+    """`fn(*args, **callbacks)` for a stage that times decoding (tunes, evaluations: jf_core/round/stages.py): in a
+    new process when `evaluation.fresh_process`, else here. `callbacks` are its progress hooks, called here."""
+    if not profile.evaluation.fresh_process:
+        return fn(*args, **callbacks)
+    return run_fresh(fn, *args, callbacks=callbacks)

@@ -16,11 +16,13 @@ import shutil
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, replace
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 from jf_core.config import Profile
 from jf_core.model_dir import DECODE_TUNING, DONE
+from jf_core.round.fresh import timed_work
 from jf_core.round.paths import RoundPaths, eval_path, model_identity, untrained_tune_path
 from jf_core.round.results import (
     PackResult,
@@ -38,7 +40,6 @@ log = logging.getLogger("jf.stages")
 
 Say = Callable[[str], None]
 Hold = Callable[[], AbstractContextManager]  # what a stage's work holds while it runs (`run_stage`)
-R = TypeVar("R")
 
 
 def stage_trajectories(
@@ -275,10 +276,7 @@ def stage_tune_untrained(
     None when the tune or the anchors are off."""
     if not (profile.evaluation.tune.enabled and profile.evaluation.untrained):
         return None
-
-    def work() -> TuneResult:
-        return timed_work(profile, _tune_untrained, profile, model_in, say=progress or log.info)
-
+    work = partial(timed_work, profile, _tune_untrained, profile, model_in, say=progress or log.info)
     what = f"the untrained tune of {model_in}"
     return run_stage(untrained_tune_path(profile, model_in), TuneResult, work, what=what, on_reuse=on_reuse)
 
@@ -288,17 +286,6 @@ def _tune_untrained(profile: Profile, model_in: str, say: Say) -> TuneResult:
 
     model, tok = load_model(model_in, **profile.model.decode_kwargs())
     return tune_model(profile, model, tok, say)
-
-
-def timed_work(profile: Profile, fn: Callable[..., R], *args, **callbacks) -> R:
-    """`fn(*args, **callbacks)` for a stage that times decoding (tunes, evaluations): in a new process when
-    `evaluation.fresh_process` (jf_core/round/fresh.py: a process that has trained times drafters slow), else here.
-    `callbacks` are the progress hooks, called in this process either way."""
-    if not profile.evaluation.fresh_process:
-        return fn(*args, **callbacks)
-    from jf_core.round.fresh import run_fresh
-
-    return run_fresh(fn, *args, callbacks=callbacks)
 
 
 @contextmanager
@@ -348,9 +335,7 @@ def stage_evaluate(
     module's log). `reuse=False` measures again and replaces the kept evaluation (`jf eval`)."""
     from jf_core.evaluation.results import Evaluation
 
-    def work() -> Evaluation:
-        return timed_work(profile, _evaluate, profile, model_path, untrained, progress=progress or log.info)
-
+    work = partial(timed_work, profile, _evaluate, profile, model_path, untrained, progress=progress or log.info)
     anchors = None if untrained is None else {**asdict(untrained), "model_path": model_identity(untrained.model_path)}
     out = eval_path(profile, model_path, anchors)
     what = f"the evaluation of {model_path}"
