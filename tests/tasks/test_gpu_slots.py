@@ -31,24 +31,37 @@ def prefect_api(tmp_path_factory):
     from jacobi_forcing.infra.stack import free_port
 
     home = tmp_path_factory.mktemp("prefect")
-    port = free_port()
-    env = {
-        **os.environ,
-        "PREFECT_HOME": str(home),
-        "PREFECT_SERVER_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{home / 'prefect.db'}",
-        "PREFECT_SERVER_SERVICES_REPOSSESSOR_LOOP_SECONDS": "2",
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PREFECT_UI_ENABLED": "false",
-    }
-    env.pop("PREFECT_API_URL", None)
-    log = open(home / "server.log", "w")  # noqa: SIM115 (open for the server's whole life)
-    server = subprocess.Popen(
-        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
-    api = f"http://127.0.0.1:{port}/api"
+    for attempt in range(3):
+        port = free_port()
+        env = {
+            **os.environ,
+            "PREFECT_HOME": str(home),
+            "PREFECT_SERVER_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{home / 'prefect.db'}",
+            "PREFECT_SERVER_SERVICES_REPOSSESSOR_LOOP_SECONDS": "2",
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "PREFECT_UI_ENABLED": "false",
+        }
+        env.pop("PREFECT_API_URL", None)
+        log_path = home / f"server-{attempt}.log"
+        log = open(log_path, "w")  # noqa: SIM115 (open for the server's whole life)
+        server = subprocess.Popen(
+            [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        api = f"http://127.0.0.1:{port}/api"
+        try:
+            wait_for(f"{api}/health", server, log_path, timeout=120)
+            break
+        except AssertionError:
+            log.close()
+            # Another worker's process (a Ray server) took the free port before this server bound it: the server
+            # exited saying so, and another port is tried.
+            taken = server.poll() is not None and "address already in use" in log_path.read_text().lower()
+            if not taken or attempt == 2:
+                if server.poll() is None:
+                    stop_group(server)
+                raise
     try:
-        wait_for(f"{api}/health", server, home / "server.log", timeout=120)
         with temporary_settings({PREFECT_API_URL: api}):
             yield api
     finally:

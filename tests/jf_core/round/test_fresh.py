@@ -3,6 +3,7 @@ the caller's torch thread count, and every way the work can fail reaching the ca
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import threading
 from dataclasses import dataclass
@@ -99,3 +100,61 @@ def test_a_process_that_dies_without_an_answer_says_so_with_its_exit_code():
     with pytest.raises(FreshProcessDied, match="running _dies ended with exit code 3 and no result"):
         run_fresh(_dies, callbacks={"say": lines.append})
     assert lines == ["about to die"]
+
+
+def _where(*, say):
+    import sys
+
+    say(f"the child {os.getpid()} says hello")
+    return {
+        "pid": os.getpid(),
+        "ppid": os.getppid(),
+        "cwd": os.getcwd(),
+        "marker": os.environ.get("JF_FRESH_MARKER"),
+        "imported": "transformers" in sys.modules and "jf_core.evaluation.evaluate" in sys.modules,
+    }
+
+
+def test_each_call_is_a_new_child_of_one_clean_server_with_the_callers_environment_directory_and_output(
+    tmp_path, monkeypatch, capfd
+):
+    """The work's process is a fork of a server that has only imported the timed stages' modules (where the platform
+    has a fork server): each call a new one, started with what the caller has at the call, not what it had when the
+    server started."""
+    first = run_fresh(_where, callbacks={"say": print})
+    monkeypatch.setenv("JF_FRESH_MARKER", "set after the server started")
+    monkeypatch.chdir(tmp_path)
+    lines: list[str] = []
+    second = run_fresh(_where, callbacks={"say": lines.append})
+    assert first["pid"] != second["pid"] and os.getpid() not in (first["pid"], second["pid"])
+    assert first["marker"] is None and second["marker"] == "set after the server started"
+    assert second["cwd"] == str(tmp_path)
+    assert lines == [f"the child {second['pid']} says hello"]
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        assert first["ppid"] == second["ppid"] != os.getpid()  # one server, not this process
+        assert second["imported"]  # forked from the server's imports, not importing them again
+
+
+def _prints():
+    import sys
+
+    print("to the caller's stdout")
+    print("to the caller's stderr", file=sys.stderr)
+    return True
+
+
+def test_what_the_work_prints_goes_where_the_callers_output_goes_now(capfd):
+    run_fresh(_where, callbacks={"say": print})  # the server may have started under another test's capture
+    capfd.readouterr()
+    assert run_fresh(_prints)
+    out, err = capfd.readouterr()
+    assert "to the caller's stdout" in out and "to the caller's stderr" in err
+
+
+def test_a_library_setting_the_server_was_not_imported_under_runs_the_work_in_a_new_interpreter(monkeypatch):
+    """torch and transformers read some environment variables when imported (`IMPORT_ENV`): a fork of a server
+    imported under other values would not be the process the caller asked for, so the work runs spawned instead."""
+    run_fresh(_where, callbacks={"say": print})  # the server is up
+    monkeypatch.setenv("TORCH_JF_FRESH_TEST", "1")
+    out = run_fresh(_where, callbacks={"say": print})
+    assert out["ppid"] == os.getpid()  # spawned by this process, not forked by the server
