@@ -55,8 +55,8 @@ def prefect_api(tmp_path_factory):
         except AssertionError:
             log.close()
             # Another worker's process (a Ray server) took the free port before this server bound it: the server
-            # exited saying so, and another port is tried.
-            taken = server.poll() is not None and "address already in use" in log_path.read_text().lower()
+            # exited saying so ("Port N is already in use"), and another port is tried.
+            taken = server.poll() is not None and "already in use" in log_path.read_text().lower()
             if not taken or attempt == 2:
                 if server.poll() is None:
                     stop_group(server)
