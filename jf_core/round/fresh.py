@@ -17,7 +17,7 @@ kernel's OOM killer, a crash in native code) raises `FreshProcessDied` with its 
 How the process starts: a new interpreter costs 3-4 s of imports (torch, transformers, ours) on this project's
 2-core CPU, paid by each of a round's four timed stages and by every round the tests run. So where the platform has
 it, the work runs in a child of multiprocessing's fork server, a process started once for the caller that has
-imported those modules and done nothing else (no tensors, no threads pools, no training): each child is a fork of
+imported those modules and done nothing else (no tensors, no thread pools, no training): each child is a fork of
 that clean state, which costs a fraction of a second. The child takes the caller's environment, working directory,
 stdout and stderr as they are at the call (a fork server keeps the ones it started with); and where the caller's
 environment differs from the server's in what the preloaded libraries read when imported (`IMPORT_ENV`), the child
@@ -61,8 +61,6 @@ IMPORT_ENV = (
     *("TORCH", "PYTORCH", "CUDA", "NVIDIA"),  # torch's settings and devices
     *("HF_", "HUGGINGFACE", "TRANSFORMERS", "TOKENIZERS", "XDG_"),  # the hub's settings and caches
 )
-
-
 
 
 def _import_env(environ: Mapping[str, str]) -> dict[str, str]:
