@@ -40,8 +40,8 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 # What the fork server imports once, before any child: the modules every timed stage's work loads (a module not
-# listed is imported by the child that needs it). "__main__" is the caller's script (the `jf` CLI), which a child
-# would otherwise import again to unpickle its work.
+# listed is imported by the child that needs it). "__main__", the caller's script, only where Python hands the
+# server its path (3.11 does not: each child imports it again, 8 ms for `jf`, Prefect's engine for a deployment run).
 PRELOAD = (
     "__main__",
     "jf_core.round.fresh",  # before the libraries: its import keeps the environment they are imported under
@@ -70,6 +70,15 @@ def _import_env(environ: Mapping[str, str]) -> dict[str, str]:
 # In a fork server: what its libraries were imported under (this module is preloaded first). In a spawned child:
 # the caller's environment at the call, as its own.
 _IMPORTED_UNDER = _import_env(os.environ)
+
+
+def _imported_otherwise(caller: Mapping[str, str]) -> bool:
+    """Whether the caller's environment has a value the server's libraries were not imported under: each of its
+    variables must be as the server started, or as the server's own imports set it (torch sets
+    TORCHINDUCTOR_CACHE_DIR when a model's module is imported, in the caller as in the server)."""
+    call, now = _import_env(caller), _import_env(os.environ)  # now: the server's, after its imports (a fork's own)
+    keys = call.keys() | now.keys() | _IMPORTED_UNDER.keys()
+    return any(call.get(k) not in (_IMPORTED_UNDER.get(k), now.get(k)) for k in keys)
 
 
 class FreshProcessDied(RuntimeError):
@@ -113,7 +122,7 @@ def _adopt(setting: tuple[dict[str, str], list[tuple[int, int]] | None]) -> None
 
 
 def _child(conn, fn: Callable, args: tuple, kwargs: dict, callbacks: list[str], threads: int | None, setting) -> None:
-    if _import_env(setting[0]) != _IMPORTED_UNDER:  # a fork server's libraries were imported under other values
+    if _imported_otherwise(setting[0]):
         conn.send(("declined",))
         conn.close()
         return

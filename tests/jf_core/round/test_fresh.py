@@ -158,3 +158,19 @@ def test_a_library_setting_the_server_was_not_imported_under_runs_the_work_in_a_
     monkeypatch.setenv("TORCH_JF_FRESH_TEST", "1")
     out = run_fresh(_where, callbacks={"say": print})
     assert out["ppid"] == os.getpid()  # spawned by this process, not forked by the server
+
+
+def test_a_variable_the_libraries_set_themselves_on_import_does_not_count_as_another_setting(monkeypatch):
+    """torch sets TORCHINDUCTOR_CACHE_DIR when a model's module is imported: a caller that loaded a model after its
+    fork server started has it, as the server's own imports do, and that is no reason to spawn. Any other value,
+    or a variable the server never saw, is."""
+    from jf_core.round import fresh
+
+    monkeypatch.setattr(fresh, "_IMPORTED_UNDER", {})  # the server started before anyone imported a model
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/tmp/torchinductor_default")  # its imports set it
+    for key in [k for k in os.environ if k.startswith(fresh.IMPORT_ENV) and k != "TORCHINDUCTOR_CACHE_DIR"]:
+        monkeypatch.delenv(key)
+    assert not fresh._imported_otherwise({})  # the caller has imported no model yet
+    assert not fresh._imported_otherwise({"TORCHINDUCTOR_CACHE_DIR": "/tmp/torchinductor_default"})
+    assert fresh._imported_otherwise({"TORCHINDUCTOR_CACHE_DIR": "/elsewhere"})
+    assert fresh._imported_otherwise({"TORCH_JF_FRESH_TEST": "1"})
