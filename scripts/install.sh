@@ -3,7 +3,7 @@
 # torch goes in first with pip: the pinned CPU wheel lies on this machine's disk, where only pip's configuration looks
 # (an index uv would ask instead holds a CUDA build of the same version, gigabytes of it). Everything after torch goes
 # in with uv, which resolves, downloads and unpacks in parallel: both environments from nothing, side by side, in
-# 167 s against pip's 228-234 s in CI, and a second run of setup.sh (the README's test command runs it again) in 10 s
+# 118-167 s against pip's 207-234 s, and a second run of setup.sh (the README's test command runs it again) in 10 s
 # against 23 (2026-12-03, this project's 2-core machine, the same packages to the version). Byte-compiled as pip does
 # (71 s of those 167): this machine sets PYTHONDONTWRITEBYTECODE, so a module left uncompiled would be compiled again
 # by every process that imports it. uv is held to the installed torch, so a requirement that torch cannot meet fails

@@ -183,17 +183,23 @@ def run_fresh(fn: Callable[..., T], *args: Any, callbacks: Mapping[str, Callable
 
 
 def _run(
-    method: str, fn: Callable[..., T], args: tuple, kwargs: dict, callbacks: dict[str, Callable | None], retried=False
+    method: str,
+    fn: Callable[..., T],
+    args: tuple,
+    kwargs: dict,
+    callbacks: dict[str, Callable | None],
+    retried: bool = False,
 ) -> T:
     live = {name: cb for name, cb in callbacks.items() if cb is not None}
-    kwargs = kwargs | {name: None for name, cb in callbacks.items() if cb is None}
+    work_kwargs = kwargs | {name: None for name, cb in callbacks.items() if cb is None}
     torch = sys.modules.get("torch")
     threads = torch.get_num_threads() if torch is not None else None
     ctx = multiprocessing.get_context(method)
     reader, writer = ctx.Pipe(duplex=False)
     what = getattr(fn, "__qualname__", repr(fn))
     setting = (dict(os.environ), _CallersOutput() if method == "forkserver" else None)  # spawn inherits both
-    child = ctx.Process(target=_child, args=(writer, fn, args, kwargs, list(live), threads, setting), name=f"jf {what}")
+    work = (writer, fn, args, work_kwargs, list(live), threads, setting)
+    child = ctx.Process(target=_child, args=work, name=f"jf {what}")
     with _STARTING:
         child.start()
     writer.close()  # the child holds the only writer: its end (or death) is this reader's EOF
