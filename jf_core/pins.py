@@ -61,12 +61,13 @@ PINS: dict[str, Pin] = {
         Pin(
             "transformers-model",
             "transformers",
-            ">=5,<5.25",  # 5.25.0 has no _is_stateful
+            ">=5,<5.26",
             (
                 # the attention backend a model runs on (decoding/kv.py: restored after a tree step; training/losses.py:
                 # the mask built for it); transformers sets it through set_attn_implementation, with no public getter
                 "transformers.configuration_utils:PreTrainedConfig._attn_implementation",
-                "transformers.modeling_utils:PreTrainedModel._is_stateful",  # a recurrent state: refused by decoding
+                # a model that cannot take a DynamicCache (RWKV, xLSTM): refused by decoding (decoding/kv.py)
+                "transformers.generation.utils:GenerationMixin._supports_default_dynamic_cache",
                 "transformers.modeling_utils:PreTrainedModel._supports_sdpa",  # the fallback backend for trees
                 "transformers.modeling_utils:PreTrainedModel._no_split_modules",  # FSDP2 shards these decoder layers
             ),
@@ -76,7 +77,7 @@ PINS: dict[str, Pin] = {
         Pin(
             "transformers-gguf-bar",
             "transformers",
-            ">=5.17,<5.25",
+            ">=5.17,<5.26",
             ("transformers.modeling_gguf_pytorch_utils:tqdm",),
             "the GGUF reader's bar drawn only on a terminal (jf_core/model_import.py)",
             refuse=False,

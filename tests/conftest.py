@@ -49,6 +49,26 @@ def pytest_runtest_protocol(item, nextitem):
         yield  # both released when the files close
 
 
+# MLflow's default experiment keeps artifacts under ./mlruns of the working directory: a test that logs there writes
+# into the repository (a test in tests/tasks/test_registry_model.py did). The run fails if one appears.
+STRAY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "mlruns")
+
+
+def pytest_sessionstart(session):
+    session.config.stash[STRAY_BEFORE] = os.path.exists(STRAY)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if hasattr(session.config, "workerinput") or session.config.stash.get(STRAY_BEFORE, True):
+        return  # the workers' own sessions, or a directory that was there before this run
+    if os.path.exists(STRAY):
+        print(f"\n{STRAY} was written by a test: it logged to MLflow's default experiment", file=sys.stderr)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+STRAY_BEFORE = pytest.StashKey[bool]()
+
+
 def pytest_collection_modifyitems(config, items):
     """The longest files first, so the workers (which take whole files, in this order) finish together instead of
     one starting the stack test as the other ends: files with a `slow` test before the rest, and among them the longer

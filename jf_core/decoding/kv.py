@@ -34,10 +34,12 @@ from transformers import DynamicCache
 from jf_core import pins
 from jf_core.decoding.reserved_cache import reserved_cache
 
-pins.require("transformers-model")  # the model's backend, statefulness and SDPA support are private names
+pins.require("transformers-model")  # the model's backend, cache support and SDPA support are private names
 
 FOUR_D_BACKENDS = ("sdpa", "eager")
 SUPPORTED_LAYER_TYPES = {"full_attention", "sliding_attention", "dummy"}  # dummy: MoE/MLP-only layers
+# Layer types whose cache holds a recurrent or convolutional state (transformers' cache_utils sizes their states).
+RECURRENT_LAYER_TYPES = {"linear_attention", "conv", "hybrid", "hybrid_sliding"}
 
 
 class UnsupportedModelError(ValueError):
@@ -88,18 +90,25 @@ def attention_layout(model: torch.nn.Module) -> AttentionLayout:
 
     config = model.config
     name = type(model).__name__
-    if getattr(model, "_is_stateful", False):
+    text_config = config.get_text_config(decoder=True)
+    types, kwargs = get_layer_types_and_kwargs(text_config)
+    # Two readings, both transformers' own: a model that cannot take a DynamicCache at all (RWKV, xLSTM: their
+    # layers look like full attention), and layers whose cache is a recurrent state (Mamba, the hybrids).
+    # transformers 5.25 dropped the one flag that said both (`_is_stateful`).
+    own_cache = not model._supports_default_dynamic_cache()
+    recurrent = sorted(set(types) & RECURRENT_LAYER_TYPES)
+    if own_cache or recurrent:
+        where = f"in its {', '.join(recurrent)} layers" if recurrent else "in a cache of its own"
         raise UnsupportedModelError(
-            f"{name} keeps a recurrent state, not a KV cache: Jacobi decoding needs to drop rejected draft tokens "
-            "from the cache, which a recurrent state cannot do (and our AR baseline runs on the same per-slot KV "
-            "cache, so it refuses the model too rather than decode it wrong)"
+            f"{name} keeps a recurrent state {where}, not a per-slot KV cache: Jacobi decoding needs to drop "
+            "rejected draft tokens from the cache, which a recurrent state cannot do (and our AR baseline runs on "
+            "the same per-slot KV cache, so it refuses the model too rather than decode it wrong)"
         )
-    if uses_alibi(config.get_text_config(decoder=True)):
+    if uses_alibi(text_config):
         raise UnsupportedModelError(
             f"{name} uses ALiBi position biases, which transformers derives from a 2D padding mask: the exact "
             "decoders give every query its position and a 4D mask over a cache with holes, which ALiBi cannot take"
         )
-    types, kwargs = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
     unknown = sorted(set(types) - SUPPORTED_LAYER_TYPES)
     if unknown:
         raise UnsupportedModelError(

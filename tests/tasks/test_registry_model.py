@@ -230,7 +230,11 @@ def test_a_draft_adapter_travels_with_its_model_through_the_registry(registered)
     for name in ("config.json", "generation_config.json"):  # the tuned decode block, as the round would keep it
         shutil.copy(base_dir / name, drafted / name)
     (drafted / "checksums.sha256").unlink()  # the copied config is not the bytes the manifest covered
-    with tempfile.TemporaryDirectory() as tmp, mlflow.start_run():
+    # In the round's experiment, as a round logs it: MLflow's default experiment keeps its artifacts under
+    # ./mlruns of the working directory (the repository, when the suite runs).
+    client, experiment = mlflow_runs.connect(registered["profile"])
+    run_id = mlflow_runs.start_run(client, experiment, "round")
+    with tempfile.TemporaryDirectory() as tmp, mlflow.start_run(run_id=run_id):
         info = model_package.log_model(drafted, Path(tmp), fallback_decode=None)
     version = mlflow.register_model(info.model_uri, "jf-draft").version
     path = Path(model_package.resolve_model(f"models:/jf-draft/{version}", registered["profile"]))

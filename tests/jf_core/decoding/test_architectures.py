@@ -126,7 +126,15 @@ def test_gpt2_on_flash_in_bf16_never_sees_a_4d_mask():
             lambda: __import__("transformers").MambaForCausalLM(
                 __import__("transformers").MambaConfig(vocab_size=64, hidden_size=16, state_size=4, num_hidden_layers=1)
             ),
-            "recurrent state",
+            "recurrent state in its linear_attention layers",
+        ),
+        (  # its layers read as full attention: refused because it cannot take a KV cache at all
+            lambda: __import__("transformers").RwkvForCausalLM(
+                __import__("transformers").RwkvConfig(
+                    vocab_size=64, hidden_size=16, num_hidden_layers=2, attention_hidden_size=16, intermediate_size=32
+                )
+            ),
+            "recurrent state in a cache of its own",
         ),
         (
             lambda: __import__("transformers").Llama4ForCausalLM(
@@ -160,7 +168,7 @@ def test_gpt2_on_flash_in_bf16_never_sees_a_4d_mask():
             "ALiBi",
         ),
     ],
-    ids=["mamba", "llama4-chunked", "falcon-alibi", "bloom"],
+    ids=["mamba", "rwkv", "llama4-chunked", "falcon-alibi", "bloom"],
 )
 def test_unsupported_attention_is_refused_by_name(build_model, message):
     """Refused by name by the layout check, and by every decoder, the AR baseline included: before the check,
