@@ -95,7 +95,8 @@ def attention_layout(model: torch.nn.Module) -> AttentionLayout:
     # Two readings, both transformers' own: a model that cannot take a DynamicCache at all (RWKV, xLSTM: their
     # layers look like full attention), and layers whose cache is a recurrent state (Mamba, the hybrids).
     # transformers 5.25 dropped the one flag that said both (`_is_stateful`).
-    own_cache = not model._supports_default_dynamic_cache()
+    takes_cache = getattr(model, "_supports_default_dynamic_cache", None)  # absent from a model without generate()
+    own_cache = takes_cache is not None and not takes_cache()
     recurrent = sorted(set(types) & RECURRENT_LAYER_TYPES)
     if own_cache or recurrent:
         where = f"in its {', '.join(recurrent)} layers" if recurrent else "in a cache of its own"
