@@ -38,8 +38,7 @@ pins.require("transformers-model")  # the model's backend, cache support and SDP
 
 FOUR_D_BACKENDS = ("sdpa", "eager")
 SUPPORTED_LAYER_TYPES = {"full_attention", "sliding_attention", "dummy"}  # dummy: MoE/MLP-only layers
-# Layer types whose cache holds a recurrent or convolutional state (transformers' cache_utils sizes their states).
-RECURRENT_LAYER_TYPES = {"linear_attention", "conv", "hybrid", "hybrid_sliding"}
+RECURRENT_LAYER_TYPES = {"linear_attention", "conv", "hybrid", "hybrid_sliding"}  # a recurrent or conv state
 
 
 class UnsupportedModelError(ValueError):
@@ -92,13 +91,12 @@ def attention_layout(model: torch.nn.Module) -> AttentionLayout:
     name = type(model).__name__
     text_config = config.get_text_config(decoder=True)
     types, kwargs = get_layer_types_and_kwargs(text_config)
-    # Two readings, both transformers' own: a model that cannot take a DynamicCache at all (RWKV, xLSTM: their
-    # layers look like full attention), and layers whose cache is a recurrent state (Mamba, the hybrids).
-    # transformers 5.25 dropped the one flag that said both (`_is_stateful`).
-    takes_cache = getattr(model, "_supports_default_dynamic_cache", None)  # absent from a model without generate()
-    own_cache = takes_cache is not None and not takes_cache()
+    # transformers' own two readings (5.25 dropped `_is_stateful`, which said both): a model that cannot take a
+    # DynamicCache (RWKV, xLSTM: layers that look like full attention; the method is absent without generate()),
+    # and layers whose cache is a recurrent state (Mamba, the hybrids).
+    takes_cache = getattr(model, "_supports_default_dynamic_cache", None)
     recurrent = sorted(set(types) & RECURRENT_LAYER_TYPES)
-    if own_cache or recurrent:
+    if recurrent or (takes_cache is not None and not takes_cache()):
         where = f"in its {', '.join(recurrent)} layers" if recurrent else "in a cache of its own"
         raise UnsupportedModelError(
             f"{name} keeps a recurrent state {where}, not a per-slot KV cache: Jacobi decoding needs to drop "
