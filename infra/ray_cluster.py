@@ -41,7 +41,12 @@ pins.require("ray")  # the private names this module and serve_app.py use (jf_co
 
 LOCAL_ONLY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray's local-only mode (node IP 127.0.0.1, no worker nodes)
 AUTH_MODE, AUTH_TOKEN, AUTH_TOKEN_PATH = "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"
-_SETTINGS = (LOCAL_ONLY, AUTH_MODE, AUTH_TOKEN, AUTH_TOKEN_PATH)
+# Ray starts its workers at nice 15 so they never starve its own daemons on a shared node. In a Ray of ours the workers
+# are the job (trajectory actors, Ray Train, Serve replicas and proxy): beside any other busy process a nice-15 worker
+# got a few percent of a CPU (a trajectory actor's model load took 3 min instead of 10 s beside three busy loops), so
+# they run at the priority of the process that started them. Ray's job manager does the same for its drivers.
+WORKER_NICENESS = "RAY_worker_niceness"
+_SETTINGS = (LOCAL_ONLY, AUTH_MODE, AUTH_TOKEN, AUTH_TOKEN_PATH, WORKER_NICENESS)
 
 
 class RayAuthError(RuntimeError):
@@ -83,8 +88,11 @@ def write_token(path: Path) -> Path:
 
 
 def private_env(token_path: Path) -> dict[str, str | None]:
-    """The settings of a private Ray: local-only, token auth with this token (and no inherited token)."""
-    return {LOCAL_ONLY: "0", AUTH_MODE: "token", AUTH_TOKEN: None, AUTH_TOKEN_PATH: str(token_path)}
+    """The settings of a private Ray: local-only, token auth with this token (and no inherited token), its workers
+    at the caller's priority."""
+    return {
+        LOCAL_ONLY: "0", AUTH_MODE: "token", AUTH_TOKEN: None, AUTH_TOKEN_PATH: str(token_path), WORKER_NICENESS: "0",
+    }  # fmt: skip
 
 
 def _apply(settings: dict[str, str | None]) -> None:

@@ -101,6 +101,8 @@ print("RAN")
 
 def test_private_ray_refuses_drivers_without_its_token(tmp_path):
     """...and the session leaves the process as it found it: its Ray settings and its SIGTERM handler."""
+    import ray
+
     before = {k: os.environ.get(k) for k in ray_cluster._SETTINGS}
 
     def ours(signum, frame):  # the caller's SIGTERM handler (`jf run` unwinds SIGTERM like Ctrl-C)
@@ -112,6 +114,8 @@ def test_private_ray_refuses_drivers_without_its_token(tmp_path):
             inside = signal.getsignal(signal.SIGTERM)  # ray.init installed its own; the session put ours back,
             assert getattr(inside, "handler", None) is ours  # wrapped to be safe inside Ray's signal check
             results = _probe_drivers(session, tmp_path)
+            # Its workers run at this process's priority, not Ray's default nice 15 (infra/ray_cluster.py).
+            assert ray.get(ray.remote(lambda: os.nice(0)).remote(), timeout=60) == os.nice(0)
         assert signal.getsignal(signal.SIGTERM) is ours, "the caller's SIGTERM handler is back"
     finally:
         signal.signal(signal.SIGTERM, previous)
