@@ -52,6 +52,7 @@ def pytest_runtest_protocol(item, nextitem):
 # MLflow's default experiment keeps artifacts under ./mlruns of the working directory: a test that logs there writes
 # into the repository (a test in tests/tasks/test_registry_model.py did). The run fails if one appears.
 STRAY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "mlruns")
+STRAY_BEFORE = pytest.StashKey[bool]()
 
 
 def pytest_sessionstart(session):
@@ -64,9 +65,6 @@ def pytest_sessionfinish(session, exitstatus):
     if os.path.exists(STRAY):
         print(f"\n{STRAY} was written by a test: it logged to MLflow's default experiment", file=sys.stderr)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
-
-
-STRAY_BEFORE = pytest.StashKey[bool]()
 
 
 def pytest_collection_modifyitems(config, items):

@@ -45,13 +45,19 @@ def registered(tmp_path, monkeypatch, profile):
     (model_dir / "decode_tuning.json").write_text('{"trials": []}')  # the tune stage's marker: not in the artifact
     update_block(model_dir, **serving_prior(ar_above_batch=4, break_even_tpf=1.5).block())
     p = profile.model_copy(update={"registry": profile.registry.model_copy(update={"tracking_uri": uri})})
-    client, experiment = mlflow_runs.connect(p)
-    run_id = mlflow_runs.start_run(client, experiment, "round")
+    client, run_id = round_run(p)
     with tempfile.TemporaryDirectory() as tmp, mlflow.start_run(run_id=run_id):
         info = model_package.log_model(model_dir, Path(tmp), fallback_decode=None)
     version = mlflow.register_model(info.model_uri, "jf-test").version
     client.set_registered_model_alias("jf-test", "champion", version)
     return {"profile": p, "model_dir": model_dir, "tuned": asdict(tuned), "uri": uri, "tmp": tmp_path}
+
+
+def round_run(profile):
+    """A run in the round's experiment, as a round logs its model: MLflow's default experiment keeps artifacts under
+    ./mlruns of the working directory (the repository, when the suite runs)."""
+    client, experiment = mlflow_runs.connect(profile)
+    return client, mlflow_runs.start_run(client, experiment, "round")
 
 
 def greedy_texts(model_dir, prompts, max_new_tokens: int) -> list[str]:
@@ -230,10 +236,7 @@ def test_a_draft_adapter_travels_with_its_model_through_the_registry(registered)
     for name in ("config.json", "generation_config.json"):  # the tuned decode block, as the round would keep it
         shutil.copy(base_dir / name, drafted / name)
     (drafted / "checksums.sha256").unlink()  # the copied config is not the bytes the manifest covered
-    # In the round's experiment, as a round logs it: MLflow's default experiment keeps its artifacts under
-    # ./mlruns of the working directory (the repository, when the suite runs).
-    client, experiment = mlflow_runs.connect(registered["profile"])
-    run_id = mlflow_runs.start_run(client, experiment, "round")
+    _, run_id = round_run(registered["profile"])
     with tempfile.TemporaryDirectory() as tmp, mlflow.start_run(run_id=run_id):
         info = model_package.log_model(drafted, Path(tmp), fallback_decode=None)
     version = mlflow.register_model(info.model_uri, "jf-draft").version
