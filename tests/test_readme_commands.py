@@ -185,6 +185,21 @@ HOW = {
     "\"lookup\": 16}'": (
         "not in CI", "a benchmark of the real model (timing only); `jf bench cycle` runs on the embedded model in "
                      "tests/jf_core/evaluation/test_cycle_cost.py"),
+    ".venv/bin/jf bench cycle --profile smollm2-135m --set evaluation.source=../shared/benchmarks/gsm"
+    "8k_test.jsonl --model BASE_DIR --no-tuned --num-prompts 4 --max-new-tokens 128 --threads 2 --con"
+    "fig 'untrained:{\"block_size\": 6, \"num_blocks\": 1, \"pool_size\": 0, \"adaptive_width\": true, \"width"
+    "_scale\": 1.0, \"width_margin\": 2, \"width_floor\": 4, \"lookup\": 16, \"lookup_ngram\": 3, \"draft_span\""
+    ": 0}' --config 'adapter_c3@ADAPTER_DIR:{\"block_size\": 6, \"num_blocks\": 1, \"pool_size\": 0, \"adapt"
+    "ive_width\": true, \"width_scale\": 1.0, \"width_margin\": 2, \"width_floor\": 4, \"lookup\": 16, \"lookup"
+    "_ngram\": 3, \"draft_span\": 3}' --config 'adapter_c1@ADAPTER_DIR:{\"block_size\": 6, \"num_blocks\": 1"
+    ", \"pool_size\": 0, \"adaptive_width\": true, \"width_scale\": 1.0, \"width_margin\": 2, \"width_floor\": "
+    "4, \"lookup\": 16, \"lookup_ngram\": 3, \"draft_span\": 1}'": (
+        "not in CI", "a benchmark of the real model (timing only); `jf bench cycle` runs on the embedded model in "
+                     "tests/jf_core/evaluation/test_cycle_cost.py"),
+    ".venv/bin/jf bench forward --model ADAPTER_DIR --widths 1 4 5 6 7 9 --context 250 --repeats 20 -"
+    "-threads 2 --gated 3": (
+        "not in CI", "a benchmark of the real model (timing only); `--gated` runs on a tiny model with an adapter "
+                     "in tests/jf_core/evaluation/test_forward_cost.py"),
     ".venv/bin/jf experiment --profile smollm2-135m --set prompts.source=../shared/benchmarks/gsm8k_train.jsonl "
     "--set evaluation.source=../shared/benchmarks/gsm8k_test.jsonl --train 64 --held-out 8 --variant 'all7:{}' "
     "--variant 'mlp:{\"training\": {\"draft_lora\": {\"targets\": [\"gate_proj\", \"up_proj\", \"down_proj\"]}}}' "

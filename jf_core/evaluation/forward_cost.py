@@ -13,6 +13,7 @@ import torch
 
 from jf_core.decoding.kv import cache_kwargs
 from jf_core.decoding.reserved_cache import reserved_cache
+from jf_core.draft_adapter.adapter import draft_adapter, draft_gate, gated
 
 
 def _sync(device: torch.device) -> None:
@@ -30,31 +31,43 @@ def window_cost(
     repeats: int = 20,
     warmup: int = 3,
     seed: int = 0,
+    gated_slots: int = 0,
 ) -> dict:
     """{"ms": {width: median ms}, "ratio_to_width_1": {width: ms / ms at the first width}, ...}; the widths take
     turns rep by rep, so a machine that speeds up or slows down mid-run shifts every width alike. The cache is
-    cropped back to `context` after every forward, so every width sees the same context."""
+    cropped back to `context` after every forward, so every width sees the same context.
+
+    `gated_slots` k > 0 (a model with a draft adapter): each width is also timed with the adapter acting on its
+    last k slots (never slot 0: a draft chain's), the two forms taking turns forward by forward and in alternating
+    order; "gated_ms" then holds those medians. Their difference is what the adapter's products cost a forward at
+    equal width, apart from the chain's slots (issue 69's cost table)."""
+    if gated_slots and draft_adapter(model) is None:
+        raise ValueError(f"gated_slots={gated_slots}: the model has no draft adapter (draft_adapter.safetensors)")
     device = next(model.parameters()).device
     vocab = model.config.get_text_config(decoder=True).vocab_size
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(3, vocab, (batch, context), generator=gen).to(device)
     cache = reserved_cache(model.config)  # the decoders' cache: a forward appends in place
     model(input_ids=ids, **cache_kwargs(model, cache))
-    times: dict[int, list[float]] = {w: [] for w in widths}
+    forms = [False, True] if gated_slots else [False]
+    times: dict[tuple[int, bool], list[float]] = {(w, g): [] for w in widths for g in forms}
     for rep in range(warmup + repeats):
         for w in widths:
             window = torch.randint(3, vocab, (batch, w), generator=gen).to(device)
             positions = torch.arange(context, context + w, device=device).expand(batch, w)
-            _sync(device)
-            t0 = time.perf_counter()
-            model(input_ids=window, position_ids=positions, **cache_kwargs(model, cache))
-            _sync(device)
-            if rep >= warmup:
-                times[w].append(time.perf_counter() - t0)
-            cache.crop(-w)  # back to `context` (transformers 5 crops by a negative count)
-    ms = {w: 1000 * statistics.median(t) for w, t in times.items()}
+            gate = draft_gate([range(max(1, w - gated_slots), w)] * batch, w, device) if gated_slots else None
+            for g in forms if rep % 2 == 0 else forms[::-1]:
+                _sync(device)
+                t0 = time.perf_counter()
+                with gated(model, gate if g else None):
+                    model(input_ids=window, position_ids=positions, **cache_kwargs(model, cache))
+                _sync(device)
+                if rep >= warmup:
+                    times[w, g].append(time.perf_counter() - t0)
+                cache.crop(-w)  # back to `context` (transformers 5 crops by a negative count)
+    ms = {w: 1000 * statistics.median(times[w, False]) for w in widths}
     base = ms[widths[0]]
-    return {
+    out = {
         "ms": ms,
         "ratio_to_width_1": {w: ms[w] / base for w in widths},
         "widest_within_1.5x": max((w for w in widths if ms[w] <= 1.5 * base), default=widths[0]),
@@ -62,6 +75,10 @@ def window_cost(
         "batch": batch,
         "threads": torch.get_num_threads(),
     }
+    if gated_slots:
+        out["gated_slots"] = gated_slots
+        out["gated_ms"] = {w: 1000 * statistics.median(times[w, True]) for w in widths}
+    return out
 
 
 def forms_cost(

@@ -33,23 +33,34 @@ def add_siblings_delta(
 
 
 def fused_delta(
-    packed: PackedWeight, layer: nn.Linear, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, weights: torch.Tensor
+    packed: PackedWeight,
+    layer: nn.Linear,
+    x: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    weights: torch.Tensor,
+    right: BlockDiagonal | None = None,
 ) -> torch.Tensor:
     """A bias-free packed layer's output with the delta: A stacked under the layer's weight in one packed product
-    (`packed` keeps that stack), then B. The delta's separate small matmuls and forward hooks cost a SmolLM2
-    window's forward 18 ms on this CPU (68 against 50 ms, 2026-11-30); MKL's rank-r products are slow for few rows.
-    Costs one more packed copy of the target weights (beside the layer's own, which the base-only forwards use)."""
+    (`packed` keeps that stack), then B (`right` keeps it transposed, as the addmm reads it). The delta's separate
+    small matmuls and forward hooks cost a SmolLM2 window's forward 18 ms on this CPU (68 against 50 ms,
+    2026-11-30); MKL's rank-r products are slow for few rows. Costs one more packed copy of the target weights
+    (beside the layer's own, which the base-only forwards use)."""
     y = packed.linear(x, (layer.weight, a), None)
     out = layer.out_features
     rows = y.view(-1, y.shape[-1])  # [B * L, out + r]: the layer's output, then x A^T
     # One addmm adds (gate x scale x A x) B^T to the output: half the time of a matmul and an addcmul here.
     delta_in = rows[:, out:] * weights.view(-1, 1)
-    return torch.addmm(rows[:, :out], delta_in, b.T).view(*y.shape[:-1], out)
+    rhs = b.T if right is None else right.of([b])
+    return torch.addmm(rows[:, :out], delta_in, rhs).view(*y.shape[:-1], out)
 
 
 class BlockDiagonal:
-    """Several Bs as one block-diagonal matrix (one addmm for a group of projections: siblings.py), remade when a
-    B is another tensor or was written in place since (a TPF probe between training steps)."""
+    """Bs as the right-hand matrix of one addmm: their block-diagonal matrix (one addmm for a group of projections:
+    siblings.py), transposed and contiguous, remade when a B is another tensor or was written in place since (a TPF
+    probe between training steps). Contiguous because MKL's addmm of a few rows read a transposed view's columns
+    1.3-1.5x slower at SmolLM2's shapes (qkv's 960 x 48: 19.0 against 12.9 us; gate and up's 3,072 x 32: 32.8
+    against 21.2; 2 threads, 7 rows, 2026-12-03)."""
 
     def __init__(self) -> None:
         self._stamp: tuple | None = None
@@ -58,7 +69,7 @@ class BlockDiagonal:
     def of(self, bs: list[torch.Tensor]) -> torch.Tensor:
         now = stamp(*bs)
         if self._stamp != now:
-            self._matrix = torch.block_diag(*[b.detach() for b in bs])
+            self._matrix = torch.block_diag(*[b.detach() for b in bs]).T.contiguous()
             self._stamp = now
         return self._matrix
 
@@ -78,4 +89,4 @@ def fused_siblings_delta(
     out = sum(layer.out_features for layer in layers)
     rows = y.view(-1, y.shape[-1])  # [B * L, out + k r]: the outputs, then x A^T for each member
     delta_in = rows[:, out:] * weights.view(-1, 1)
-    return torch.addmm(rows[:, :out], delta_in, b.of(bs).T).view(*y.shape[:-1], out)
+    return torch.addmm(rows[:, :out], delta_in, b.of(bs)).view(*y.shape[:-1], out)

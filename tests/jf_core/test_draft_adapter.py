@@ -17,6 +17,7 @@ from jf_core.decoding.proposers import AdapterChain, Room
 from jf_core.decoding.sampling import Sampling
 from jf_core.draft_adapter.adapter import FILE, adapter_file, attach_draft_adapter, base_state_dict, gated
 from jf_core.draft_adapter.config import DraftLora
+from jf_core.layers import packed
 from tests.conftest import PAD, VOCAB
 
 STOP = StopTokens(2, PAD)
@@ -168,6 +169,38 @@ def test_sampling_with_an_adapter_is_the_base_models_sample(tiny_model):
     assert got.sequences == expected.sequences
 
 
+@pytest.mark.skipif(not packed.AVAILABLE, reason="oneDNN's packed ops are pinned to another torch here")
+def test_a_packed_model_drafts_with_the_adapters_tensors_after_they_are_replaced(tiny_model):
+    """The fused path looks its As and Bs up once; `.to()` that puts new tensors in the parameters' place (torch's
+    overwrite-on-conversion) must not leave it drafting with the old ones."""
+    model = copy.deepcopy(tiny_model)
+    packed.pack_linears(model, min_bytes=0)
+    adapter = attach_draft_adapter(model, DraftLora(rank=2))
+    ids = torch.tensor([[5, 9, 3, 7]])
+    gate = torch.tensor([[0.0, 1.0, 1.0, 1.0]])
+
+    def drafted_logits():
+        with torch.no_grad(), gated(model, gate):
+            return model(input_ids=ids).logits
+
+    drafted_logits()  # the fused path's lookups made
+    previous = torch.__future__.get_overwrite_module_params_on_conversion()
+    torch.__future__.set_overwrite_module_params_on_conversion(True)
+    try:
+        model.double().float()  # new Parameter objects over new storage, the same values
+    finally:
+        torch.__future__.set_overwrite_module_params_on_conversion(previous)
+    with torch.no_grad():
+        for b in adapter.b.values():
+            b.copy_(torch.randn(b.shape) * 3.0)  # the new tensors only
+    want = copy.deepcopy(tiny_model)  # the same weights (the round trip is exact), nothing looked up yet
+    packed.pack_linears(want, min_bytes=0)
+    attach_draft_adapter(want, DraftLora(rank=2)).load_state_dict(adapter.state_dict())
+    with torch.no_grad(), gated(want, gate):
+        expected = want(input_ids=ids).logits
+    torch.testing.assert_close(drafted_logits(), expected)
+
+
 def test_an_adapter_attaches_once(tiny_model):
     with pytest.raises(ValueError, match="already has a draft adapter"):
         attach_draft_adapter(_with_random_adapter(tiny_model), DraftLora(rank=2))
@@ -261,6 +294,7 @@ SEAM = {
     "jf_core/planning.py": "the projections a rank-r adapter adds to (target_projections)",
     "jf_core/decoding/proposers/adapter_chain.py": "decoding's proposer: the adapter's chain, gated by the same rule",
     "jf_core/evaluation/tune.py": "an adapter model's tune grid has the chain's span",
+    "jf_core/evaluation/forward_cost.py": "`jf bench forward --gated`: a forward with the adapter acting, timed",
     "jf_vllm/launch.py": "the file's name: vLLM does not run the adapter, and says so",
     "bench/gpu_check.py": "a random adapter for the GPU check's timing",
     "bench/loss_terms.py": "the profile's adapter on the base (for_training), its training step timed",

@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import copy
+
+import pytest
 import torch
 
 from jf_cli.main import main
@@ -31,3 +34,35 @@ def test_jf_bench_forward_prints_the_break_even_table(embedded, capsys):
     assert main(["bench", "forward", "--model", model.name_or_path, "--widths", "1", "4", "--repeats", "2"]) == 0
     out = capsys.readouterr().out
     assert "| width | ms per forward | x width 1 (break-even TPF) |" in out and "| 4 |" in out
+
+
+def test_with_a_gate_each_width_is_also_timed_with_the_adapter_acting(tiny_model, monkeypatch):
+    """`gated_slots`: the same widths with the adapter acting on the last k slots (never slot 0), each forward in
+    both forms; a model without an adapter is refused by name."""
+    from jf_core.draft_adapter import adapter as draft
+    from jf_core.draft_adapter.config import DraftLora
+
+    with pytest.raises(ValueError, match="gated_slots=2: the model has no draft adapter"):
+        window_cost(tiny_model, [4], context=8, repeats=1, warmup=0, gated_slots=2)
+    model = copy.deepcopy(tiny_model)
+    draft.attach_draft_adapter(model, DraftLora(rank=2))
+    gates = []
+    real = draft.gated
+
+    def spy(m, gate):
+        gates.append(None if gate is None else gate.tolist())
+        return real(m, gate)
+
+    monkeypatch.setattr("jf_core.evaluation.forward_cost.gated", spy)
+    cost = window_cost(model, [1, 4], context=8, repeats=2, warmup=0, gated_slots=2)
+    assert set(cost["gated_ms"]) == {1, 4} and cost["gated_slots"] == 2
+    assert gates.count(None) == 4  # 2 reps x 2 widths, ungated
+    acting = [g for g in gates if g is not None]
+    assert acting.count([[0.0, 0.0, 1.0, 1.0]]) == 2  # width 4: its last 2 slots
+    assert acting.count([[0.0]]) == 2  # width 1: slot 0 only, which the adapter never computes
+
+
+def test_jf_bench_forward_gated_refuses_a_model_without_an_adapter(embedded):
+    model, _ = embedded
+    with pytest.raises(SystemExit, match="--gated: gated_slots=3: the model has no draft adapter"):
+        main(["bench", "forward", "--model", model.name_or_path, "--widths", "1", "--repeats", "1", "--gated", "3"])

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from jf_core.layers import packed
-from jf_core.layers.lora import add_delta, fused_delta
+from jf_core.layers.lora import BlockDiagonal, add_delta, fused_delta
 from jf_core.layers.packed import PackedWeight
 
 
@@ -32,12 +32,14 @@ def test_the_delta_after_a_layers_output_is_the_formula(rows):
 
 @pytest.mark.skipif(not packed.AVAILABLE, reason="oneDNN's packed ops are pinned to another torch here")
 @pytest.mark.parametrize("rows", [1, 5, 16])
-def test_the_delta_fused_into_the_packed_product_is_the_formula(rows):
+@pytest.mark.parametrize("kept_b", [False, True], ids=["b-as-given", "b-kept-transposed"])
+def test_the_delta_fused_into_the_packed_product_is_the_formula(rows, kept_b):
     layer, x, a, b, weights, want = _parts(rows)
-    store = PackedWeight()
+    store, right = PackedWeight(), (BlockDiagonal() if kept_b else None)
     with torch.no_grad():
-        got = fused_delta(store, layer, x, a, b, weights)
+        got = fused_delta(store, layer, x, a, b, weights, right)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)  # packed: fp32 rounding, not bit for bit
         a.mul_(2.0)  # a weight written in place (an optimizer step) is packed again, not served stale
-        twice = fused_delta(store, layer, x, a, b, weights)
+        b.mul_(-1.0)  # and a B is transposed again
+        twice = fused_delta(store, layer, x, a, b, weights, right)
     torch.testing.assert_close(twice, layer(x).detach() + weights * ((x @ a.T) @ b.T), rtol=1e-5, atol=1e-4)
