@@ -14,7 +14,15 @@ from torch import nn
 
 from jf_core.draft_adapter.config import FILE, TARGETS, DraftLora
 from jf_core.layers.blocks import decoder_layers
-from jf_core.layers.lora import BlockDiagonal, add_delta, add_siblings_delta, fused_delta, fused_siblings_delta
+from jf_core.layers.lora import (
+    BlockDiagonal,
+    Run,
+    add_delta,
+    add_siblings_delta,
+    fused_delta,
+    fused_siblings_delta,
+    single_run,
+)
 from jf_core.layers.packed import PackedLinear, PackedWeight
 
 ATTRIBUTE = "jf_draft_adapter"
@@ -49,6 +57,7 @@ class DraftAdapter(nn.Module):
         self.b = nn.ParameterDict()
         self.gate: torch.Tensor | None = None  # [B, L]: 1 where the adapter acts, None: the base everywhere
         self._weights: torch.Tensor | None = None  # [B, L, 1]: scale x gate, made once per gate, not per projection
+        self._run: Run | None = None  # the gate's one run of rows, where it has one (layers/lora.py `single_run`)
         # Per target or group of targets (`fused`, `fused_siblings`): the weights and As packed as one, the Bs as the
         # addmm reads them, and the As and Bs themselves, looked up once: a ParameterDict lookup costs about a
         # microsecond, and a gated SmolLM2 forward made 420 of them (1-2 ms of its 7-9 ms of adapter, 2026-12-03).
@@ -92,6 +101,7 @@ class DraftAdapter(nn.Module):
     def set_gate(self, gate: torch.Tensor | None) -> None:
         self.gate = gate
         self._weights = None if gate is None else self.scale * gate[..., None]
+        self._run = None if self._weights is None else single_run(self._weights)  # the fused path's fast form
 
     def add(self, key: str, x: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
         """`output` (the projection's, of input `x`) plus the adapter's delta where the gate is set."""
@@ -105,13 +115,13 @@ class DraftAdapter(nn.Module):
     def fused(self, key: str, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         """A packed layer's output with the delta in one packed product (layers/lora.py `fused_delta`)."""
         packed, right, (a,), (b,) = self._parts_of((key,))
-        return fused_delta(packed, layer, x, a, b, self._weights, right)
+        return fused_delta(packed, layer, x, a, b, self._weights, right, self._run)
 
     def fused_siblings(self, keys: list[str], layers: list[nn.Linear], x: torch.Tensor) -> torch.Tensor:
         """Packed projections of one input with their deltas in one product (layers/lora.py
         `fused_siblings_delta`): the members' outputs side by side."""
         packed, blocks, a, b = self._parts_of(tuple(keys))
-        return fused_siblings_delta(packed, layers, x, a, blocks, b, self._weights)
+        return fused_siblings_delta(packed, layers, x, a, blocks, b, self._weights, self._run)
 
     def _parts_of(self, keys: tuple[str, ...]) -> tuple:
         parts = self._parts.get(keys)

@@ -201,6 +201,17 @@ def test_a_packed_model_drafts_with_the_adapters_tensors_after_they_are_replaced
     torch.testing.assert_close(drafted_logits(), expected)
 
 
+def test_a_forward_with_no_chain_runs_the_base_without_the_adapters_products(tiny_model):
+    """A layout without a chain (a one-slot window) sets no gate: a gate of zeros would still compute every delta."""
+    drafted = _with_random_adapter(tiny_model)
+    adapter = drafted.jf_draft_adapter
+    chain = AdapterChain()
+    with chain.acting(drafted, [Layout([5], [[0]]), Layout([7], [[0]])], 1, "cpu"):
+        assert adapter.gate is None
+    with chain.acting(drafted, [Layout([5], [[0]]), Layout([7, 6, 6], [[0, 1]], [[0, 2]])], 3, "cpu"):
+        assert adapter.gate.tolist() == [[0.0, 0.0, 0.0], [0.0, 0.0, 1.0]]
+
+
 def test_an_adapter_attaches_once(tiny_model):
     with pytest.raises(ValueError, match="already has a draft adapter"):
         attach_draft_adapter(_with_random_adapter(tiny_model), DraftLora(rank=2))

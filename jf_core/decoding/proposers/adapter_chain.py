@@ -8,6 +8,7 @@ tokens a forward, not 2n - 1); `draft_span` cuts it shorter."""
 
 from __future__ import annotations
 
+import contextlib
 from contextlib import AbstractContextManager as ContextManager
 
 from jf_core.decoding.layout import Layout
@@ -42,6 +43,10 @@ class AdapterChain(Proposer):
         """For the forward: the adapter acts on the chains' drafted slots (their root is the window's, computed by
         the base), and nowhere else."""
         rows = [[i for chain in lay.drafts for i in drafted_slots(chain)] for lay in layouts]
+        if not any(rows):
+            # No chain in this forward (a window of one slot): the base's forward. A gate of zeros would still
+            # run every delta on the packed path.
+            return contextlib.nullcontext()
         return gated(model, draft_gate(rows, width, device))
 
     def guesses(self, lay: Layout, greedy: list[int], accepted: int) -> list[int]:

@@ -12,7 +12,8 @@ import torch
 from torch import nn
 
 from jf_core.draft_adapter.config import DraftLora
-from jf_core.layers.packed import AVAILABLE, PackedLinear, pack_linears
+from jf_core.layers.lora import single_run
+from jf_core.layers.packed import AVAILABLE, PackedLinear, pack_linears, unpacked
 from jf_core.layers.siblings import Siblings, group_siblings, ungrouped
 
 pytestmark = pytest.mark.skipif(not AVAILABLE, reason="this torch build has no oneDNN")
@@ -59,6 +60,16 @@ def test_the_grouped_forward_is_the_ungrouped_one_with_and_without_an_adapter(ti
     torch.testing.assert_close(drafted[1, :3], grouped[1, :3], rtol=1e-5, atol=1e-5)  # ungated slots: the base's
     kept = [m.siblings._held for m in model.modules() if isinstance(m, PackedLinear) and m.siblings is not None]
     assert not any(kept)  # every member served: no input is held past its forward
+    # One run of gated rows (a batch-1 window's chain, as decoding lays it out) takes the in-place form
+    # (lora.single_run): the same logits as the hooks' delta on F.linear's products.
+    run_gate = draft_gate([range(0), range(3, 6)], ids.shape[1])
+    assert single_run(adapter.scale * run_gate[..., None]) == (9, 12, adapter.scale)
+    with torch.no_grad(), gated(model, run_gate):
+        in_place = model(input_ids=ids).logits
+        with unpacked():
+            hooked = model(input_ids=ids).logits
+    torch.testing.assert_close(in_place, hooked, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(in_place[0], grouped[0], rtol=1e-5, atol=1e-5)  # the row off the run: the base's
 
 
 def test_a_member_fed_another_input_runs_alone_and_an_uneven_adapter_leaves_the_group():
