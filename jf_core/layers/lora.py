@@ -71,19 +71,12 @@ def fused_delta(
     run: Run | None = None,
 ) -> torch.Tensor:
     """A bias-free packed layer's output with the delta: A stacked under the layer's weight in one packed product
-    (`packed` keeps that stack), then B (`right` keeps it transposed, as the addmm reads it). The delta's separate
-    small matmuls and forward hooks cost a SmolLM2 window's forward 18 ms on this CPU (68 against 50 ms,
-    2026-11-30); MKL's rank-r products are slow for few rows. Costs one more packed copy of the target weights
-    (beside the layer's own, which the base-only forwards use)."""
-    y = packed.linear(x, (layer.weight, a), None)
-    out = layer.out_features
-    rhs = b.T if right is None else right.of([b])
-    if run is not None:
-        return _add_on_run(y, out, rhs, run)
-    rows = y.view(-1, y.shape[-1])  # [B * L, out + r]: the layer's output, then x A^T
-    # One addmm adds (gate x scale x A x) B^T to the output: half the time of a matmul and an addcmul here.
-    delta_in = rows[:, out:] * weights.view(-1, 1)
-    return torch.addmm(rows[:, :out], delta_in, rhs).view(*y.shape[:-1], out)
+    (`packed` keeps that stack), then B (`right` keeps it transposed, as the addmm reads it): `fused_siblings_delta`
+    with one member. The delta's separate small matmuls and forward hooks cost a SmolLM2 window's forward 18 ms on
+    this CPU (68 against 50 ms, 2026-11-30); MKL's rank-r products are slow for few rows. Costs one more packed copy
+    of the target weights (beside the layer's own, which the base-only forwards use)."""
+    right = right if right is not None else BlockDiagonal()
+    return fused_siblings_delta(packed, [layer], x, [a], right, [b], weights, run)
 
 
 class BlockDiagonal:
