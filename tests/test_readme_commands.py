@@ -290,6 +290,14 @@ HOW = {
     "--variant 'three_copies_s1:{\"training\": {\"noisy_copies\": 3, \"steps\": 114}}' --out copies.jsonl": (
         "not in CI", "a study of the real model (about 25 minutes); `jf experiment` runs in tests/jf_core/experiments, "
                      "the copies' losses in tests/jf_core/training/test_mask_packing_losses.py"),
+    ".venv/bin/jf experiment --profile smollm2-135m --set prompts.source=../shared/benchmarks/gsm8k_train.jsonl "
+    "--set evaluation.source=../shared/benchmarks/gsm8k_test.jsonl --train 64 --held-out 4 --seeds 1 --variant "
+    "'all7:{\"training\": {\"steps\": 200, \"tpf_probe_every\": 1000}}' --variant 'qkvgu:{\"training\": "
+    "{\"steps\": 200, \"tpf_probe_every\": 1000, \"draft_lora\": {\"targets\": [\"q_proj\", \"k_proj\", "
+    "\"v_proj\", \"gate_proj\", \"up_proj\"]}}}'": (
+        "not in CI", "a study of the real model (about 25 minutes); `jf experiment` runs in tests/jf_core/experiments, "
+                     "an adapter on some projections in tests/jf_core/test_draft_adapter.py and "
+                     "tests/jf_core/layers/test_siblings.py"),
     ".venv/bin/python bench/gpu_check.py --out gpu-check": (
         "not in CI", "CI has no GPU; its smoke mode runs in tests/bench/test_gpu_check.py"),
 }  # fmt: skip

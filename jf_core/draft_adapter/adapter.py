@@ -14,16 +14,8 @@ from torch import nn
 
 from jf_core.draft_adapter.config import FILE, TARGETS, DraftLora
 from jf_core.layers.blocks import decoder_layers
-from jf_core.layers.lora import (
-    BlockDiagonal,
-    Run,
-    add_delta,
-    add_siblings_delta,
-    fused_delta,
-    fused_siblings_delta,
-    single_run,
-)
-from jf_core.layers.packed import PackedLinear, PackedWeight
+from jf_core.layers.lora import Run, add_delta, add_kept_delta, add_siblings_delta, kept, single_run
+from jf_core.layers.packed import PackedLinear, stamp
 
 ATTRIBUTE = "jf_draft_adapter"
 
@@ -58,10 +50,12 @@ class DraftAdapter(nn.Module):
         self.gate: torch.Tensor | None = None  # [B, L]: 1 where the adapter acts, None: the base everywhere
         self._weights: torch.Tensor | None = None  # [B, L, 1]: scale x gate, made once per gate, not per projection
         self._run: Run | None = None  # the gate's one run of rows, where it has one (layers/lora.py `single_run`)
-        # Per target or group of targets (`fused`, `fused_siblings`): the weights and As packed as one, the Bs as the
-        # addmm reads them, and the As and Bs themselves, looked up once: a ParameterDict lookup costs about a
-        # microsecond, and a gated SmolLM2 forward made 420 of them (1-2 ms of its 7-9 ms of adapter, 2026-12-03).
-        self._parts: dict[tuple[str, ...], tuple] = {}
+        # Per target or group of targets (`fused`): its As and Bs as the products read them (layers/lora.py `kept`),
+        # made on first use and dropped whenever an A or B changed (`set_gate` checks them all at once: checked per
+        # product instead, as a packed weight is, they cost a SmolLM2 forward about 0.6 ms of its 4-5 ms of adapter,
+        # its caches cold from the weights streaming through, 2026-12-04).
+        self._kept: dict[tuple[str, ...], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._kept_stamp: tuple | None = None
         # The projections it adds to, as a plain list (not submodules: they belong to the model). Their hooks are
         # registered only while a gate is set (`gated`): a module with hooks takes nn.Module's slow call path, which
         # cost AR several percent of a SmolLM2 step on this CPU with 210 hooked projections.
@@ -102,6 +96,10 @@ class DraftAdapter(nn.Module):
         self.gate = gate
         self._weights = None if gate is None else self.scale * gate[..., None]
         self._run = None if self._weights is None else single_run(self._weights)  # the fused path's fast form
+        if gate is not None:
+            now = stamp(*self.a.values(), *self.b.values())  # written in place (a TPF probe between steps)?
+            if now != self._kept_stamp:
+                self._kept, self._kept_stamp = {}, now
 
     def add(self, key: str, x: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
         """`output` (the projection's, of input `x`) plus the adapter's delta where the gate is set."""
@@ -112,26 +110,17 @@ class DraftAdapter(nn.Module):
         `add_siblings_delta`): the training path, with autograd."""
         return add_siblings_delta(output, x, [self.a[k] for k in keys], [self.b[k] for k in keys], self._weights)
 
-    def fused(self, key: str, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-        """A packed layer's output with the delta in one packed product (layers/lora.py `fused_delta`)."""
-        packed, right, (a,), (b,) = self._parts_of((key,))
-        return fused_delta(packed, layer, x, a, b, self._weights, right, self._run)
-
-    def fused_siblings(self, keys: list[str], layers: list[nn.Linear], x: torch.Tensor) -> torch.Tensor:
-        """Packed projections of one input with their deltas in one product (layers/lora.py
-        `fused_siblings_delta`): the members' outputs side by side."""
-        packed, blocks, a, b = self._parts_of(tuple(keys))
-        return fused_siblings_delta(packed, layers, x, a, blocks, b, self._weights, self._run)
-
-    def _parts_of(self, keys: tuple[str, ...]) -> tuple:
-        parts = self._parts.get(keys)
-        if parts is None:
-            parts = (PackedWeight(), BlockDiagonal(), [self.a[k] for k in keys], [self.b[k] for k in keys])
-            self._parts[keys] = parts
-        return parts
+    def fused(self, keys: tuple[str, ...], x: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
+        """`output` (the packed product of `x` by the projections `keys` name, side by side: one, or a group's,
+        siblings.py) plus each one's delta where the gate is set, without gradients (layers/lora.py
+        `add_kept_delta`)."""
+        tensors = self._kept.get(keys)
+        if tensors is None:
+            tensors = self._kept[keys] = kept([self.a[k] for k in keys], [self.b[k] for k in keys])
+        return add_kept_delta(output, x, *tensors, self._weights, self._run)
 
     def _apply(self, fn, recurse: bool = True):
-        self._parts = {}  # `.to()` and the like may put other tensors in the parameters' place
+        self._kept, self._kept_stamp = {}, None  # `.to()` and the like may put other tensors in the parameters' place
         return super()._apply(fn, recurse)
 
     def _hooked(self, key: str, _module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor | None:

@@ -1,14 +1,12 @@
 """A low-rank delta's arithmetic on a layer's output, `output + w * (x A^T) B^T` with `w` per token (the draft
-adapter's gate times its scale: jf_core/draft_adapter/), in the two forms a layer runs it: after any layer's output
-(a forward hook's), and fused into a packed layer's product (packed.py's `PackedLinear`). The adapter owns A, B and
-the gate; how the delta is computed fast on this CPU lives here, beside the packed product it rides in."""
+adapter's gate times its scale: jf_core/draft_adapter/), in the two forms a layer runs it: with autograd after any
+layer's output (a forward hook's, training's), and without gradients on a packed layer's product from the As and Bs
+kept as its products read them (packed.py's `PackedLinear`, decoding's). The adapter owns A, B and the gate; how the
+delta is computed fast on this CPU lives here."""
 
 from __future__ import annotations
 
 import torch
-from torch import nn
-
-from jf_core.layers.packed import PackedWeight, stamp
 
 
 def add_delta(
@@ -49,71 +47,37 @@ def single_run(weights: torch.Tensor) -> Run | None:
     return (on[0], on[-1] + 1, value) if bool((flat[on[0] : on[-1] + 1] == value).all()) else None
 
 
-def _add_on_run(y: torch.Tensor, out: int, rhs: torch.Tensor, run: Run) -> torch.Tensor:
-    """The delta added in place on the run's rows of the product's own output (`y`: [..., out + r], fresh): one
-    addmm on those rows with the weight as its alpha, where the general form multiplies every row by its weight and
-    writes a new [B * L, out] tensor (0.6-0.9 ms of a SmolLM2 forward's 7-8 ms of adapter at widths 5-9,
-    2026-12-03). The outputs stay a view of `y`, as a group's members' slices already are."""
-    start, stop, value = run
-    rows = y.view(-1, y.shape[-1])
-    rows[start:stop, :out].addmm_(rows[start:stop, out:], rhs, alpha=value)
-    return y[..., :out]
+def kept(a: list[torch.Tensor], b: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """A target's or a group's As and Bs as a forward without gradients reads them: every A stacked and transposed
+    ([in, n r]) and the Bs block-diagonal and transposed ([n r, out]: one addmm for a group of projections,
+    siblings.py), both contiguous. Whoever keeps them remakes them when an A or B changes (the adapter's `set_gate`).
+    Contiguous because MKL's addmm of a few rows read a transposed view's columns 1.3-1.5x slower at SmolLM2's
+    shapes (qkv's 960 x 48: 19.0 against 12.9 us; gate and up's 3,072 x 32: 32.8 against 21.2; 2 threads, 7 rows,
+    2026-12-03)."""
+    left = torch.cat([t.detach() for t in a]).T.contiguous()
+    return left, torch.block_diag(*[t.detach() for t in b]).T.contiguous()
 
 
-def fused_delta(
-    packed: PackedWeight,
-    layer: nn.Linear,
+def add_kept_delta(
+    output: torch.Tensor,
     x: torch.Tensor,
-    a: torch.Tensor,
-    b: torch.Tensor,
-    weights: torch.Tensor,
-    right: BlockDiagonal | None = None,
-    run: Run | None = None,
-) -> torch.Tensor:
-    """A bias-free packed layer's output with the delta: A stacked under the layer's weight in one packed product
-    (`packed` keeps that stack), then B (`right` keeps it transposed, as the addmm reads it): `fused_siblings_delta`
-    with one member. The delta's separate small matmuls and forward hooks cost a SmolLM2 window's forward 18 ms on
-    this CPU (68 against 50 ms, 2026-11-30); MKL's rank-r products are slow for few rows. Costs one more packed copy
-    of the target weights (beside the layer's own, which the base-only forwards use)."""
-    right = right if right is not None else BlockDiagonal()
-    return fused_siblings_delta(packed, [layer], x, [a], right, [b], weights, run)
-
-
-class BlockDiagonal:
-    """Bs as the right-hand matrix of one addmm: their block-diagonal matrix (one addmm for a group of projections:
-    siblings.py), transposed and contiguous, remade when a B is another tensor or was written in place since (a TPF
-    probe between training steps). Contiguous because MKL's addmm of a few rows read a transposed view's columns
-    1.3-1.5x slower at SmolLM2's shapes (qkv's 960 x 48: 19.0 against 12.9 us; gate and up's 3,072 x 32: 32.8
-    against 21.2; 2 threads, 7 rows, 2026-12-03)."""
-
-    def __init__(self) -> None:
-        self._stamp: tuple | None = None
-        self._matrix: torch.Tensor | None = None
-
-    def of(self, bs: list[torch.Tensor]) -> torch.Tensor:
-        now = stamp(*bs)
-        if self._stamp != now:
-            self._matrix = torch.block_diag(*[b.detach() for b in bs]).T.contiguous()
-            self._stamp = now
-        return self._matrix
-
-
-def fused_siblings_delta(
-    packed: PackedWeight,
-    layers: list[nn.Linear],
-    x: torch.Tensor,
-    a: list[torch.Tensor],
-    b: BlockDiagonal,
-    bs: list[torch.Tensor],
+    left: torch.Tensor,
+    right: torch.Tensor,
     weights: torch.Tensor,
     run: Run | None = None,
 ) -> torch.Tensor:
-    """`fused_delta` for bias-free projections of one input (a layer's q, k and v): their weights and every A in
-    one packed product, then the Bs as one block-diagonal addmm; the members' outputs side by side."""
-    y = packed.linear(x, (*(layer.weight for layer in layers), *a), None)
-    out = sum(layer.out_features for layer in layers)
+    """`output` (a packed product of `x`, fresh; one projection's or a group's side by side) plus `weights * (x A^T)
+    B^T` from `kept`'s tensors, without gradients. Where the gate is one run of rows at one weight (a batch-1
+    window's chain), the delta is computed on those rows only and added in place, the weight as the addmm's alpha;
+    otherwise a new tensor.
+
+    The As once rode in the layer's packed product (stacked under its weight): that kept a second packed copy of
+    every adapted weight (425 MB for SmolLM2's seven projections in fp32), and its wider product cost more than
+    the run's rows times the As by MKL."""
+    flat = x.reshape(-1, x.shape[-1])
+    rows = output.view(-1, output.shape[-1])
     if run is not None:
-        return _add_on_run(y, out, b.of(bs), run)
-    rows = y.view(-1, y.shape[-1])  # [B * L, out + k r]: the outputs, then x A^T for each member
-    delta_in = rows[:, out:] * weights.view(-1, 1)
-    return torch.addmm(rows[:, :out], delta_in, b.of(bs)).view(*y.shape[:-1], out)
+        start, stop, value = run
+        rows[start:stop].addmm_(flat[start:stop] @ left, right, alpha=value)
+        return output
+    return torch.addmm(rows, (flat @ left) * weights.view(-1, 1), right).view(output.shape)

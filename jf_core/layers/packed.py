@@ -34,6 +34,7 @@ _OPS = torch.ops.mkldnn
 # Private ops, pinned to the torch they were written against (jf_core/pins.py): on another, layers keep F.linear.
 AVAILABLE = torch.backends.mkldnn.is_available() and pins.require("torch-packed")
 _switch = {"on": True, "cast": True}
+_PLAIN = (torch.Tensor, nn.Parameter)
 
 
 @contextlib.contextmanager
@@ -59,16 +60,19 @@ def unpacked() -> contextlib.AbstractContextManager:
 
 def packable(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether this product runs packed: no gradient, fp32, plain CPU tensors, no autocast asking another dtype
-    (training's no-grad context pass under bf16 compute runs in bf16 like the rest of its step)."""
+    (training's no-grad context pass under bf16 compute runs in bf16 like the rest of its step). Asked of every
+    projection in every forward, so each test is the cheapest that decides it: `type(weight)`, not `weight.data`'s
+    type (a new tensor each call), `is_cpu`, not `device.type` (a new device object)."""
     return (
         AVAILABLE
         and _switch["on"]
         and not torch.is_grad_enabled()
-        and (not torch.is_autocast_enabled("cpu") or not _switch["cast"])
-        and x.device.type == "cpu"
-        and x.dtype == weight.dtype == torch.float32
-        and type(weight.data) is torch.Tensor  # not a DTensor shard, not a meta tensor's subclass
-        and weight.device.type == "cpu"
+        and x.dtype is torch.float32
+        and weight.dtype is torch.float32
+        and x.is_cpu
+        and weight.is_cpu  # not meta
+        and type(weight) in _PLAIN  # not a DTensor shard (a parameter of a tensor subclass keeps its type)
+        and (not _switch["cast"] or not torch.is_autocast_enabled("cpu"))
     )
 
 
@@ -154,8 +158,8 @@ class PackedLinear(nn.Linear):
     """An `nn.Linear` (the same parameters, state dict and hooks) whose no-gradient fp32 CPU forward is packed.
 
     While a draft adapter acts (draft_adapter/adapter.py `hook`), `draft` names it and this layer's key in it, and
-    the layer adds the adapter's delta itself rather than through a forward hook: its A rides in the packed
-    product beside the weight (`DraftAdapter.fused`, by lora.py's `fused_delta`)."""
+    the layer adds the adapter's delta itself rather than through a forward hook: on the packed path from the As and
+    Bs the adapter keeps as its products read them (`DraftAdapter.fused`, by lora.py's `add_kept_delta`)."""
 
     draft: tuple | None = None  # (adapter, key) while an adapter's gate is set
     siblings = None  # a `siblings.Siblings`: the projections of the same input it runs one product with
@@ -175,10 +179,9 @@ class PackedLinear(nn.Linear):
         if packable(x, self.weight):
             if self.siblings is not None and (y := self.siblings.output(self, x)) is not None:
                 return y
-            if draft is not None and self.bias is None:
-                return draft[0].fused(draft[1], self, x)
             y = self.packed_weight.linear(x, self.weight, self.bias)
-        elif cast_cached(x, self.weight):
+            return y if draft is None else draft[0].fused((draft[1],), x, y)
+        if cast_cached(x, self.weight):
             if self.siblings is not None and (y := self.siblings.cast_output(self, x)) is not None:
                 return y
             y = self.cast_weight.linear(x, self.weight, self.bias)

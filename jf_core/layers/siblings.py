@@ -2,9 +2,9 @@
 once to the compute dtype, in a draft adapter's training).
 
 At decoding's few rows a oneDNN call costs this CPU tens of microseconds beyond its arithmetic, and SmolLM2's 30
-layers make 210 of them a forward (a draft adapter acting adds a slice, a product with its gate and an addmm to
-each); grouped, q, k and v are one call and gate and up one, 90 calls fewer a forward, and the adapter's A rides in
-the group's product (`lora.fused_siblings_delta`: one slice, one product with the gate and one addmm a group).
+layers make 210 of them a forward (a draft adapter acting adds its own products to each); grouped, q, k and v are
+one call and gate and up one, 90 calls fewer a forward, and an adapter's delta is one product of the group's As and
+one addmm of its Bs a group (`lora.add_kept_delta`).
 
 Without touching the model's code: the members share a `Siblings`; the first member called with an input runs the
 group's product and keeps every member's output for that input (the same tensor, unchanged since); each other
@@ -15,7 +15,6 @@ different tensors) runs alone, as it would ungrouped; so does a group whose memb
 from __future__ import annotations
 
 import contextlib
-import itertools
 
 import torch
 from torch import nn
@@ -36,7 +35,7 @@ class Siblings:
 
     def __init__(self, members: list[PackedLinear]) -> None:
         self.members = members
-        self.bounds = [0, *itertools.accumulate(m.out_features for m in members)]
+        self.sizes = [m.out_features for m in members]
         self.packed = PackedWeight()  # the members' weights stacked (their biases concatenated)
         self.cast = CastWeight()  # the same stack in training's autocast dtype (frozen members)
         self._bias: tuple[tuple, torch.Tensor | None] | None = None
@@ -46,8 +45,8 @@ class Siblings:
         """`member`'s output of `x` from the group's one packed product, or None where the group does not serve it
         (then the member runs alone)."""
         drafts, adapter = self._drafts()
-        if drafts is None or (adapter is not None and self.members[0].bias is not None):
-            return None  # the adapter's fused product is bias-free (`lora.fused_delta`'s rule)
+        if drafts is None:
+            return None
         return self._serve(member, x, adapter, lambda: self._product(x, drafts, adapter))
 
     def cast_output(self, member: PackedLinear, x: torch.Tensor) -> torch.Tensor | None:
@@ -74,20 +73,17 @@ class Siblings:
         weights = None if adapter is None else adapter._weights
         held = self._held
         if held is None or held[0] is not x or held[1] != stamp(x) or held[2] is not weights:
-            y = product()
-            outputs = [y[..., a:b] for a, b in itertools.pairwise(self.bounds)]
+            outputs = product().split(self.sizes, dim=-1)  # one op for every member's view
             held = self._held = [x, stamp(x), weights, outputs, set(range(len(self.members)))]
-        i = next(i for i, m in enumerate(self.members) if m is member)
+        i = self.members.index(member)  # by identity: a module's == is its identity
         held[4].discard(i)
         if not held[4]:
             self._held = None  # every member served: the input is not kept past its forward
         return held[3][i]
 
     def _product(self, x: torch.Tensor, drafts: list, adapter) -> torch.Tensor:
-        weights = tuple(m.weight for m in self.members)
-        if adapter is not None:
-            return adapter.fused_siblings([d[1] for d in drafts], self.members, x)
-        return self.packed.linear(x, weights, self._biases())
+        y = self.packed.linear(x, tuple(m.weight for m in self.members), self._biases())
+        return y if adapter is None else adapter.fused(tuple(d[1] for d in drafts), x, y)
 
     def _cast_product(self, x: torch.Tensor, drafts: list, adapter) -> torch.Tensor:
         y = self.cast.linear(x, tuple(m.weight for m in self.members), self._biases())

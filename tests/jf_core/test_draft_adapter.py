@@ -171,8 +171,9 @@ def test_sampling_with_an_adapter_is_the_base_models_sample(tiny_model):
 
 @pytest.mark.skipif(not packed.AVAILABLE, reason="oneDNN's packed ops are pinned to another torch here")
 def test_a_packed_model_drafts_with_the_adapters_tensors_after_they_are_replaced(tiny_model):
-    """The fused path looks its As and Bs up once; `.to()` that puts new tensors in the parameters' place (torch's
-    overwrite-on-conversion) must not leave it drafting with the old ones."""
+    """The fused path keeps its As and Bs as its products read them; `.to()` that puts new tensors in the
+    parameters' place (torch's overwrite-on-conversion), or a write in place between forwards (an optimizer step
+    before a TPF probe), must not leave it drafting with the old ones."""
     model = copy.deepcopy(tiny_model)
     packed.pack_linears(model, min_bytes=0)
     adapter = attach_draft_adapter(model, DraftLora(rank=2))
@@ -198,6 +199,15 @@ def test_a_packed_model_drafts_with_the_adapters_tensors_after_they_are_replaced
     attach_draft_adapter(want, DraftLora(rank=2)).load_state_dict(adapter.state_dict())
     with torch.no_grad(), gated(want, gate):
         expected = want(input_ids=ids).logits
+    torch.testing.assert_close(drafted_logits(), expected)
+    with torch.no_grad():
+        for a in adapter.a.values():
+            a.mul_(-2.0)  # in place: the same tensors, new values
+    fresh = copy.deepcopy(tiny_model)
+    packed.pack_linears(fresh, min_bytes=0)
+    attach_draft_adapter(fresh, DraftLora(rank=2)).load_state_dict(adapter.state_dict())
+    with torch.no_grad(), gated(fresh, gate):
+        expected = fresh(input_ids=ids).logits
     torch.testing.assert_close(drafted_logits(), expected)
 
 

@@ -58,6 +58,24 @@ def test_training_bf16_and_other_devices_keep_f_linear_bit_for_bit_and_its_gradi
         assert meta(torch.empty(2, 48, device="meta")).shape == (2, 80)
 
 
+def test_a_weight_of_a_tensor_subclass_keeps_f_linear():
+    """A sharded weight (FSDP2's DTensor) is a parameter of a tensor subclass, which keeps its type: such a layer
+    keeps F.linear, never a packed copy of one shard."""
+
+    class Shard(torch.Tensor):  # stands for DTensor: what matters is a subclass's parameter
+        pass
+
+    packed = PackedLinear.of(_linear())
+    packed.weight = nn.Parameter(packed.weight.detach().as_subclass(Shard))
+    assert type(packed.weight) is Shard
+    x = torch.randn(3, 48)
+    with torch.no_grad():
+        got = packed(x)
+    assert packed.packed_weight._packed is None
+    weight = packed.weight.as_subclass(torch.Tensor)
+    torch.testing.assert_close(got.as_subclass(torch.Tensor), x @ weight.T + packed.bias)
+
+
 def test_a_weight_written_in_place_is_packed_again():
     linear = _linear()
     packed = PackedLinear.of(linear)
