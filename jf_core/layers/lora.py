@@ -72,8 +72,8 @@ def add_kept_delta(
     otherwise a new tensor.
 
     The As once rode in the layer's packed product (stacked under its weight): that kept a second packed copy of
-    every adapted weight (425 MB for SmolLM2's seven projections in fp32), and its wider product cost more than
-    the run's rows times the As by MKL."""
+    every adapted weight (471 MiB of a SmolLM2 process with all seven projections adapted, in fp32); the run's rows
+    times the As by MKL cost a forward the same within its spread (docs/real-models.md, 2026-12-04)."""
     flat = x.reshape(-1, x.shape[-1])
     rows = output.view(-1, output.shape[-1])
     if run is not None:
