@@ -51,11 +51,13 @@ class DraftAdapter(nn.Module):
         self._weights: torch.Tensor | None = None  # [B, L, 1]: scale x gate, made once per gate, not per projection
         self._run: Run | None = None  # the gate's one run of rows, where it has one (layers/lora.py `single_run`)
         # Per target or group of targets (`fused`): its As and Bs as the products read them (layers/lora.py `kept`),
-        # made on first use and dropped whenever an A or B changed (`set_gate` checks them all at once: checked per
-        # product instead, as a packed weight is, they cost a SmolLM2 forward about 0.6 ms of its 4-5 ms of adapter,
-        # its caches cold from the weights streaming through, 2026-12-04).
+        # made on first use and dropped whenever an A or B changed. The first fused product under a gate checks them
+        # all at once (`_fused_gate`); checked per product instead, as a packed weight is, they cost a SmolLM2
+        # forward about 0.6 ms of its 4-5 ms of adapter, its caches cold from the weights streaming through
+        # (2026-12-04). Training's gates, which never take the fused path, never pay for it.
         self._kept: dict[tuple[str, ...], tuple[torch.Tensor, torch.Tensor]] = {}
         self._kept_stamp: tuple | None = None
+        self._gate_read = True  # the fused path has read the current gate (its run, the kept tensors' check)
         # The projections it adds to, as a plain list (not submodules: they belong to the model). Their hooks are
         # registered only while a gate is set (`gated`): a module with hooks takes nn.Module's slow call path, which
         # cost AR several percent of a SmolLM2 step on this CPU with 210 hooked projections.
@@ -95,11 +97,7 @@ class DraftAdapter(nn.Module):
     def set_gate(self, gate: torch.Tensor | None) -> None:
         self.gate = gate
         self._weights = None if gate is None else self.scale * gate[..., None]
-        self._run = None if self._weights is None else single_run(self._weights)  # the fused path's fast form
-        if gate is not None:
-            now = stamp(*self.a.values(), *self.b.values())  # written in place (a TPF probe between steps)?
-            if now != self._kept_stamp:
-                self._kept, self._kept_stamp = {}, now
+        self._gate_read = gate is None
 
     def add(self, key: str, x: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
         """`output` (the projection's, of input `x`) plus the adapter's delta where the gate is set."""
@@ -114,10 +112,21 @@ class DraftAdapter(nn.Module):
         """`output` (the packed product of `x` by the projections `keys` name, side by side: one, or a group's,
         siblings.py) plus each one's delta where the gate is set, without gradients (layers/lora.py
         `add_kept_delta`)."""
+        if not self._gate_read:
+            self._fused_gate()
         tensors = self._kept.get(keys)
         if tensors is None:
             tensors = self._kept[keys] = kept([self.a[k] for k in keys], [self.b[k] for k in keys])
         return add_kept_delta(output, x, *tensors, self._weights, self._run)
+
+    def _fused_gate(self) -> None:
+        """Once a gate, on the fused path: the gate's one run of rows (its fast form) and whether any A or B was
+        written in place or replaced since the kept tensors were made (a TPF probe between training steps)."""
+        self._gate_read = True
+        self._run = single_run(self._weights)
+        now = stamp(*self.a.values(), *self.b.values())
+        if now != self._kept_stamp:
+            self._kept, self._kept_stamp = {}, now
 
     def _apply(self, fn, recurse: bool = True):
         self._kept, self._kept_stamp = {}, None  # `.to()` and the like may put other tensors in the parameters' place
