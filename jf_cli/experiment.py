@@ -68,6 +68,7 @@ def cmd_experiment(args: argparse.Namespace) -> int:
         score=score,
         more_block_sizes=tuple(args.more_block_sizes),
         multiblock=args.multiblock,
+        layouts=tuple((name, _layout(name, fields)) for name, fields in args.layout),
     )
     out = Path(args.out)
     out.write_text("")
@@ -84,6 +85,16 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     print("\n" + table(rows))
     _publish(profile, [r.summary() for r in rows], args.plot, args.mlflow, " ".join(sys.argv[1:]))
     return 0
+
+
+def _layout(name: str, fields: dict):
+    """A `--layout`'s decode config: its JSON fields over JFDecodeConfig's defaults (the paper's)."""
+    from jf_core.decoding import JFDecodeConfig
+
+    try:
+        return JFDecodeConfig(**fields)
+    except (TypeError, ValueError) as err:
+        raise UsageError(f"--layout {name}: {err}") from None
 
 
 def experiment_profile(args: argparse.Namespace):
@@ -137,6 +148,14 @@ def register(sub) -> None:
     p.add_argument("--max-new-tokens", type=positive("--max-new-tokens"), default=96, help="tokens per answer")
     p.add_argument("--more-block-sizes", type=int, nargs="+", default=[], help="plain Jacobi at these too")
     p.add_argument("--multiblock", action="store_true", help="multi-block decoding (K = 2) measured at n too")
+    p.add_argument(
+        "--layout",
+        type=named_overrides("--layout"),
+        action="append",
+        default=[],
+        metavar="NAME:JSON",
+        help="TPF in this decode layout too (JFDecodeConfig fields, e.g. a tune's winner; repeatable)",
+    )
     p.add_argument("--batch-size", type=positive("--batch-size"), default=4, help="decode batch")
     p.add_argument("--collect-batch-size", type=positive("--collect-batch-size"), help="default: --batch-size")
     p.add_argument("--device", default="cpu", help="where every model decodes and trains (cpu, cuda)")

@@ -298,6 +298,24 @@ HOW = {
         "not in CI", "a study of the real model (about 25 minutes); `jf experiment` runs in tests/jf_core/experiments, "
                      "an adapter on some projections in tests/jf_core/test_draft_adapter.py and "
                      "tests/jf_core/layers/test_siblings.py"),
+    ".venv/bin/jf experiment --profile smollm2-135m --set prompts.source=../shared/benchmarks/gsm8k_train.jsonl "
+    "--set evaluation.source=../shared/benchmarks/gsm8k_test.jsonl --train 64 --held-out 8 --measure-trained 8 "
+    "--seeds 0,1 --layout 'c1:{\"block_size\": 6, \"num_blocks\": 1, \"pool_size\": 0, \"adaptive_width\": true, "
+    "\"width_scale\": 1.0, \"width_margin\": 2, \"width_floor\": 4, \"lookup\": 16, \"lookup_ngram\": 3, "
+    "\"draft_span\": 1}' "
+    "--layout 'c3:{\"block_size\": 6, \"num_blocks\": 1, \"pool_size\": 0, \"adaptive_width\": true, "
+    "\"width_scale\": 1.0, \"width_margin\": 2, \"width_floor\": 4, \"lookup\": 16, \"lookup_ngram\": 3, "
+    "\"draft_span\": 3}' "
+    "--variant 'span0:{\"training\": {\"steps\": 200, \"tpf_probe_every\": 1000, \"draft_span\": 0}}' "
+    "--variant 'span3:{\"training\": {\"steps\": 200, \"tpf_probe_every\": 1000}}' --out span.jsonl": (
+        "not in CI", "a study of the real model (about 35 minutes); `jf experiment` with a drafted span and a "
+                     "layout runs in tests/jf_core/experiments/test_run.py, the span's losses in "
+                     "tests/jf_core/training/test_context_cache.py"),
+    ".venv/bin/python bench/train_throughput.py --profile smollm2-135m --set "
+    "prompts.source=../shared/benchmarks/gsm8k_train.jsonl --questions 8 --steps 8 --repeats 2 --option "
+    "'profile:{\"draft_span\": 0}' --option 'span3:{}' --option 'span1:{\"draft_span\": 1}'": (
+        "not in CI", "a benchmark of the real model (timing only); its token counting is tested in "
+                     "tests/bench/test_train_throughput.py"),
     ".venv/bin/python bench/gpu_check.py --out gpu-check": (
         "not in CI", "CI has no GPU; its smoke mode runs in tests/bench/test_gpu_check.py"),
 }  # fmt: skip

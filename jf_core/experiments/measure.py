@@ -8,10 +8,14 @@ import json
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
 
 from jf_core.round.results import StageResult
+
+if TYPE_CHECKING:
+    from jf_core.decoding import JFDecodeConfig
 
 Score = Callable[[list[int], dict], bool]  # (an answer's new tokens, its question's row) -> correct
 
@@ -33,6 +37,7 @@ class SetFigures(BaseModel):
     outputs: list[list[int]] = []  # greedy AR's new tokens, per question
     tpf_by_block_size: dict[str, float] = {}  # plain Jacobi's at every block size measured (more than one)
     tpf_multiblock: float | None = None  # two blocks in flight (K = 2) at the first block size, where measured
+    tpf_by_layout: dict[str, float] = {}  # each named decode layout's (`Measure.layouts`), where measured
 
 
 class Measured(StageResult):
@@ -65,6 +70,10 @@ class Measure:
     score: Score | None = None
     more_block_sizes: tuple[int, ...] = ()  # plain Jacobi at these too (`SetFigures.tpf_by_block_size`)
     multiblock: bool = False  # K = 2 at `block_size` too, no recycling (`SetFigures.tpf_multiblock`)
+    # Named decode layouts measured too (`SetFigures.tpf_by_layout`): the layout a decoder deploys (a tune's
+    # winner: n, adaptive width, the draft chain's span, prompt lookup) is what training must pay in, and plain
+    # Jacobi's TPF at n does not say how an adapter drafts in a 1-slot chain.
+    layouts: tuple[tuple[str, JFDecodeConfig], ...] = ()
 
     @property
     def block_sizes(self) -> list[int]:
@@ -83,6 +92,8 @@ class Measure:
             what["block_sizes"] = self.block_sizes
         if self.multiblock:  # likewise for one without K = 2
             what["multiblock"] = True
+        if self.layouts:  # and for one without layouts
+            what["layouts"] = [(name, repr(cfg)) for name, cfg in self.layouts]
         return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
     def model(self, model_path: str, device: str, base: Measured | None) -> Measured:
@@ -101,7 +112,7 @@ class Measure:
 
     def _set(self, model, stop, questions: Questions, base_outputs: list[list[int]] | None) -> SetFigures:
         from jf_core.evaluation.degeneracy import output_stats
-        from jf_core.evaluation.method import AR, MULTIBLOCK, jacobi
+        from jf_core.evaluation.method import AR, MULTIBLOCK, Method, jacobi
         from jf_core.evaluation.methods import build_methods
         from jf_core.evaluation.speed import bench, first_divergence
 
@@ -110,6 +121,10 @@ class Measure:
             model, stop, new, block_sizes=self.block_sizes, draft_init=self.draft_init,
             variants_at=n if self.multiblock else None, variant_kinds=(MULTIBLOCK.kind,),
         )  # fmt: skip
+        # A layout's row is the `tuned` kind tagged by the layout's name (its label: `NAME_tuned`).
+        laid = {name: Method("tuned", model=name) for name, _ in self.layouts}
+        for name, cfg in self.layouts:
+            methods |= build_methods(model, stop, new, ar=False, tuned=cfg, model_tag=name)
         refs, score = questions.references, self.score
         scorer = None if score is None or refs is None else (lambda i, seq: score(list(seq), refs[i]))
         rows = bench(methods, questions.prompts, batch_size=self.batch_size, warmup_prompts=0, reference=None,
@@ -117,7 +132,8 @@ class Measure:
         by_method = {r.method: r for r in rows}
         ar, plain = by_method[AR], {size: by_method[jacobi(size)] for size in self.block_sizes}
         multi = by_method.get(MULTIBLOCK)
-        parallel = [*plain.values(), *([multi] if multi else [])]  # every decoder that must give AR's text
+        layouts = {name: by_method[method] for name, method in laid.items()}
+        parallel = [*plain.values(), *([multi] if multi else []), *layouts.values()]  # each must give AR's text
         outputs = ar.outputs
         base = base_outputs if base_outputs is not None else outputs
         kept = [len(a) if (d := first_divergence(b, a)) is None else d for a, b in zip(outputs, base, strict=True)]
@@ -133,4 +149,5 @@ class Measure:
             outputs=outputs,
             tpf_by_block_size={str(size): r.tpf for size, r in plain.items()} if len(plain) > 1 else {},
             tpf_multiblock=multi.tpf if multi else None,
+            tpf_by_layout={name: r.tpf for name, r in layouts.items()},
         )

@@ -243,6 +243,7 @@ def _tpf(figures: SetFigures) -> str:
     extra = [f"n{n} {v:.3f}" for n, v in more]
     if figures.tpf_multiblock is not None:
         extra.append(f"K2 {figures.tpf_multiblock:.3f}")
+    extra += [f"{name} {v:.3f}" for name, v in figures.tpf_by_layout.items()]
     return f"{first[1]:.3f}" + (" (" + ", ".join(extra) + ")" if extra else "")
 
 

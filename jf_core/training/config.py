@@ -88,6 +88,11 @@ class JFTrainConfig(BaseModel):
     # after the clean blocks; one prompt and clean context serves them all (jf_core/training/packing.py), which a
     # draft adapter's step computes once, without autograd.
     noisy_copies: int = Field(1, ge=1)
+    # The drafted span: K > 0 takes the consistency loss (and a draft adapter's gate) on each noisy block's first K
+    # positions from its first departure from the fixed point only, the slots a decoder's K-slot draft chain reads
+    # (JacobiConfig.draft_span); 0, the whole rest of the block. A draft adapter's step then computes only those
+    # positions with autograd (context_cache.py drops the ones no loss reads).
+    draft_span: int = Field(0, ge=0)
     # On-policy states: every this many steps the model being trained decodes `onpolicy_prompts` of its training
     # prompts (in turn) and the draft states it visits join those blocks' pools (jf_core/training/onpolicy.py).
     onpolicy_every: int | None = Field(None, ge=1)

@@ -14,6 +14,11 @@ gradients in `tests/jf_core/training/test_context_cache.py`; the split comes fro
 mask, whose noisy blocks see the earlier noisy (drafted) ones, moves those blocks' undrafted tokens into the
 second pass too.
 
+Positions that depend on the adapter but that no loss position reads, directly or through the positions it
+attends to, are not computed at all (`read_by_losses`; their hidden states are zeros): the post-EOS tail of an
+answer's last block, and with `training.draft_span` K every noisy position past each block's first K drafted
+ones, so a 1-slot span computes one position a block with autograd instead of the rest of the block.
+
 Only where the packed batch carries its dense mask (SDPA: CPU training; FlexAttention's block masks on a GPU take
 the one pass).
 """
@@ -50,6 +55,25 @@ def adapter_dependent(mask: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         dependent = grown
 
 
+def read_by_losses(mask: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """[B, L] bool: the positions a loss reads (the consistency term's students and teachers, the AR term's
+    sources) and every position they attend to, directly or through others. mask [B, 1, L, L] bool."""
+    sees = mask[:, 0]
+    read = torch.zeros(sees.shape[:2], dtype=torch.bool, device=sees.device)
+    for index, valid in (
+        (batch["cons_student"], batch["cons_valid"]),
+        (batch["cons_teacher"], batch["cons_valid"]),
+        (batch["ar_src"], batch["ar_tgt"] != -100),
+    ):
+        rows, slots = valid.nonzero(as_tuple=True)
+        read[rows, index[rows, slots]] = True
+    while True:  # a fixed point, as in adapter_dependent: what the read positions attend to is read too
+        grown = read | (sees & read[:, :, None]).any(dim=1)
+        if torch.equal(grown, read):
+            return read
+        read = grown
+
+
 def _permuted(mask: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
     batch, _, width, _ = mask.shape
     rows = mask.gather(2, order[:, None, :, None].expand(batch, 1, width, width))
@@ -67,11 +91,16 @@ def forward(model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.T
     positions none of which is dependent has no gradient."""
     mask, gate = batch["attention_mask"], batch["draft_gate"]
     dependent = adapter_dependent(mask, gate)
+    unread = dependent & ~read_by_losses(mask, batch)
     # Each row's context first, in its own order (its keys precede its queries, as the mask's causal rule wants),
-    # then the rest. Rows differ in how much context they have; the first pass takes what every row has, and a row
-    # with more runs the rest of its context in the second pass (ungated there, so still the base's).
-    order = torch.sort(dependent.to(torch.int8), dim=1, stable=True).indices
+    # then the adapter-dependent positions a loss reads, then those none reads. Rows differ in how much context
+    # they have; the first pass takes what every row has, and a row with more runs the rest of its context in the
+    # second pass (ungated there, so still the base's). The second pass is as wide as the widest row needs; a row
+    # that needs less computes some of its unread positions too (correctly: they see what they always saw, since
+    # a read position never attends to an unread one), and the rest are not computed.
+    order = torch.sort(dependent.to(torch.int8) + unread.to(torch.int8), dim=1, stable=True).indices
     first = int((~dependent).sum(dim=1).min())
+    last = max(first + 1, int((~unread).sum(dim=1).max()))
     ids, positions = batch["input_ids"].gather(1, order), batch["position_ids"].gather(1, order)
     permuted = _permuted(mask, order)
     if permuted[:, :, :first, first:].any():
@@ -87,14 +116,16 @@ def forward(model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.T
                 **cache_kwargs(model, cache),
             )
         parts.append(seen["hidden"])
-    with gated(model, gate.gather(1, order)[:, first:]), hidden_states_at_head(model) as seen:
+    with gated(model, gate.gather(1, order)[:, first:last]), hidden_states_at_head(model) as seen:
         model(
-            input_ids=ids[:, first:],
-            position_ids=positions[:, first:],
-            attention_mask=permuted[:, :, first:, :],
+            input_ids=ids[:, first:last],
+            position_ids=positions[:, first:last],
+            attention_mask=permuted[:, :, first:last, :last],
             **cache_kwargs(model, cache),
         )
     parts.append(seen["hidden"])
+    if last < ids.shape[1]:  # read by no loss: never computed
+        parts.append(parts[-1].new_zeros((ids.shape[0], ids.shape[1] - last, parts[-1].shape[-1])))
     hidden = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
     back = torch.argsort(order, dim=1)
     return hidden.gather(1, back[..., None].expand(-1, -1, hidden.shape[-1])), dependent

@@ -48,12 +48,14 @@ def jf_batches(
     dense_mask: bool = True,
     redraw: NoiseSchedule | None = None,
     copies: int = 1,
+    span: int = 0,
 ) -> Iterator[dict[str, torch.Tensor]]:
     """Endless collated batches; with `ar_batches` and `ar_every` = k, every k-th batch is a plain AR batch. With
     `redraw` (training.state_pick: each_visit), every block's noisy copy is drawn again from all its states each time
     its example is seen, instead of the one packing fixed (`packing.redrawn`); the pool is read at collation, so
     states added to an example while training (on-policy) are drawn from the next time it is seen. `copies` (> 1
-    needs `redraw`): each block's noisy copies a visit (training.noisy_copies), drawn the same way."""
+    needs `redraw`): each block's noisy copies a visit (training.noisy_copies), drawn the same way. `span`
+    (training.draft_span): `collate`'s."""
     if copies > 1 and redraw is None:
         raise ValueError(
             "training.noisy_copies > 1 draws the copies from each block's states: set state_pick: each_visit"
@@ -63,7 +65,7 @@ def jf_batches(
         if ar_batches is not None and ar_every and count % ar_every == 0:
             yield next(ar_batches)
         batch = [_visit(examples, i, visits, redraw, copies) for i in idx]
-        yield collate(batch, pad_token_id, variant, dense_mask=dense_mask)
+        yield collate(batch, pad_token_id, variant, dense_mask=dense_mask, span=span)
 
 
 def _visit(
@@ -82,6 +84,7 @@ def global_batches(
     variant: str = "shipped",
     redraw: NoiseSchedule | None = None,
     copies: int = 1,
+    span: int = 0,
 ) -> Iterator[dict[str, torch.Tensor]]:
     """The batches data-parallel workers train on together (worker r: its share, seed + r), as one batch per step."""
     streams = [batch_orders(share, batch_size, seed + rank) for rank, share in enumerate(shares)]
@@ -92,7 +95,7 @@ def global_batches(
             for rank, stream in enumerate(streams)
             for i in next(stream)
         ]
-        yield collate(examples, pad_token_id, variant)
+        yield collate(examples, pad_token_id, variant, span=span)
 
 
 def read_packed_share(path: str | Path, rank: int, world_size: int) -> list[PackedExample]:

@@ -171,14 +171,15 @@ def first_departure(ex: PackedExample, j: int, upto: int, noisy: list[int] | Non
     return next((t for t in range(upto) if noisy[t] != ex.clean[j][t]), None)
 
 
-def loss_positions(ex: PackedExample) -> tuple[list[tuple[int, int]], list[tuple[int, int, int]]]:
+def loss_positions(ex: PackedExample, span: int = 0) -> tuple[list[tuple[int, int]], list[tuple[int, int, int]]]:
     """(AR pairs (source position, target token), consistency triples (student pos, teacher pos, hard target)).
 
     AR: every clean-block token through its valid length, predicted from the clean token before it (for C_j[0]:
     the last token of C_{j-1}, or of the prompt). Consistency: for block j, offsets t from the first position where
-    N_j differs from C_j to the end; the student is N_j[t], the teacher C_j[t]; t is kept while the token it
-    predicts is valid (post-EOS positions are ignored). The hard target is the fixed-point token t predicts. Every
-    noisy copy of a block is a student of the same teacher."""
+    N_j differs from C_j to the end (`span` > 0: the first `span` of them, the slots a draft chain that long
+    reads); the student is N_j[t], the teacher C_j[t]; t is kept while the token it predicts is valid (post-EOS
+    positions are ignored). The hard target is the fixed-point token t predicts. Every noisy copy of a block is a
+    student of the same teacher."""
     ar, cons = [], []
     p = len(ex.prompt)
     for j in range(ex.num_blocks):
@@ -191,7 +192,7 @@ def loss_positions(ex: PackedExample) -> tuple[list[tuple[int, int]], list[tuple
         first = first_departure(ex, j, length, noisy)
         if first is None:
             continue
-        for t in range(first, ex.n):
+        for t in range(first, _span_end(first, ex.n, span)):
             if t + 1 < length:
                 hard = ex.clean[j][t + 1]
             elif t == ex.n - 1 and length == ex.n:
@@ -202,23 +203,36 @@ def loss_positions(ex: PackedExample) -> tuple[list[tuple[int, int]], list[tuple
     return ar, cons
 
 
-def draft_positions(ex: PackedExample) -> list[int]:
+def _span_end(first: int, n: int, span: int) -> int:
+    """Where a block's drafted span starting at offset `first` ends: `span` slots on (0: the block's end)."""
+    return n if span == 0 else min(n, first + span)
+
+
+def draft_positions(ex: PackedExample, span: int = 0) -> list[int]:
     """The positions a draft adapter acts on: each noisy block's tokens from its first departure from the fixed
-    point on. The correct prefix before it stands for what the decoder has committed (the base's KV cache) and for
+    point on (`span` > 0: that many, as a draft chain of `span` slots is gated and the slots past it are the
+    base's). The correct prefix before it stands for what the decoder has committed (the base's KV cache) and for
     the window's first token (computed by the base), so the base computes it here too."""
     out: list[int] = []
     for j, noisy, start in ex.noisy_blocks():
         first = first_departure(ex, j, ex.n, noisy)
-        block = range(start, start + ex.n)
+        block = range(start, start + (ex.n if first is None else _span_end(first, ex.n, span)))
         out += drafted_slots(block, ex.n if first is None else first)  # the decoder's rule (draft_adapter/adapter.py)
     return out
 
 
 def collate(
-    examples: Sequence[PackedExample], pad_token_id: int, variant: str = "shipped", *, dense_mask: bool = True
+    examples: Sequence[PackedExample],
+    pad_token_id: int,
+    variant: str = "shipped",
+    *,
+    dense_mask: bool = True,
+    span: int = 0,
 ) -> dict[str, torch.Tensor]:
     """A padded batch with its loss positions and layout; the dense [B, 1, L, L] mask only when `dense_mask` (the
-    FlexAttention path builds a BlockMask from the layout instead of materialising B x L x L)."""
+    FlexAttention path builds a BlockMask from the layout instead of materialising B x L x L). `span`
+    (training.draft_span): the consistency loss and the draft gate on each noisy block's first `span` positions
+    from its first departure (0: all of them)."""
     width = max(e.total_length for e in examples)
     batch = len(examples)
     ids = torch.full((batch, width), pad_token_id, dtype=torch.long)
@@ -232,7 +246,7 @@ def collate(
         kinds.append(kind)
         blocks.append(block)
         copies.append(copy)
-        ar, cons = loss_positions(e)
+        ar, cons = loss_positions(e, span)
         ar_lists.append(ar)
         cons_lists.append(cons)
     kind, block, copy = torch.stack(kinds), torch.stack(blocks), torch.stack(copies)
@@ -266,7 +280,7 @@ def collate(
         "cons_hard": hard,
         "cons_valid": cons_valid,
         "noisy_tokens": (kind == NOISY).sum(),
-        "draft_gate": draft_gate([draft_positions(e) for e in examples], width),  # read only by a draft adapter
+        "draft_gate": draft_gate([draft_positions(e, span) for e in examples], width),  # read only by an adapter
     }
     if dense_mask:
         out["attention_mask"] = build_mask(kind, block, variant, copy)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from jf_core.decoding import JFDecodeConfig
 from jf_core.decoding.ar import ar_decode
 from jf_core.experiments.measure import Measure, Questions
 from jf_core.experiments.run import ExperimentRow, run_experiment, table
@@ -118,20 +119,26 @@ def test_a_draft_adapter_raises_tpf_and_keeps_the_base_text_by_construction(prof
     assert written.keys() == given.keys() and all(torch.equal(written[k], given[k]) for k in given)
 
     # The seed's progressive round on the adapter: round 2 collects its trajectories with round 1's model (the adapter
-    # drafting) at another block size and trains on from it; measured at both sizes and with two blocks in flight
-    # (the adapter drafting the next block on the chain of one still in flight), its text still the base's.
+    # drafting) at another block size and trains on from it, on each block's first drafted position alone
+    # (training.draft_span 1); measured at both sizes, with two blocks in flight (the adapter drafting the next block
+    # on the chain of one still in flight) and in a named layout (a 1-slot chain beside prompt lookup), its text
+    # still the base's.
+    c1 = JFDecodeConfig(block_size=4, num_blocks=1, pool_size=0, draft_span=1, lookup=4)
     two = Measure(trained=Questions(trained), held_out=Questions(held), block_size=8, max_new_tokens=16,
-                  more_block_sizes=(4,), multiblock=True)  # fmt: skip
-    progressive = {"r1": {"training": lora}, "r2": {"from": "r1", "training": lora, "trajectory": {"block_size": 4}}}
+                  more_block_sizes=(4,), multiblock=True, layouts=(("c1", c1),))  # fmt: skip
+    spanned = {**lora, "draft_span": 1}
+    progressive = {"r1": {"training": lora}, "r2": {"from": "r1", "training": spanned, "trajectory": {"block_size": 4}}}
     _, r1, r2 = run_experiment(bf16, p.model.path, progressive, two, collect=collect_in_process)
     assert r1.model == drafted.model  # the same round as above: read back, not trained again
-    r2_paths = round_paths(variant_profile(bf16, {"training": lora, "trajectory": {"block_size": 4}}), r1.model)
+    r2_paths = round_paths(variant_profile(bf16, {"training": spanned, "trajectory": {"block_size": 4}}), r1.model)
     assert r2.model == str(r2_paths.model) and (r2_paths.model / FILE).is_file()
     assert set(r2.held_out.tpf_by_block_size) == {"8", "4"} and r2.held_out.tpf == r2.held_out.tpf_by_block_size["8"]
     for part in (r2.trained, r2.held_out):
         assert part.identical_to_base == 1.0 and part.identical_to_own_ar == 1.0
     assert r2.trajectories["blocks"] > 0 and "| r2 | " in table([r1, r2]) and "(n4 " in table([r2])
     assert r2.held_out.tpf_multiblock >= 1.0 and ", K2 " in table([r2]) and measure.key() != two.key()
+    assert r2.held_out.tpf_by_layout["c1"] >= 1.0 and ", c1 " in table([r2])
+    assert r2.final["consistency_positions"] <= r2.trajectories["blocks"]  # one position a block, at most
     with pytest.raises(ValueError, match="'r0', which is not an earlier variant"):
         run_experiment(bf16, p.model.path, {"r2": {"from": "r0", "training": lora}}, two, collect=collect_in_process)
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from jf_core.training.context_cache import adapter_dependent, applies
+from jf_core.training import context_cache as two_passes
+from jf_core.training.context_cache import adapter_dependent, applies, read_by_losses
 from jf_core.training.losses import JacobiForcingObjective, JFLossConfig
 from jf_core.training.mask import CLEAN, NOISY, PROMPT
 from jf_core.training.packing import PackedExample, collate
@@ -21,9 +22,12 @@ def _examples(seed: int) -> list[PackedExample]:
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
 @pytest.mark.parametrize("mask", ["clean_context", "shipped"])
 @pytest.mark.parametrize("consistency", ["kl", "fixed_point"])
-def test_two_passes_give_the_one_packed_forwards_losses_and_gradients(arch, mask, consistency):
+@pytest.mark.parametrize("span", [0, 1, 2])
+def test_two_passes_give_the_one_packed_forwards_losses_and_gradients(arch, mask, consistency, span):
+    """With a drafted span (training.draft_span) the second pass leaves out the positions no loss reads: the same
+    losses and gradients still."""
     model, adapter = adapter_model(arch)
-    batch = collate(_examples(0), PAD, mask)
+    batch = collate(_examples(0), PAD, mask, span=span)
     assert applies(model, batch)
     results = []
     for context_cache in (False, True):
@@ -71,3 +75,25 @@ def test_the_whole_model_training_and_flex_batches_take_the_one_pass():
     next(p for n, p in model.named_parameters() if not n.startswith("jf_draft_adapter.")).requires_grad_(True)
     assert not applies(model, batch)  # a base weight trains: its context positions carry gradients
     assert not applies(TINY_MODELS["qwen2"](), batch)  # no adapter
+
+
+def test_a_one_slot_span_computes_one_position_a_block_with_autograd():
+    """Under the clean-context mask with training.draft_span 1, each noisy block's first departure is the only
+    position the adapter's pass computes: the positions past it depend on the adapter but no loss reads them."""
+    model, _ = adapter_model("llama")
+    example = _examples(2)[:1]
+    widths = []
+    hook = model.register_forward_pre_hook(lambda _m, _a, kw: widths.append(kw["input_ids"].shape[1]), with_kwargs=True)
+    try:
+        for span in (0, 1):
+            batch = collate(example, PAD, "clean_context", span=span)
+            widths.clear()
+            _, dependent = two_passes.forward(model, batch)
+            students = int(batch["cons_valid"].sum())
+            if span == 1:
+                assert widths[-1] == students == example[0].num_blocks  # one student a block, nothing else
+                assert (dependent & ~read_by_losses(batch["attention_mask"], batch)).any()  # a tail left out
+            else:
+                assert widths[-1] == int(dependent.sum()) > example[0].num_blocks
+    finally:
+        hook.remove()

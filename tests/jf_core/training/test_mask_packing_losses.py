@@ -13,7 +13,7 @@ from jf_core.draft_adapter.config import DraftLora
 from jf_core.training.losses import JacobiForcingObjective, JFLossConfig, jf_losses
 from jf_core.training.mask import build_mask, layout
 from jf_core.training.noise import NoiseSchedule
-from jf_core.training.packing import PackedExample, collate, loss_positions, pack_records
+from jf_core.training.packing import PackedExample, collate, draft_positions, loss_positions, pack_records
 from tests.conftest import PAD, TINY_MODELS
 
 
@@ -652,3 +652,26 @@ def test_noisy_copies_are_drawn_per_visit_and_fit_the_packing():
     with pytest.raises(ValueError, match=r"training.noisy_copies > 1"):
         JFTrainConfig(noisy_copies=2)
     assert JFTrainConfig(noisy_copies=2, state_pick="each_visit").noisy_copies == 2
+
+
+@pytest.mark.parametrize("span", [1, 2, 3])
+def test_a_drafted_span_takes_the_first_positions_from_the_departure(span):
+    """training.draft_span K: the consistency loss's students and the draft gate are each noisy block's first K
+    positions from its first departure (the slots a K-slot draft chain reads), post-EOS positions still left out."""
+    clean = [[5, 6, 7, 8, 9, 10], [11, 12, 13, 2, 0, 0]]  # the second block ends at EOS (2): length 4
+    noisy = [[5, 6, 40, 41, 42, 43], [11, 44, 45, 46, 47, 48]]
+    ex = PackedExample("e", [1, 3], 6, noisy, clean, [6, 4])
+    _, whole = loss_positions(ex)
+    _, spanned = loss_positions(ex, span)
+    offsets = {
+        j: [s - ex.noisy_start(j) for s, _, _ in spanned if ex.noisy_start(j) <= s < ex.clean_start(j)] for j in (0, 1)
+    }
+    assert offsets[0] == list(range(2, 2 + span))
+    assert offsets[1] == [t for t in range(1, 1 + span) if t + 1 < 4]  # t predicts a valid token
+    assert set(spanned) <= set(whole) and len(whole) == 4 + 2
+    gate = [s - ex.noisy_start(0) for s in draft_positions(ex, span) if s < ex.clean_start(0)]
+    assert gate == list(range(2, 2 + span))
+    assert draft_positions(ex) == [
+        *range(ex.noisy_start(0) + 2, ex.noisy_start(0) + 6),
+        *range(ex.noisy_start(1) + 1, ex.noisy_start(1) + 6),
+    ]
