@@ -47,6 +47,7 @@ def cmd_experiment(args: argparse.Namespace) -> int:
 
     if args.from_json is None and not (args.variant and args.out):
         raise UsageError("--variant and --out are required (or --from-json FILE to plot or log an earlier run's rows)")
+    layouts = tuple((name, _layout(name, fields)) for name, fields in args.layout)  # refused before any work
     torch.set_num_threads(args.threads)
     if args.from_json is not None:
         rows = [json.loads(line) for f in args.from_json for line in f.read_text().splitlines() if line.strip()]
@@ -68,7 +69,7 @@ def cmd_experiment(args: argparse.Namespace) -> int:
         score=score,
         more_block_sizes=tuple(args.more_block_sizes),
         multiblock=args.multiblock,
-        layouts=tuple((name, _layout(name, fields)) for name, fields in args.layout),
+        layouts=layouts,
     )
     out = Path(args.out)
     out.write_text("")
@@ -91,6 +92,8 @@ def _layout(name: str, fields: dict):
     """A `--layout`'s decode config: its JSON fields over JFDecodeConfig's defaults (the paper's)."""
     from jf_core.decoding import JFDecodeConfig
 
+    if not name.isidentifier():  # it tags the layout's table row and JSON key
+        raise UsageError(f"--layout {name!r}: a name of letters, digits and underscores")
     try:
         return JFDecodeConfig(**fields)
     except (TypeError, ValueError) as err:

@@ -31,3 +31,17 @@ def test_a_run_names_what_it_lacks(capsys):
     with pytest.raises(SystemExit) as exit_:
         jf(["experiment", "--out", "x.jsonl"])
     assert exit_.value.code == 2 and "--variant and --out are required" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("layout", "said"),
+    [
+        ("c-1:{}", "'c-1': a name of letters"),
+        ('c1:{"chain": 1}', "--layout c1: "),
+        ("c1:[1]", "expected a JSON object"),
+    ],
+)
+def test_a_layout_it_cannot_decode_is_refused_by_name_before_any_work(layout, said, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        jf(["experiment", "--variant", "v:{}", "--out", "x.jsonl", "--layout", layout])
+    assert exit_.value.code == 2 and said in capsys.readouterr().err
