@@ -122,7 +122,6 @@ class Measure:
             variants_at=n if self.multiblock else None, variant_kinds=(MULTIBLOCK.kind,),
         )  # fmt: skip
         # A layout's row is the `tuned` kind tagged by the layout's name (its label: `NAME_tuned`).
-        laid = {name: Method("tuned", model=name) for name, _ in self.layouts}
         for name, cfg in self.layouts:
             methods |= build_methods(model, stop, new, ar=False, tuned=cfg, model_tag=name)
         refs, score = questions.references, self.score
@@ -132,7 +131,7 @@ class Measure:
         by_method = {r.method: r for r in rows}
         ar, plain = by_method[AR], {size: by_method[jacobi(size)] for size in self.block_sizes}
         multi = by_method.get(MULTIBLOCK)
-        layouts = {name: by_method[method] for name, method in laid.items()}
+        layouts = {name: by_method[Method("tuned", model=name)] for name, _ in self.layouts}
         parallel = [*plain.values(), *([multi] if multi else []), *layouts.values()]  # each must give AR's text
         outputs = ar.outputs
         base = base_outputs if base_outputs is not None else outputs

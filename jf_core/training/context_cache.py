@@ -43,23 +43,26 @@ def applies(model: torch.nn.Module, batch: Batch) -> bool:
     return not any(p.requires_grad for n, p in model.named_parameters() if not n.startswith("jf_draft_adapter."))
 
 
+def _closure(pulls: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+    """[B, L] bool: `start` and every position i with pulls[b, i, j] for some j already in it, to a fixed point (at
+    most as many rounds as the longest chain of attention between positions)."""
+    while True:
+        grown = start | (pulls & start[:, None, :]).any(dim=-1)
+        if torch.equal(grown, start):
+            return start
+        start = grown
+
+
 def adapter_dependent(mask: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     """[B, L] bool: the positions whose hidden states depend on a gated one (gated themselves, or attending to such
     a position, directly or through others). mask [B, 1, L, L] bool (query, key); gate [B, L]."""
-    sees = mask[:, 0]
-    dependent = gate > 0
-    while True:  # a fixed point: at most as many rounds as the longest chain of attention between positions
-        grown = dependent | (sees & dependent[:, None, :]).any(dim=-1)
-        if torch.equal(grown, dependent):
-            return dependent
-        dependent = grown
+    return _closure(mask[:, 0], gate > 0)
 
 
 def read_by_losses(mask: torch.Tensor, batch: Batch) -> torch.Tensor:
     """[B, L] bool: the positions a loss reads (the consistency term's students and teachers, the AR term's
     sources) and every position they attend to, directly or through others. mask [B, 1, L, L] bool."""
-    sees = mask[:, 0]
-    read = torch.zeros(sees.shape[:2], dtype=torch.bool, device=sees.device)
+    read = torch.zeros(mask.shape[0], mask.shape[-1], dtype=torch.bool, device=mask.device)
     for index, valid in (
         (batch["cons_student"], batch["cons_valid"]),
         (batch["cons_teacher"], batch["cons_valid"]),
@@ -67,11 +70,7 @@ def read_by_losses(mask: torch.Tensor, batch: Batch) -> torch.Tensor:
     ):
         rows, slots = valid.nonzero(as_tuple=True)
         read[rows, index[rows, slots]] = True
-    while True:  # a fixed point, as in adapter_dependent: what the read positions attend to is read too
-        grown = read | (sees & read[:, :, None]).any(dim=1)
-        if torch.equal(grown, read):
-            return read
-        read = grown
+    return _closure(mask[:, 0].transpose(1, 2), read)  # a key is read where a read query sees it
 
 
 def _permuted(mask: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
