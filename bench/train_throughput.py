@@ -11,10 +11,11 @@ run on the same trajectories, through the round's own packing and driver (`pack_
 
 Each `--option NAME:JSON` is a set of `training` overrides (plus `threads`, torch's intra-op threads; default
 `--threads`). A step's time is the median of steps 1 to `--steps` - 1 from the training history's `elapsed_s`
-(step 0 pays for first-touch allocations); its tokens are the packed examples' mean length times the sequences a
-step takes (`batch_size` x `grad_accum`), padding not counted, every noisy copy a visit draws counted
-(`training.noisy_copies`); "noisy tokens" are the noisy copies' tokens alone, the positions the consistency loss
-trains. The table gives the median over `--repeats` and the
+(step 0 pays for first-touch allocations); its tokens are the tokens the trainer counted in those steps' batches
+(`tokens_seen`), padding not counted, every noisy copy a visit draws counted (`training.noisy_copies`), in the
+option's layout (`training.packing`); "students" are the consistency loss's positions, what a step trains whatever
+the layout packs around them (the layouts are compared by these and by the step, not by tokens: spans pack fewer
+tokens for the same students). The table gives the median over `--repeats` and the
 ratio to the first option. Trajectories are synthetic (greedy AR + corrupted tails): the same packed shapes as
 Jacobi's at a fraction of the cost. Run it alone: a neighbour's time slices land in whichever option is running.
 """
@@ -72,15 +73,12 @@ def measure(profile, model_dir: str, records: list[dict], overrides: dict, steps
         "onpolicy_every": None,
     }
     p = variant_profile(profile, {"training": overrides})
-    summary, packed = train_on_records(p, model_dir, records, where)
+    summary, _ = train_on_records(p, model_dir, records, where)
     seconds = step_seconds(summary.history)
-    t = p.training
-    copies, sequences = t.noisy_copies, t.batch_size * t.grad_accum
-    # Every noisy copy a visit draws is packed too; the noisy copies' tokens are what the consistency loss trains.
-    tokens = statistics.fmean(e.length_with(copies) for e in packed) * sequences
-    noisy = statistics.fmean(copies * e.num_blocks * e.n for e in packed) * sequences
+    tokens = summary.history[-1]["tokens_seen"] / steps
+    students = statistics.fmean(h["consistency_positions"] for h in summary.history if "consistency_positions" in h)
     return {"step_seconds": seconds, "tokens_per_step": tokens, "tokens_per_s": tokens / seconds,
-            "noisy_per_step": noisy, "noisy_per_s": noisy / seconds}  # fmt: skip
+            "students_per_step": students, "students_per_s": students / seconds}  # fmt: skip
 
 
 def main() -> int:
@@ -123,15 +121,17 @@ def main() -> int:
         shutil.rmtree(scratch, ignore_errors=True)
     first = rows[next(iter(options))]
     first_tps = statistics.median(x["tokens_per_s"] for x in first)
-    first_noisy = statistics.median(x["noisy_per_s"] for x in first)
-    print("\n| option | tokens/s (median) | s a step | tokens a step | vs first | noisy tokens/s | vs first |"
-          "\n|---|---|---|---|---|---|---|")  # fmt: skip
+    first_students = statistics.median(x["students_per_s"] for x in first)
+    print("\n| option | tokens/s (median) | s a step | tokens a step | vs first | students/s | students a step "
+          "| vs first |"
+          "\n|---|---|---|---|---|---|---|---|")  # fmt: skip
     for name, runs in rows.items():
         tps = statistics.median(x["tokens_per_s"] for x in runs)
-        noisy = statistics.median(x["noisy_per_s"] for x in runs)
+        students = statistics.median(x["students_per_s"] for x in runs)
         step = statistics.median(x["step_seconds"] for x in runs)
+        per_step = runs[0]["students_per_step"]
         print(f"| {name} | {tps:.1f} | {step:.2f} | {runs[0]['tokens_per_step']:.0f} | {tps / first_tps:.2f}x "
-              f"| {noisy:.1f} | {noisy / first_noisy:.2f}x |")  # fmt: skip
+              f"| {students:.1f} | {per_step:.0f} | {students / first_students:.2f}x |")  # fmt: skip
     if args.out:
         Path(args.out).write_text(json.dumps({"options": options, "rows": rows}, indent=2))
     return 0

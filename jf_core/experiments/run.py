@@ -175,7 +175,7 @@ def run_experiment(
             trained=figures.trained,
             held_out=figures.held_out,
             train_seconds=trained.train_seconds + _seconds_before(trained.history, trained.resumed_from_step),
-            train_tokens=_packed_tokens(run.profile, run.paths.examples),
+            train_tokens=_packed_tokens(run.profile, run.paths.examples, trained.history),
             final={k: v for k, v in (trained.history or [{}])[-1].items() if isinstance(v, float)},
             trajectories=_data_figures(run.profile, run.data),
             history=trained.history,
@@ -203,10 +203,15 @@ def _start(name: str, overrides: dict, model_in: str, trained: dict[str, str]) -
     return trained[source]
 
 
-def _packed_tokens(profile: Profile, examples: Path) -> int:
-    """About how many packed tokens training went through: the examples' mean length (with every noisy copy a visit
-    draws) times the sequences a step takes times the steps."""
+def _packed_tokens(profile: Profile, examples: Path, history: list[dict] | None) -> int:
+    """How many packed tokens training went through: the trainer's count (`tokens_seen`); for a model trained before
+    it counted, about that many: the examples' blocks-layout length (with every noisy copy a visit draws) times the
+    sequences a step takes times the steps."""
     from jf_core.training.jf_data import read_packed_share
+
+    counted = [row["tokens_seen"] for row in history or [] if "tokens_seen" in row]
+    if counted:
+        return int(counted[-1])
 
     t = profile.training
     lengths = [e.length_with(t.noisy_copies) for e in read_packed_share(examples, 0, 1)]

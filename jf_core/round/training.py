@@ -62,7 +62,9 @@ def train_round(
     adapter = for_training(model, t.draft_lora)  # None: the whole model trains
     examples = read_packed_share(packed, rank, world)
     if t.lean_loss:  # a property of the architecture: checked on the plain model, before wrapping or sharding
-        first = next(jf_batches(examples, 1, tok.pad_token_id, seed=t.seed, variant=t.mask, span=t.draft_span))
+        first = next(
+            jf_batches(examples, 1, tok.pad_token_id, seed=t.seed, variant=t.mask, span=t.draft_span, packing=t.packing)
+        )
         check_lean_head(model, {k: v.to(model.device) for k, v in first.items()}, t.mask)
 
     parallel = Distributed(t.strategy) if distributed else None
@@ -117,6 +119,7 @@ def _batches(profile: Profile, examples, tok, rank: int, *, dense_mask: bool):
         redraw=NoiseSchedule.of(t) if t.state_pick == "each_visit" else None,
         copies=t.noisy_copies,
         span=t.draft_span,
+        packing=t.packing,
     )
 
 

@@ -44,6 +44,10 @@ class JFTrainConfig(BaseModel):
     # without autograd as a KV cache, the drafted ones with autograd over it (context_cache.py); False: one packed
     # forward through every position. The same losses and gradients either way.
     context_cache: bool = True
+    # ...and with training.packing spans, each example's context (its prompt and clean answer, the same on every
+    # visit) kept from one visit to the next, up to this many MB, the least recently seen dropped past it
+    # (context_store.py); 0: computed on every visit.
+    context_memory_mb: int = Field(0, ge=0)
     steps: int = Field(600, ge=1)
     lr: float = Field(1e-3, gt=0)
     warmup_steps: int = Field(30, ge=0)
@@ -93,6 +97,12 @@ class JFTrainConfig(BaseModel):
     # (JacobiConfig.draft_span); 0, the whole rest of the block. A draft adapter's step then computes only those
     # positions with autograd (context_cache.py drops the ones no loss reads).
     draft_span: int = Field(0, ge=0)
+    # How a packed example lays out its noisy blocks (jf_core/training/spans.py): blocks, the paper's
+    # [prompt][N_0][C_0][N_1][C_1]..., every noisy block whole beside its clean copy; spans, the prompt and the clean
+    # answer as one causal text, then each noisy block from its first departure to its last student only, seeing the
+    # clean text before it. Under the clean-context mask the two are the same losses of the same weights; spans packs
+    # fewer tokens (the noisy blocks' correct prefixes and unread tails are not packed again) and computes less.
+    packing: Literal["blocks", "spans"] = "blocks"
     # On-policy states: every this many steps the model being trained decodes `onpolicy_prompts` of its training
     # prompts (in turn) and the draft states it visits join those blocks' pools (jf_core/training/onpolicy.py).
     onpolicy_every: int | None = Field(None, ge=1)
@@ -175,6 +185,28 @@ class JFTrainConfig(BaseModel):
                 f"training.base_kl_weight keeps a whole frozen copy of the input model in one process: strategy "
                 f"{self.strategy} shards the model over workers (set strategy single, or base_kl_weight 0)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _spans_mask(self) -> JFTrainConfig:
+        if self.packing == "spans" and self.mask != "clean_context":
+            raise ValueError(
+                f"training.packing spans lets a noisy block see the clean text before it, which is training.mask "
+                f"clean_context's context, not {self.mask}'s (its noisy blocks see the earlier noisy ones): set "
+                "training.mask clean_context, or packing blocks"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _context_memory(self) -> JFTrainConfig:
+        needs = {
+            "packing": (self.packing == "spans", "spans (the blocks layout's context changes with every draw)"),
+            "draft_lora": (self.draft_lora is not None, "set (a whole model's context changes as it trains)"),
+            "context_cache": (self.context_cache, "true (the context's own pass is what is kept)"),
+        }
+        for name, (holds, want) in needs.items():
+            if self.context_memory_mb and not holds:
+                raise ValueError(f"training.context_memory_mb keeps a context between visits: training.{name} {want}")
         return self
 
     @model_validator(mode="after")

@@ -30,7 +30,9 @@ from transformers import DynamicCache
 
 from jf_core.decoding.kv import cache_kwargs
 from jf_core.draft_adapter.adapter import draft_adapter, gated
+from jf_core.training.context_store import ContextStore, batch_cache
 from jf_core.training.head import Batch, hidden_states_at_head
+from jf_core.training.mask import CLEAN, PROMPT
 
 
 def applies(model: torch.nn.Module, batch: Batch) -> bool:
@@ -73,6 +75,19 @@ def read_by_losses(mask: torch.Tensor, batch: Batch) -> torch.Tensor:
     return _closure(mask[:, 0].transpose(1, 2), read)  # a key is read where a read query sees it
 
 
+def _stored_context(batch: Batch) -> torch.Tensor | None:
+    """[B]: each row's context length where the batch names its examples and each row's context is a causal text at
+    its start (the spans layout: prompt and clean answer, then the spans); None elsewhere (the blocks layout
+    interleaves its noisy blocks with the clean ones)."""
+    if "example" not in batch:
+        return None
+    kind = batch["layout_kind"]
+    context = (kind == PROMPT) | (kind == CLEAN)
+    length = context.sum(dim=1)
+    at_start = torch.arange(kind.shape[1], device=kind.device)[None, :] < length[:, None]
+    return length if bool(torch.equal(context, at_start)) else None
+
+
 def _permuted(mask: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
     batch, _, width, _ = mask.shape
     rows = mask.gather(2, order[:, None, :, None].expand(batch, 1, width, width))
@@ -85,9 +100,12 @@ def hidden_states(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
     return forward(model, batch)[0]
 
 
-def forward(model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+def forward(
+    model: torch.nn.Module, batch: Batch, store: ContextStore | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(`hidden_states`, the [B, L] positions they depend on the adapter at: `adapter_dependent`): a loss over
-    positions none of which is dependent has no gradient."""
+    positions none of which is dependent has no gradient. `store`: the examples' contexts kept between visits
+    (context_store.py), for a spans-layout batch that names its examples (`example`)."""
     mask, gate = batch["attention_mask"], batch["draft_gate"]
     dependent = adapter_dependent(mask, gate)
     unread = dependent & ~read_by_losses(mask, batch)
@@ -106,7 +124,16 @@ def forward(model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.T
         raise RuntimeError("a context position attends to a later-pass position: the two passes would differ")
     cache = DynamicCache()
     parts = []
-    if first:
+    context = _stored_context(batch)
+    if store is not None and context is not None:
+        # The first pass is each row's context alone (what every visit of its example shares), read from the store
+        # or computed there; a row with a longer context than the batch's shortest runs the rest in the second pass.
+        first = int(context.min())
+        rows = [store.get(model, int(e), batch["input_ids"][b, :n], batch["position_ids"][b, :n])
+                for b, (e, n) in enumerate(zip(batch["example"], context.tolist(), strict=True))]  # fmt: skip
+        cache, hidden = batch_cache(rows, first)
+        parts.append(hidden)
+    elif first:
         with torch.no_grad(), hidden_states_at_head(model) as seen:
             model(
                 input_ids=ids[:, :first],

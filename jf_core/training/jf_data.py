@@ -9,13 +9,17 @@ share of the examples (`read_packed_share`), can be replayed as one process on t
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import torch
 
 from jf_core.training.noise import NoiseSchedule
-from jf_core.training.packing import PackedExample, collate, redrawn
+from jf_core.training.packing import PackedExample, PackedRow, blocks_row, collate, redrawn
+from jf_core.training.spans import spans_row
+
+# training.packing's layouts: each packs one example as a batch row.
+ROWS: dict[str, Callable[[PackedExample, int], PackedRow]] = {"blocks": blocks_row, "spans": spans_row}
 
 
 def batch_orders(examples: Sequence[PackedExample], batch_size: int, seed: int) -> Iterator[list[int]]:
@@ -49,13 +53,14 @@ def jf_batches(
     redraw: NoiseSchedule | None = None,
     copies: int = 1,
     span: int = 0,
+    packing: str = "blocks",
 ) -> Iterator[dict[str, torch.Tensor]]:
     """Endless collated batches; with `ar_batches` and `ar_every` = k, every k-th batch is a plain AR batch. With
     `redraw` (training.state_pick: each_visit), every block's noisy copy is drawn again from all its states each time
     its example is seen, instead of the one packing fixed (`packing.redrawn`); the pool is read at collation, so
     states added to an example while training (on-policy) are drawn from the next time it is seen. `copies` (> 1
     needs `redraw`): each block's noisy copies a visit (training.noisy_copies), drawn the same way. `span`
-    (training.draft_span): `collate`'s."""
+    (training.draft_span): `collate`'s; `packing` (training.packing): the layout, a key of `ROWS`."""
     if copies > 1 and redraw is None:
         raise ValueError(
             "training.noisy_copies > 1 draws the copies from each block's states: set state_pick: each_visit"
@@ -65,7 +70,8 @@ def jf_batches(
         if ar_batches is not None and ar_every and count % ar_every == 0:
             yield next(ar_batches)
         batch = [_visit(examples, i, visits, redraw, copies) for i in idx]
-        yield collate(batch, pad_token_id, variant, dense_mask=dense_mask, span=span)
+        out = collate(batch, pad_token_id, variant, dense_mask=dense_mask, span=span, row=ROWS[packing])
+        yield {**out, "example": torch.tensor(idx)}  # whose rows they are: a context kept between visits
 
 
 def _visit(
@@ -85,6 +91,7 @@ def global_batches(
     redraw: NoiseSchedule | None = None,
     copies: int = 1,
     span: int = 0,
+    packing: str = "blocks",
 ) -> Iterator[dict[str, torch.Tensor]]:
     """The batches data-parallel workers train on together (worker r: its share, seed + r), as one batch per step."""
     streams = [batch_orders(share, batch_size, seed + rank) for rank, share in enumerate(shares)]
@@ -95,7 +102,7 @@ def global_batches(
             for rank, stream in enumerate(streams)
             for i in next(stream)
         ]
-        yield collate(examples, pad_token_id, variant, span=span)
+        yield collate(examples, pad_token_id, variant, span=span, row=ROWS[packing])
 
 
 def read_packed_share(path: str | Path, rank: int, world_size: int) -> list[PackedExample]:

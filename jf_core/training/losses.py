@@ -40,6 +40,7 @@ from torch.utils.checkpoint import checkpoint
 from jf_core.decoding.kv import attention_implementation
 from jf_core.draft_adapter.adapter import gated
 from jf_core.training import context_cache as two_passes
+from jf_core.training.context_store import ContextStore
 from jf_core.training.head import Batch, head_fn, hidden_states_at_head, unwrap
 
 if TYPE_CHECKING:
@@ -202,7 +203,9 @@ def check_lean_head(model: torch.nn.Module, batch: Batch, variant: str = "shippe
 def _forward_kwargs(model: torch.nn.Module, batch: Batch, variant: str) -> dict:
     mask = batch.get("attention_mask")
     if attention_implementation(unwrap(model)) == "flex_attention":
-        mask = flex_block_mask(batch["layout_kind"], batch["layout_block"], variant, batch.get("layout_copy"))
+        mask = flex_block_mask(
+            batch["layout_kind"], batch["layout_block"], variant, batch.get("layout_copy"), batch.get("layout_anchor")
+        )
     return {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"], "attention_mask": mask}
 
 
@@ -218,6 +221,7 @@ class JacobiForcingObjective:
         lean: bool = True,
         base: torch.nn.Module | None = None,
         context_cache: bool = True,
+        context_memory_mb: int = 0,
     ) -> None:
         if cfg.base_kl_weight and base is None:
             raise ValueError("base_kl_weight > 0 needs the frozen base model (JacobiForcingObjective's `base`)")
@@ -225,6 +229,8 @@ class JacobiForcingObjective:
         self.mask_variant = mask_variant
         self.lean = lean
         self.context_cache = context_cache  # a draft adapter's context once, without autograd (context_cache.py)
+        # ...and kept between an example's visits (context_store.py)
+        self.store = ContextStore(context_memory_mb * 2**20) if context_memory_mb else None
         self.base = base.requires_grad_(False).eval() if base is not None else None
 
     @classmethod
@@ -239,7 +245,14 @@ class JacobiForcingObjective:
             chunk=t.loss_chunk,
             base_kl_weight=t.base_kl_weight,
         )
-        return cls(loss, t.mask, lean=t.lean_loss, base=base, context_cache=t.context_cache)
+        return cls(
+            loss,
+            t.mask,
+            lean=t.lean_loss,
+            base=base,
+            context_cache=t.context_cache,
+            context_memory_mb=t.context_memory_mb,
+        )
 
     def summarize(self, totals: dict[str, float]) -> dict[str, float]:
         """A step's metrics from its summed per-batch metrics (all micro-batches, all workers): token-weighted."""
@@ -289,7 +302,7 @@ class JacobiForcingObjective:
         if self.lean and self.context_cache and two_passes.applies(model, batch):
             # The AR loss's positions (the clean copies) depend on no drafted position under either mask: no
             # gradient reaches them, so that term is left out (jf_losses' ar_gradient).
-            hidden, dependent = two_passes.forward(model, batch)
+            hidden, dependent = two_passes.forward(model, batch, self.store)
             ar_rows = dependent.gather(1, batch["ar_src"])[batch["ar_tgt"] != -100]
             ar_gradient = bool(ar_rows.any())
             return jf_losses(hidden, head_fn(model), batch, self.cfg, norm, base, ar_gradient=ar_gradient)
@@ -302,7 +315,13 @@ class JacobiForcingObjective:
         return jf_losses(logits, lambda rows: rows, batch, self.cfg, norm, base)
 
 
-def flex_block_mask(kind: torch.Tensor, block: torch.Tensor, variant: str, copy: torch.Tensor | None = None):
+def flex_block_mask(
+    kind: torch.Tensor,
+    block: torch.Tensor,
+    variant: str,
+    copy: torch.Tensor | None = None,
+    anchor: torch.Tensor | None = None,
+):
     """The noise-aware mask as a FlexAttention BlockMask: on GPUs it skips fully masked tiles instead of
     materialising B x L x L. The builder is compiled once and reused for every batch of a shape."""
     from torch.nn.attention.flex_attention import create_block_mask
@@ -311,7 +330,7 @@ def flex_block_mask(kind: torch.Tensor, block: torch.Tensor, variant: str, copy:
 
     batch, width = kind.shape
     return create_block_mask(
-        mask_mod(kind, block, variant, copy),
+        mask_mod(kind, block, variant, copy, anchor),
         B=batch,
         H=None,
         Q_LEN=width,

@@ -1,4 +1,6 @@
-"""Sequence packing: `[prompt][noisy_0][clean_0][noisy_1][clean_1]...` per prompt, and the batch collator.
+"""Sequence packing: each prompt's blocks as one example, and the batch collator with the layouts a batch row takes
+(`PackedRow`): `blocks_row`, the paper's `[prompt][noisy_0][clean_0][noisy_1][clean_1]...`, described here, and
+spans.py's `spans_row` (`training.packing: spans`), the same losses from fewer tokens under the clean-context mask.
 
 Both copies of block j share position ids P + j*n + (0..n-1), so the noisy and the clean stream are two causal
 "universes" over the same prompt. The mask (mask.py) is built in the collator from the layout, never stored.
@@ -18,13 +20,13 @@ continuation).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
 import torch
 
 from jf_core.draft_adapter.adapter import draft_gate, drafted_slots
-from jf_core.training.mask import NOISY, build_mask, layout
+from jf_core.training.mask import NOISY, PAD, SPAN, build_mask, layout
 from jf_core.training.noise import NoiseSchedule
 
 
@@ -176,10 +178,8 @@ def loss_positions(ex: PackedExample, span: int = 0) -> tuple[list[tuple[int, in
 
     AR: every clean-block token through its valid length, predicted from the clean token before it (for C_j[0]:
     the last token of C_{j-1}, or of the prompt). Consistency: for block j, offsets t from the first position where
-    N_j differs from C_j to the end (`span` > 0: the first `span` of them, the slots a draft chain that long
-    reads); the student is N_j[t], the teacher C_j[t]; t is kept while the token it predicts is valid (post-EOS
-    positions are ignored). The hard target is the fixed-point token t predicts. Every noisy copy of a block is a
-    student of the same teacher."""
+    N_j differs from C_j (`consistency_targets`); the student is N_j[t], the teacher C_j[t]. Every noisy copy of a
+    block is a student of the same teacher."""
     ar, cons = [], []
     p = len(ex.prompt)
     for j in range(ex.num_blocks):
@@ -188,22 +188,30 @@ def loss_positions(ex: PackedExample, span: int = 0) -> tuple[list[tuple[int, in
         sources = [prev] + [c0 + t for t in range(ex.n - 1)]
         ar += [(sources[t], ex.clean[j][t]) for t in range(length)]
     for j, noisy, n0 in ex.noisy_blocks():
-        c0, length = ex.clean_start(j), ex.lengths[j]
-        first = first_departure(ex, j, length, noisy)
-        if first is None:
-            continue
-        for t in range(first, _span_end(first, ex.n, span)):
-            if t + 1 < length:
-                hard = ex.clean[j][t + 1]
-            elif t == ex.n - 1 and length == ex.n:
-                hard = ex.clean[j + 1][0] if j + 1 < ex.num_blocks else -100
-            else:
-                break
-            cons.append((n0 + t, c0 + t, hard))
+        first = first_departure(ex, j, ex.lengths[j], noisy)
+        if first is not None:
+            cons += [(n0 + t, ex.clean_start(j) + t, hard) for t, hard in consistency_targets(ex, j, first, span)]
     return ar, cons
 
 
-def _span_end(first: int, n: int, span: int) -> int:
+def consistency_targets(ex: PackedExample, j: int, first: int, span: int = 0) -> list[tuple[int, int]]:
+    """(offset t, hard target) of block j's consistency students, from its first departure `first` to the block's
+    end (`span` > 0: the first `span` of them, the slots a draft chain that long reads); t is kept while the token
+    it predicts is valid (post-EOS positions are ignored). The hard target is the fixed-point token t predicts."""
+    out = []
+    length = ex.lengths[j]
+    for t in range(first, span_end(first, ex.n, span)):
+        if t + 1 < length:
+            hard = ex.clean[j][t + 1]
+        elif t == ex.n - 1 and length == ex.n:
+            hard = ex.clean[j + 1][0] if j + 1 < ex.num_blocks else -100
+        else:
+            break
+        out.append((t, hard))
+    return out
+
+
+def span_end(first: int, n: int, span: int) -> int:
     """Where a block's drafted span starting at offset `first` ends: `span` slots on (0: the block's end)."""
     return n if span == 0 else min(n, first + span)
 
@@ -216,9 +224,39 @@ def draft_positions(ex: PackedExample, span: int = 0) -> list[int]:
     out: list[int] = []
     for j, noisy, start in ex.noisy_blocks():
         first = first_departure(ex, j, ex.n, noisy)
-        block = range(start, start + (ex.n if first is None else _span_end(first, ex.n, span)))
+        block = range(start, start + (ex.n if first is None else span_end(first, ex.n, span)))
         out += drafted_slots(block, ex.n if first is None else first)  # the decoder's rule (draft_adapter/adapter.py)
     return out
+
+
+@dataclass
+class PackedRow:
+    """One example as the batch holds it, in some layout (`blocks_row`, spans.py `spans_row`): its tokens, position
+    ids, each position's layout (mask.py: kind, block, noisy copy, anchor), its loss positions (`loss_positions`'
+    form) and its drafted positions (the draft gate's 1s)."""
+
+    ids: list[int]
+    positions: list[int]
+    kind: torch.Tensor
+    block: torch.Tensor
+    copy: torch.Tensor
+    anchor: torch.Tensor
+    ar: list[tuple[int, int]]
+    cons: list[tuple[int, int, int]]
+    drafted: list[int]
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+def blocks_row(ex: PackedExample, span: int = 0) -> PackedRow:
+    """The paper's layout: `[prompt][N_0][C_0][N_1][C_1]...`, every noisy block whole beside its clean copy."""
+    kind, block, copy = layout(len(ex.prompt), ex.n, ex.num_blocks, ex.total_length, ex.copies)
+    ar, cons = loss_positions(ex, span)
+    positions = ex.position_ids()
+    return PackedRow(
+        ex.input_ids(), positions, kind, block, copy, torch.tensor(positions), ar, cons, draft_positions(ex, span)
+    )
 
 
 def collate(
@@ -228,60 +266,61 @@ def collate(
     *,
     dense_mask: bool = True,
     span: int = 0,
+    row: Callable[[PackedExample, int], PackedRow] = blocks_row,
 ) -> dict[str, torch.Tensor]:
     """A padded batch with its loss positions and layout; the dense [B, 1, L, L] mask only when `dense_mask` (the
     FlexAttention path builds a BlockMask from the layout instead of materialising B x L x L). `span`
     (training.draft_span): the consistency loss and the draft gate on each noisy block's first `span` positions
-    from its first departure (0: all of them)."""
-    width = max(e.total_length for e in examples)
+    from its first departure (0: all of them). `row`: the layout each example is packed in (`blocks_row`, or
+    spans.py's `spans_row`)."""
+    rows = [row(e, span) for e in examples]
+    width = max(len(r) for r in rows)
     batch = len(examples)
     ids = torch.full((batch, width), pad_token_id, dtype=torch.long)
     pos = torch.zeros((batch, width), dtype=torch.long)
-    kinds, blocks, copies = [], [], []
-    ar_lists, cons_lists = [], []
-    for b, e in enumerate(examples):
-        ids[b, : e.total_length] = torch.tensor(e.input_ids())
-        pos[b, : e.total_length] = torch.tensor(e.position_ids())
-        kind, block, copy = layout(len(e.prompt), e.n, e.num_blocks, width, e.copies)
-        kinds.append(kind)
-        blocks.append(block)
-        copies.append(copy)
-        ar, cons = loss_positions(e, span)
-        ar_lists.append(ar)
-        cons_lists.append(cons)
-    kind, block, copy = torch.stack(kinds), torch.stack(blocks), torch.stack(copies)
-    k_ar = max(1, max(len(a) for a in ar_lists))
-    k_cons = max(1, max(len(c) for c in cons_lists))
+    kind = torch.full((batch, width), PAD, dtype=torch.long)
+    block = torch.full((batch, width), -1, dtype=torch.long)
+    copy = torch.zeros((batch, width), dtype=torch.long)
+    anchor = torch.zeros((batch, width), dtype=torch.long)
+    for b, r in enumerate(rows):
+        ids[b, : len(r)] = torch.tensor(r.ids)
+        pos[b, : len(r)] = torch.tensor(r.positions)
+        for dest, src in ((kind, r.kind), (block, r.block), (copy, r.copy), (anchor, r.anchor)):
+            dest[b, : len(r)] = src[: len(r)]
+    k_ar = max(1, max(len(r.ar) for r in rows))
+    k_cons = max(1, max(len(r.cons) for r in rows))
     ar_src = torch.zeros((batch, k_ar), dtype=torch.long)
     ar_tgt = torch.full((batch, k_ar), -100, dtype=torch.long)
     student = torch.zeros((batch, k_cons), dtype=torch.long)
     teacher = torch.zeros((batch, k_cons), dtype=torch.long)
     hard = torch.full((batch, k_cons), -100, dtype=torch.long)
     cons_valid = torch.zeros((batch, k_cons), dtype=torch.bool)
-    for b, (ar, cons) in enumerate(zip(ar_lists, cons_lists, strict=True)):
-        if ar:
-            ar_src[b, : len(ar)] = torch.tensor([s for s, _ in ar])
-            ar_tgt[b, : len(ar)] = torch.tensor([t for _, t in ar])
-        if cons:
-            student[b, : len(cons)] = torch.tensor([s for s, _, _ in cons])
-            teacher[b, : len(cons)] = torch.tensor([t for _, t, _ in cons])
-            hard[b, : len(cons)] = torch.tensor([h for _, _, h in cons])
-            cons_valid[b, : len(cons)] = True
+    for b, r in enumerate(rows):
+        if r.ar:
+            ar_src[b, : len(r.ar)] = torch.tensor([s for s, _ in r.ar])
+            ar_tgt[b, : len(r.ar)] = torch.tensor([t for _, t in r.ar])
+        if r.cons:
+            student[b, : len(r.cons)] = torch.tensor([s for s, _, _ in r.cons])
+            teacher[b, : len(r.cons)] = torch.tensor([t for _, t, _ in r.cons])
+            hard[b, : len(r.cons)] = torch.tensor([h for _, _, h in r.cons])
+            cons_valid[b, : len(r.cons)] = True
     out = {
         "input_ids": ids,
         "position_ids": pos,
         "layout_kind": kind,
         "layout_block": block,
         "layout_copy": copy,
+        "layout_anchor": anchor,
         "ar_src": ar_src,
         "ar_tgt": ar_tgt,
         "cons_student": student,
         "cons_teacher": teacher,
         "cons_hard": hard,
         "cons_valid": cons_valid,
-        "noisy_tokens": (kind == NOISY).sum(),
-        "draft_gate": draft_gate([draft_positions(e, span) for e in examples], width),  # read only by an adapter
+        "noisy_tokens": ((kind == NOISY) | (kind == SPAN)).sum(),
+        "packed_tokens": (kind != PAD).sum(),  # what a step trained on: the rows' tokens, padding left out
+        "draft_gate": draft_gate([r.drafted for r in rows], width),  # read only by an adapter
     }
     if dense_mask:
-        out["attention_mask"] = build_mask(kind, block, variant, copy)
+        out["attention_mask"] = build_mask(kind, block, variant, copy, anchor)
     return out

@@ -253,6 +253,9 @@ def train(
     first_step = loop.step
     if threads is not None:
         threads.start(first_step)
+    # Packed tokens trained on so far, counted from the batches (a layout's rows differ in length from visit to
+    # visit), carried across a resume by the history rows the checkpoints keep.
+    seen = next((row["tokens_seen"] for row in reversed(loop.history) if "tokens_seen" in row), 0.0)
     start = time.perf_counter()
     bar = tqdm(
         range(first_step, cfg.steps),
@@ -264,17 +267,21 @@ def train(
         if threads is not None:
             threads.tick(step)
         step_metrics, grad_norm = _step(loop, objective, step)
+        seen += step_metrics.pop("packed_tokens")
         loop.step = step + 1
+        due = [hook for hook in hooks if hook.when.due(loop.step, cfg.steps)]
         if step % cfg.log_every == 0 or step == cfg.steps - 1:
             row = {"step": float(step), "lr": loop.optimizer.param_groups[0]["lr"], "grad_norm": grad_norm}
             # Seconds since this process began training (a resumed run counts from its resume): the step rate.
-            row.update(step_metrics, elapsed_s=time.perf_counter() - start)
+            row.update(step_metrics, elapsed_s=time.perf_counter() - start, tokens_seen=seen)
             loop.history.append(row)
             bar.set_postfix({k: f"{v:.3g}" for k, v in step_metrics.items()})
             if on_log is not None:
                 on_log(step, row)
-        for hook in hooks:
-            if hook.when.due(loop.step, cfg.steps) and (figures := hook(loop)) is not None:
+        elif due:  # a checkpoint keeps the count as of its step
+            loop.history.append({"step": float(step), "tokens_seen": seen})
+        for hook in due:
+            if (figures := hook(loop)) is not None:
                 if not loop.history or loop.history[-1]["step"] != float(step):
                     loop.history.append({"step": float(step)})
                 loop.history[-1].update(figures)
@@ -322,7 +329,8 @@ def _step(loop: Loop, objective: Objective, step: int) -> tuple[dict[str, float]
         for k, v in objective.counts(batch).items():
             norm[k] = norm.get(k, 0) + v
     norm = parallel.sum(norm)
-    totals: dict[str, float] = {}
+    # What the step trained on, padding left out (a batch's `packed_tokens`; plain AR batches count none).
+    totals: dict[str, float] = {"packed_tokens": float(sum(int(b.get("packed_tokens", 0)) for b in micro))}
     for i, batch in enumerate(micro):
         with parallel.no_sync(model, last=i == len(micro) - 1):
             with loop.autocast():
@@ -337,7 +345,7 @@ def _step(loop: Loop, objective: Objective, step: int) -> tuple[dict[str, float]
     grad_norm = parallel.clip_grad_norm(model, cfg.grad_clip)
     loop.optimizer.step()
     loop.optimizer.zero_grad(set_to_none=True)
-    return objective.summarize(totals), grad_norm
+    return {**objective.summarize(totals), "packed_tokens": totals["packed_tokens"]}, grad_norm
 
 
 class CausalLMLoss:

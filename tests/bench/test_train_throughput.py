@@ -1,5 +1,5 @@
 """bench/train_throughput.py on the tiny Qwen2: each option trains through the round's own driver and its tokens
-a second come from the training history's step times."""
+a second come from the training history's step times and the tokens the trainer counted."""
 
 from __future__ import annotations
 
@@ -28,9 +28,15 @@ def test_options_train_and_count_their_tokens(profile, tmp_path):
     two = measure(profile, profile.model.path, records, {"batch_size": 2, "grad_accum": 2}, 4, tmp_path / "b")
     copies = {"batch_size": 1, "grad_accum": 2, "state_pick": "each_visit", "noisy_copies": 3}
     three = measure(profile, profile.model.path, records, copies, 4, tmp_path / "c")
+    clean = {"batch_size": 1, "grad_accum": 2, "mask": "clean_context", "draft_span": 2}
+    blocks = measure(profile, profile.model.path, records, clean, 4, tmp_path / "d")
+    spans = measure(profile, profile.model.path, records, {**clean, "packing": "spans"}, 4, tmp_path / "e")
     assert two["tokens_per_step"] == pytest.approx(2 * one["tokens_per_step"])
-    assert three["noisy_per_step"] == pytest.approx(3 * one["noisy_per_step"])  # the copies' tokens are counted
-    assert three["tokens_per_step"] == pytest.approx(one["tokens_per_step"] + 2 * one["noisy_per_step"])
-    for row in (one, two, three):
+    assert three["tokens_per_step"] > one["tokens_per_step"]  # the copies' tokens are counted
+    assert three["students_per_step"] > one["students_per_step"] > 0
+    # the same students from fewer tokens: the spans layout packs neither the noisy prefixes nor the unread tails
+    assert spans["students_per_step"] == blocks["students_per_step"] > 0
+    assert spans["tokens_per_step"] < blocks["tokens_per_step"]
+    for row in (one, two, three, blocks, spans):
         assert row["step_seconds"] > 0
         assert row["tokens_per_s"] == pytest.approx(row["tokens_per_step"] / row["step_seconds"])

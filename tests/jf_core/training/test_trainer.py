@@ -230,3 +230,44 @@ def test_a_hooks_figures_are_printed_as_they_come_when_progress_shows(capsys):
         assert (out.splitlines() if progress else out) == (
             ["step 2: probe_tpf_n4 1.25", "step 4: probe_tpf_n4 1.25"] if progress else ""
         )
+
+
+def test_the_tokens_trained_on_are_counted_from_the_batches_and_carried_across_a_resume(tmp_path):
+    """`tokens_seen`: the packed tokens of every batch a step took (padding left out), in the logged rows and in the
+    row a checkpoint keeps when its step was not logged, so a resumed run counts what an uninterrupted one does."""
+    from jf_core.training.jf_data import jf_batches
+    from jf_core.training.losses import JacobiForcingObjective, JFLossConfig
+    from jf_core.training.noise import NoiseSchedule
+    from tests.conftest import PAD
+    from tests.jf_core.training.test_spans import _examples
+
+    examples = _examples(5, copies=2)  # spans of drawn lengths: the rows differ from visit to visit
+    cfg = TrainConfig(steps=7, lr=1e-3, warmup_steps=1, log_every=4, grad_accum=2)
+    objective = JacobiForcingObjective(JFLossConfig(), "clean_context")
+
+    def stream(drawn: list[int]):
+        kw = {"variant": "clean_context", "redraw": NoiseSchedule("random", seed=1), "copies": 2, "packing": "spans"}
+        for batch in jf_batches(examples, 1, PAD, seed=0, span=2, **kw):
+            drawn.append(int(batch["packed_tokens"]))
+            yield batch
+
+    drawn: list[int] = []
+    straight = train(TINY_MODELS["qwen2"]().train(), stream(drawn), objective, cfg, progress=False)
+    assert straight.history[-1]["tokens_seen"] == sum(drawn[: 7 * 2]) and len(set(drawn)) > 1
+    assert [h["step"] for h in straight.history if "loss" in h] == [0.0, 4.0, 6.0]
+
+    class Crash(Exception):
+        pass
+
+    def crash_at_4(step, row):
+        if step == 4:
+            raise Crash
+
+    with pytest.raises(Crash):
+        train(TINY_MODELS["qwen2"]().train(), stream([]), objective, cfg, hooks=[Checkpoints(tmp_path, Every(3))],
+              on_log=crash_at_4, progress=False)  # fmt: skip
+    resumed = train(TINY_MODELS["qwen2"]().train(), stream([]), objective, cfg,
+                    hooks=[Checkpoints(tmp_path, Every(3))], progress=False)  # fmt: skip
+    kept = [h for h in resumed.history if h["step"] == 2.0]  # the checkpoint's step, not a logged one
+    assert kept and kept[0]["tokens_seen"] == sum(drawn[: 3 * 2])
+    assert resumed.history[-1]["tokens_seen"] == straight.history[-1]["tokens_seen"]

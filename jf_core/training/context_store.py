@@ -1,0 +1,109 @@
+"""A draft adapter's context kept from one visit of an example to the next (`training.context_memory_mb`).
+
+In the spans layout (spans.py) an example's context is its prompt and clean answer as one causal text, the same on
+every visit (only the noisy spans are drawn again), and under a draft adapter the frozen base computes it. So its
+keys, values and final hidden states are the same tensors each time the example is seen: the first visit computes
+them (without autograd, alone), later visits read them back, and the step computes only the spans, each over its
+example's stored context. A GSM8K example's context is about 183 of its 199 positions at a 3-slot span.
+
+The store holds each example's tensors as its first visit computed them, in the compute dtype that visit ran in, so
+a step with the store is the step without it to rounding (tests/jf_core/training/test_context_store.py). Memory is
+bounded: past `limit_bytes` the examples seen longest ago are dropped and computed again on their next visit. A
+SmolLM2-135M GSM8K example's context takes about 9 MB in fp32 (48 KB a position: 30 layers of 3 key-value heads of
+64, and the hidden state), so a round's 240 questions take about 2 GB; 2,048 questions would take 18 GB of this
+machine's 24, and under a smaller limit visits find their context about as often as the limit's share of them.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+from jf_core.decoding.kv import cache_kwargs
+from jf_core.training.head import hidden_states_at_head
+
+
+@dataclass(frozen=True)
+class Context:
+    """One example's context as the base computed it: per layer keys and values [heads, L, dim], hidden [L, H]."""
+
+    keys: tuple[torch.Tensor, ...]
+    values: tuple[torch.Tensor, ...]
+    hidden: torch.Tensor
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in (*self.keys, *self.values, self.hidden))
+
+    def __len__(self) -> int:
+        return self.hidden.shape[0]
+
+
+class ContextStore:
+    """Examples' contexts by example index, the least recently used dropped past `limit_bytes`."""
+
+    def __init__(self, limit_bytes: int) -> None:
+        self.limit_bytes = limit_bytes
+        self.entries: OrderedDict[int, Context] = OrderedDict()
+        self.bytes = 0
+        self.hits = self.misses = 0
+
+    def get(self, model: torch.nn.Module, example: int, ids: torch.Tensor, positions: torch.Tensor) -> Context:
+        """Example `example`'s context: `ids` and `positions` [L], a causal text run by the base (stored, or computed
+        now and stored)."""
+        found = self.entries.get(example)
+        if found is not None:
+            if len(found) != ids.shape[0]:  # an example's context never changes: the index names another example
+                raise ValueError(
+                    f"example {example}'s kept context has {len(found)} positions, this visit's {ids.shape[0]}: "
+                    "a store serves one stream of examples (one objective per run)"
+                )
+            self.entries.move_to_end(example)
+            self.hits += 1
+            return found
+        self.misses += 1
+        context = _computed(model, ids, positions)
+        self._put(example, context)
+        return context
+
+    def _put(self, example: int, context: Context) -> None:
+        if example in self.entries:
+            self.bytes -= self.entries.pop(example).nbytes
+        if context.nbytes > self.limit_bytes:
+            return
+        self.entries[example] = context
+        self.bytes += context.nbytes
+        while self.bytes > self.limit_bytes:
+            _, dropped = self.entries.popitem(last=False)
+            self.bytes -= dropped.nbytes
+
+
+def _computed(model: torch.nn.Module, ids: torch.Tensor, positions: torch.Tensor) -> Context:
+    cache = DynamicCache()
+    causal = torch.ones(ids.shape[0], ids.shape[0], dtype=torch.bool, device=ids.device).tril()
+    with torch.no_grad(), hidden_states_at_head(model) as seen:
+        model(
+            input_ids=ids[None],
+            position_ids=positions[None],
+            attention_mask=causal[None, None],
+            **cache_kwargs(model, cache),
+        )
+    layers = cache.layers
+    return Context(
+        keys=tuple(layer.keys[0] for layer in layers),
+        values=tuple(layer.values[0] for layer in layers),
+        hidden=seen["hidden"][0],
+    )
+
+
+def batch_cache(contexts: list[Context], width: int) -> tuple[DynamicCache, torch.Tensor]:
+    """(a cache holding each row's first `width` context positions, their hidden states [B, width, H])."""
+    cache = DynamicCache()
+    for layer, _ in enumerate(contexts[0].keys):
+        keys = torch.stack([c.keys[layer][:, :width] for c in contexts])
+        values = torch.stack([c.values[layer][:, :width] for c in contexts])
+        cache.update(keys, values, layer)
+    return cache, torch.stack([c.hidden[:width] for c in contexts])
