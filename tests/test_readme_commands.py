@@ -306,8 +306,9 @@ HOW = {
     "--layout 'c3:{\"block_size\": 6, \"num_blocks\": 1, \"pool_size\": 0, \"adaptive_width\": true, "
     "\"width_scale\": 1.0, \"width_margin\": 2, \"width_floor\": 4, \"lookup\": 16, \"lookup_ngram\": 3, "
     "\"draft_span\": 3}' "
-    "--variant 'span0:{\"training\": {\"steps\": 200, \"tpf_probe_every\": 1000, \"draft_span\": 0}}' "
-    "--variant 'span3:{\"training\": {\"steps\": 200, \"tpf_probe_every\": 1000}}' --out span.jsonl": (
+    "--variant 'span0:{\"training\": {\"steps\": 200, \"tpf_probe_every\": 1000, \"draft_span\": 0, "
+    "\"noisy_copies\": 1}}' --variant 'span3:{\"training\": {\"steps\": 200, \"tpf_probe_every\": 1000, "
+    "\"noisy_copies\": 1}}' --out span.jsonl": (
         "not in CI", "a study of the real model (about 35 minutes); `jf experiment` with a drafted span and a "
                      "layout runs in tests/jf_core/experiments/test_run.py, the span's losses in "
                      "tests/jf_core/training/test_context_cache.py"),

@@ -101,7 +101,8 @@ class JFTrainConfig(BaseModel):
     # [prompt][N_0][C_0][N_1][C_1]..., every noisy block whole beside its clean copy; spans, the prompt and the clean
     # answer as one causal text, then each noisy block from its first departure to its last student only, seeing the
     # clean text before it. Under the clean-context mask the two are the same losses of the same weights; spans packs
-    # fewer tokens (the noisy blocks' correct prefixes and unread tails are not packed again) and computes less.
+    # a third fewer tokens (the noisy blocks' correct prefixes and unread tails are not packed again), and its
+    # context, the same on every visit, is what context_memory_mb keeps.
     packing: Literal["blocks", "spans"] = "blocks"
     # On-policy states: every this many steps the model being trained decodes `onpolicy_prompts` of its training
     # prompts (in turn) and the draft states it visits join those blocks' pools (jf_core/training/onpolicy.py).
