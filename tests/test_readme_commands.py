@@ -332,7 +332,7 @@ HOW = {
     "training.tpf_probe_every=894 --set training.tpf_probe_questions=held_out --set training.tpf_probe_prompts=64 "
     "--set training.tpf_probe_tokens=96 --train 2048 --measure-trained 16 --held-out 64 --max-new-tokens 96 "
     "--batch-size 16 --collect-batch-size 64 --threads 2 --variant 'span3_2048_spans:{\"training\": {\"seed\": 0, "
-    "\"packing\": \"spans\", \"context_memory_mb\": 0}}' --out rows.jsonl --plot curve.png": (
+    "\"packing\": \"spans\", \"context_memory_mb\": 0, \"noisy_copies\": 1}}' --out rows.jsonl --plot curve.png": (
         "not in CI", "a study of the real model (about 75 minutes); `jf experiment`, which bench/mechanism.py is, "
                      "runs in tests/jf_core/experiments, the spans' losses in tests/jf_core/training/test_spans.py"),
     ".venv/bin/jf experiment --profile smollm2-135m --set prompts.source=../shared/benchmarks/gsm8k_train.jsonl "
