@@ -88,7 +88,7 @@ def pack_to(profile: Profile, records: list[dict], out: Path, source: str = "the
     from jf_core.training.packing import pack_records
 
     t = profile.training
-    packed, stats = pack_records(records, NoiseSchedule.of(t), t.max_length, t.noisy_copies)
+    packed, stats = pack_records(records, NoiseSchedule.of(t), t.max_length, t.noisy_copies, t.noisy_width)
     if not packed:
         raise ValueError(f"packing {source} produced no examples (dropped: {dict(stats.dropped_blocks)})")
     # Further noisy copies are drawn per visit, never stored.

@@ -46,7 +46,7 @@ class JFTrainConfig(BaseModel):
     context_cache: bool = True
     # ...and with training.packing spans, each example's context (its prompt and clean answer, the same on every
     # visit) kept from one visit to the next, up to this many MB, the least recently seen dropped past it
-    # (context_store.py); 0: computed on every visit.
+    # (context_store.py); 0: computed on every visit. A whole model (no draft_lora) computes it every visit.
     context_memory_mb: int = Field(0, ge=0)
     steps: int = Field(600, ge=1)
     lr: float = Field(1e-3, gt=0)
@@ -200,9 +200,10 @@ class JFTrainConfig(BaseModel):
 
     @model_validator(mode="after")
     def _context_memory(self) -> JFTrainConfig:
+        # Like context_cache, it acts on a draft adapter's two passes only: a whole model's context changes as it
+        # trains, so there it computes every visit's context (planning a whole-model copy of a profile stays valid).
         needs = {
             "packing": (self.packing == "spans", "spans (the blocks layout's context changes with every draw)"),
-            "draft_lora": (self.draft_lora is not None, "set (a whole model's context changes as it trains)"),
             "context_cache": (self.context_cache, "true (the context's own pass is what is kept)"),
         }
         for name, (holds, want) in needs.items():
@@ -240,6 +241,12 @@ class JFTrainConfig(BaseModel):
     def method_name(self) -> str:
         """The method as run names and evaluation labels say it."""
         return "CLLM" if self.method == "cllm" else "Jacobi Forcing"
+
+    @property
+    def noisy_width(self) -> int | None:
+        """The most positions a noisy copy of a block packs, for packing's fit: a span's `draft_span` in the spans
+        layout; None, a whole block (the blocks layout, or spans to the block's end)."""
+        return self.draft_span if self.packing == "spans" and self.draft_span else None
 
     @property
     def noise_kind(self) -> str:

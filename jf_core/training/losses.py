@@ -245,14 +245,8 @@ class JacobiForcingObjective:
             chunk=t.loss_chunk,
             base_kl_weight=t.base_kl_weight,
         )
-        return cls(
-            loss,
-            t.mask,
-            lean=t.lean_loss,
-            base=base,
-            context_cache=t.context_cache,
-            context_memory_mb=t.context_memory_mb,
-        )
+        passes = {"context_cache": t.context_cache, "context_memory_mb": t.context_memory_mb}
+        return cls(loss, t.mask, lean=t.lean_loss, base=base, **passes)
 
     def summarize(self, totals: dict[str, float]) -> dict[str, float]:
         """A step's metrics from its summed per-batch metrics (all micro-batches, all workers): token-weighted."""

@@ -101,10 +101,11 @@ class PackStats:
 
 
 def pack_records(
-    records: Iterable[dict], schedule: NoiseSchedule, max_length: int, copies: int = 1
+    records: Iterable[dict], schedule: NoiseSchedule, max_length: int, copies: int = 1, noisy_width: int | None = None
 ) -> tuple[list[PackedExample], PackStats]:
     """Each prompt's blocks packed as one example, its noisy copies picked by `schedule`, as many whole blocks as
-    fit `max_length` with `copies` noisy copies each."""
+    fit `max_length` with `copies` noisy copies each, a noisy copy taking at most `noisy_width` positions (None: a
+    whole block, as the blocks layout packs it; the spans layout's at most `draft_span`)."""
     by_prompt: dict[str, list[dict]] = defaultdict(list)
     for r in records:
         by_prompt[r["prompt_id"]].append(r)
@@ -119,7 +120,7 @@ def pack_records(
                 break
             contiguous.append(r)
         prompt, n = contiguous[0]["prompt_ids"], contiguous[0]["n"]
-        fits = max(0, (max_length - len(prompt)) // ((1 + copies) * n))
+        fits = max(0, (max_length - len(prompt)) // (n + copies * min(n, noisy_width or n)))
         if fits < len(contiguous):
             stats.dropped_blocks["max_length"] += len(contiguous) - fits
             contiguous = contiguous[:fits]

@@ -308,6 +308,7 @@ def test_a_model_directory_keeps_its_adapter_beside_the_base_weights(embedded, t
 SEAM = {
     "jf_core/training/config.py": "the profile's `training.draft_lora` section (DraftLora)",
     "jf_core/training/packing.py": "the training gate, from the one rule (drafted_slots -> draft_gate)",
+    "jf_core/training/spans.py": "the spans layout's gate, from the same rule (drafted_slots)",
     "jf_core/training/losses.py": "the training forward, gated",
     "jf_core/training/context_cache.py": "the training forward in two passes, its second gated",
     "jf_core/round/training.py": "what trains (for_training) and what a directory keeps (directory_parts)",

@@ -9,7 +9,7 @@ from jf_core.training.config import JFTrainConfig
 from jf_core.training.jf_data import jf_batches
 from jf_core.training.losses import JacobiForcingObjective, JFLossConfig
 from jf_core.training.noise import NoiseSchedule
-from tests.conftest import PAD
+from tests.conftest import PAD, TINY_MODELS
 from tests.jf_core.training.test_mask_packing_losses import adapter_model
 from tests.jf_core.training.test_spans import _examples
 
@@ -64,14 +64,18 @@ def test_the_store_drops_the_examples_seen_longest_ago_past_its_limit():
     assert len(objective.store.entries) <= 2 and objective.store.hits + objective.store.misses == 8
 
 
-def test_a_kept_context_needs_the_spans_layout_and_an_adapter():
+def test_a_kept_context_needs_the_spans_layout_and_acts_on_an_adapter_only():
     from jf_core.draft_adapter.config import DraftLora
 
     adapter = {"draft_lora": DraftLora(rank=4), "mask": "clean_context"}
     with pytest.raises(ValueError, match=r"training.context_memory_mb .* training.packing spans"):
         JFTrainConfig(context_memory_mb=64, **adapter)
-    with pytest.raises(ValueError, match=r"training.context_memory_mb .* training.draft_lora set"):
-        JFTrainConfig(context_memory_mb=64, packing="spans", mask="clean_context")
+    whole = JFTrainConfig(context_memory_mb=64, packing="spans", mask="clean_context")  # no adapter: inert, as
+    model = TINY_MODELS["qwen2"]()  # context_cache is: the whole model's context changes as it trains
+    batch = _visits(1, 1)[0]
+    objective = JacobiForcingObjective.of(whole)
+    objective(model, batch)
+    assert objective.store is not None and objective.store.hits + objective.store.misses == 0
     with pytest.raises(ValueError, match=r"training.context_memory_mb .* training.context_cache true"):
         JFTrainConfig(context_memory_mb=64, packing="spans", context_cache=False, **adapter)
     assert JFTrainConfig(context_memory_mb=64, packing="spans", **adapter).context_memory_mb == 64

@@ -153,3 +153,19 @@ def test_spans_need_the_clean_context_mask():
         JFTrainConfig(packing="spans")
     assert JFTrainConfig(packing="spans", mask="clean_context").packing == "spans"
     assert blocks_row(_examples(0)[0]).anchor.shape[0] == _examples(0)[0].total_length
+
+
+def test_packing_fits_as_many_blocks_as_their_spans_leave_room_for():
+    """A noisy copy in spans packs at most `draft_span` positions a block: packing's fit counts that, not a whole
+    block a copy, so three copies of a 1-slot span fit where three whole copies would not."""
+    from jf_core.training.noise import NoiseSchedule
+    from jf_core.training.packing import pack_records
+    from tests.jf_core.training.test_mask_packing_losses import record
+
+    recs = [record("p", j, [[1, 9, 9, 9], [1, 2, 3, 4]], [1, 2, 3, 4]) for j in range(2)]
+    prompt = len(recs[0]["prompt_ids"])
+    room = prompt + 2 * (4 + 3 * 1)  # two blocks, each with three 1-slot spans
+    (fit,), _ = pack_records(recs, NoiseSchedule("random"), room, copies=3, noisy_width=1)
+    assert fit.num_blocks == 2
+    whole, stats = pack_records(recs, NoiseSchedule("random"), room, copies=3)
+    assert not whole and stats.dropped_blocks == {"max_length": 2}
