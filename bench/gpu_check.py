@@ -9,15 +9,21 @@
    with the fp32 LM head, and in fp32, at batch 1 and 8; and what exactness costs (fp32 vs bf16 TPS).
 3. flash-attention (when flash_attn imports): Jacobi and recycling on flash_attention_2 against SDPA, bf16: the
    identical fraction between them, the forwards per mask path (2D on flash, trees on SDPA), TPS.
-4. training: the Jacobi Forcing loss of one packed batch with FlexAttention's BlockMask against SDPA's dense mask.
+4. training: the Jacobi Forcing loss of one packed batch with FlexAttention's BlockMask against SDPA's dense mask,
+   in both packing layouts (training.packing blocks and spans), a backward pass each (passed on an H200 on
+   2026-12-04: docs/development.md, "A GPU lease").
 5. the cost of one forward at window widths 1, 16, 64, 128, 256 over a 512-token cache, on a Qwen2.5-0.5B-shaped
    model and a Qwen2.5-7B-shaped layer stack (4 layers): where a wider window stops being free.
 
 6. adapter_speed (`--adapter-model DIR --prompts FILE`): a model with a trained draft adapter (the base verifies)
-   against our AR and HF generate at batch 1, 4 and 16, fp32 (exact): held-out TPF, tokens/s and x AR of Jacobi
-   at each n, every output checked against the base's greedy output (our AR: the adapter is unhooked outside a
-   drafting forward), and where a Jacobi step's time goes (the forward against the host's work around it). Without
-   a model (`--smoke`, CI) a random tiny model with a random adapter runs the same code.
+   against our AR (and AR timed again: the control row, the timer's spread) and HF generate at `--batches` (default
+   1, 4 and 16), fp32 (exact): held-out TPF, tokens/s and x AR of Jacobi at each of `--block-sizes` and of Jacobi
+   with prompt lookup at the largest, beside the untrained decoders a user would pick instead: HF's prompt lookup
+   (batch 1) and, with `--base-model`, the untrained base's Jacobi with prompt lookup. Every output is checked
+   against the base's greedy output (our AR: the adapter is unhooked outside a drafting forward); each batch size's
+   rows are written as they finish (`adapter_speed.partial.json`), and where a Jacobi step's time goes (the forward
+   against the host's work around it). Without a model (`--smoke`, CI) a random tiny model with a random adapter
+   runs the same code.
    `scripts/gpu/lease_adapter.sh` trains the adapter on GSM8K's train split and runs this on the test split.
 
 Random weights: numerics on a random model are a worst case (near-tied argmaxes everywhere); the figures for a
@@ -33,6 +39,7 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -217,6 +224,7 @@ def check_flex_training(device: torch.device, smoke: bool) -> dict:
         return {"skipped": "FlexAttention training runs on CUDA only (on CPU it compiles for minutes)"}
     from types import SimpleNamespace
 
+    from jf_core.training.jf_data import ROWS
     from jf_core.training.losses import JacobiForcingObjective, JFLossConfig
     from jf_core.training.noise import NoiseSchedule
     from jf_core.training.packing import collate, pack_records
@@ -228,20 +236,24 @@ def check_flex_training(device: torch.device, smoke: bool) -> dict:
     items = [PromptItem(str(i), p) for i, p in enumerate(random_prompts(FLEX["vocab_size"], 8, 8, 24))]
     # As the round trains: sequences of a few hundred tokens, gradients on. On the H200 (2026-11-27, torch 2.11) the
     # first version of this check, 84-token sequences under no_grad, failed in Inductor's FlexAttention lowering
-    # ("No choices to select") while the round's training ran; unverified on a GPU since.
+    # ("No choices to select") while the round's training ran. Both layouts (training.packing): the spans layout's
+    # mask has a per-position anchor the blocks layout's lacks, and the SmolLM2 profile trains in spans.
     records = collect(model, tok, items, CollectConfig(block_size=8, max_new_tokens=192), model_hash="random").records
     packed, _ = pack_records(records, NoiseSchedule("random", window=4), 2048)
-    batch = {k: v.to(device) for k, v in collate(packed[:4], 0).items()}
-    objective = JacobiForcingObjective(JFLossConfig())
-    losses = {}
-    for attn in ("sdpa", "flex_attention"):
-        model.set_attn_implementation(attn)
-        model.zero_grad()
-        with torch.autocast(device.type, dtype=torch.bfloat16):  # as the trainer computes
-            loss, losses[attn] = objective(model, batch)
-        loss.backward()
-    diff = {k: abs(losses["sdpa"][k] - losses["flex_attention"][k]) for k in ("loss", "ar_loss", "consistency_loss")}
-    return {"losses": losses, "abs_difference": diff}
+    out = {}
+    for layout, variant in (("blocks", "shipped"), ("spans", "clean_context")):
+        batch = {k: v.to(device) for k, v in collate(packed[:4], 0, variant, row=ROWS[layout]).items()}
+        objective = JacobiForcingObjective(JFLossConfig(), variant)
+        losses = {}
+        for attn in ("sdpa", "flex_attention"):
+            model.set_attn_implementation(attn)
+            model.zero_grad()
+            with torch.autocast(device.type, dtype=torch.bfloat16):  # as the trainer computes
+                loss, losses[attn] = objective(model, batch)
+            loss.backward()
+        diff = {k: abs(losses["sdpa"][k] - losses["flex_attention"][k]) for k in ("loss", "consistency_loss")}
+        out[layout] = {"losses": losses, "abs_difference": diff, "width": int(batch["input_ids"].shape[1])}
+    return out
 
 
 def forward_cost(device: torch.device, shape: dict, widths: list[int], context: int = 512) -> dict:
@@ -302,15 +314,30 @@ def step_breakdown(
 
 
 def check_adapter_speed(
-    device: torch.device, smoke: bool, model_dir: str | None, prompts_file: str | None, num_prompts: int
+    device: torch.device,
+    smoke: bool,
+    model_dir: str | None,
+    prompts_file: str | None,
+    num_prompts: int,
+    *,
+    base_dir: str | None = None,
+    batches: tuple[int, ...] = ADAPTER_BATCHES,
+    sizes: tuple[int, ...] = (8, 16, 32),
+    max_new_tokens: int = 256,
+    save: Callable[[dict], None] | None = None,
 ) -> dict:
+    """The adapter model's decoders against our AR (and its AR-against-AR control row: the timer's bias and spread),
+    HF generate, HF prompt lookup (batch 1: HF's is one prompt at a time) and, with `base_dir`, the untrained base's
+    Jacobi with prompt lookup: the untrained decoders a user would pick instead. Each batch size's rows are
+    `save`d as they finish: a lease cut short keeps what it timed."""
     from jf_core.draft_adapter.adapter import attach_draft_adapter, draft_adapter
     from jf_core.draft_adapter.config import DraftLora
-    from jf_core.evaluation.method import HF_GENERATE
+    from jf_core.evaluation.evaluate import with_control
+    from jf_core.evaluation.method import HF_GENERATE, HF_PROMPT_LOOKUP
     from jf_core.evaluation.methods import build_methods
     from jf_core.evaluation.speed import bench
 
-    stop = STOP
+    stop, base = STOP, None
     if model_dir is None:
         model = random_qwen2(SMOKE, device, torch.float32)
         adapter = attach_draft_adapter(model, DraftLora(rank=4))
@@ -318,6 +345,7 @@ def check_adapter_speed(
         with torch.no_grad():
             for b in adapter.b.values():
                 b.copy_((torch.randn(b.shape, generator=g) * 0.5).to(b.device))
+        base = random_qwen2(SMOKE, device, torch.float32)  # the same seed: the adapter model's base
         prompts, new, sizes = random_prompts(SMOKE["vocab_size"], 4), 16, (4, 8)
     else:
         from jf_core.models import load_model, stop_tokens
@@ -327,14 +355,25 @@ def check_adapter_speed(
             raise ValueError(f"--adapter-model {model_dir} keeps no draft adapter (draft_adapter.safetensors)")
         if prompts_file is None:
             raise ValueError("--adapter-model needs --prompts (a GSM8K-style JSONL file)")
+        if base_dir is not None:
+            base = load_model(base_dir, dtype="float32", device=str(device))[0]
+            if draft_adapter(base) is not None:
+                raise ValueError(f"--base-model {base_dir} keeps a draft adapter: name the untrained model")
         stop = stop_tokens(model, tok)
-        prompts, new, sizes = adapter_prompts(tok, prompts_file, num_prompts), 256, (8, 16, 32)
-    # Prompt lookup beside the adapter at the middle width: the tuned model with it ran 1.33x AR on a CPU (issue 51).
-    built = build_methods(model, stop, new, block_sizes=sizes, lookup_sizes=sizes[1:2])
-    methods = {HF_GENERATE: hf_generate_decoder(model, stop, new), **built}
+        prompts, new = adapter_prompts(tok, prompts_file, max(num_prompts, *batches)), max_new_tokens
+    largest = sizes[-1:]
+    built = build_methods(model, stop, new, block_sizes=sizes, lookup_sizes=largest)
+    untrained = build_methods(base, stop, new, ar=False, lookup_sizes=largest, model_tag="base") if base else {}
     out: dict = {"block_sizes": list(sizes), "prompts": len(prompts), "max_new_tokens": new}
-    for batch in ADAPTER_BATCHES if not smoke else (1, 4):
-        rows = bench(methods, whole_batches(prompts, batch), batch_size=batch, warmup_prompts=batch)
+    for batch in batches if not smoke else (1, 4):
+        methods = {HF_GENERATE: hf_generate_decoder(model, stop, new)}
+        if batch == 1:  # HF's prompt lookup decodes one prompt at a time
+            lookup = hf_generate_decoder(model, stop, new, batched=False, prompt_lookup_num_tokens=10)
+            methods[HF_PROMPT_LOOKUP] = lookup
+        methods |= with_control(built) | untrained
+        timed = whole_batches(prompts[: max(num_prompts, batch)], batch)
+        # A warm-up of two prompts warms every code path; a whole batch of them would double a large batch's cost.
+        rows = bench(methods, timed, batch_size=batch, warmup_prompts=min(batch, 2))
         out[f"batch {batch}"] = {
             r.name: {
                 "tpf": r.tpf,
@@ -342,9 +381,12 @@ def check_adapter_speed(
                 "x_ar": r.speedup_vs_ar,
                 "x_hf": r.speedup_vs_hf_generate,
                 "identical_to_base": r.identical_fraction,
+                "prompts": len(timed),
             }
             for r in rows
         }
+        if save is not None:
+            save(out)
     cfg = JacobiConfig(block_size=sizes[len(sizes) // 2], max_new_tokens=new)
     out["step_breakdown"] = {
         f"{method}, n={cfg.block_size}, batch 1": step_breakdown(model, prompts[:2], cfg, device, stop, method)
@@ -416,6 +458,10 @@ def main() -> None:
     parser.add_argument("--adapter-model", help="adapter_speed: a model directory with a trained draft adapter")
     parser.add_argument("--prompts", help="adapter_speed: a GSM8K-style JSONL file (held-out questions)")
     parser.add_argument("--num-prompts", type=int, default=32, help="adapter_speed: questions timed at each batch")
+    parser.add_argument("--base-model", help="adapter_speed: the untrained model, for its Jacobi + prompt lookup rows")
+    parser.add_argument("--batches", default="1,4,16", help="adapter_speed: batch sizes, in the order timed")
+    parser.add_argument("--block-sizes", default="8,16,32", help="adapter_speed: Jacobi's n (lookup at the largest)")
+    parser.add_argument("--max-new-tokens", type=int, default=256, help="adapter_speed: tokens per answer")
     args = parser.parse_args()
     device = torch.device(args.device)
     if device.type == "cuda":
@@ -437,7 +483,16 @@ def main() -> None:
             "qwen2.5-7b layer stack (4 layers)": forward_cost(device, SMOKE if args.smoke else QWEN_7B_STACK, widths),
         },
         "adapter_speed": lambda: check_adapter_speed(
-            device, args.smoke, args.adapter_model, args.prompts, args.num_prompts
+            device,
+            args.smoke,
+            args.adapter_model,
+            args.prompts,
+            args.num_prompts,
+            base_dir=args.base_model,
+            batches=tuple(int(b) for b in args.batches.split(",")),
+            sizes=tuple(int(n) for n in args.block_sizes.split(",")),
+            max_new_tokens=args.max_new_tokens,
+            save=lambda partial: (out / "adapter_speed.partial.json").write_text(json.dumps(partial, indent=2)),
         ),
         "numerics": lambda: check_numerics(device, small, args.smoke),  # the longest: last
     }
@@ -457,6 +512,9 @@ def main() -> None:
             results[name] = run()
         except Exception as err:  # one section's failure is a finding; the others still run
             results[name] = {"error": f"{type(err).__name__}: {str(err)[:2000]}"}
+        except KeyboardInterrupt:  # a lease's time limit (timeout --signal=INT): what was measured is written
+            results[name] = {"error": "interrupted: the time limit (adapter_speed keeps its finished batches)"}
+            break
         results[f"{name}_done_s"] = time.perf_counter() - started
         # Written after every section: a run cut short by its machine's time limit still leaves what it measured.
         (out / "gpu_check.json").write_text(json.dumps(results, indent=2, default=str))

@@ -17,12 +17,16 @@ def model_path(model: str | None, profile=None) -> str:
     """Every command's model, named one way: a directory, a hub id, `models:/<name>@<alias>` or `/<version>` (the
     registered checkpoint, downloaded once per version), `package:<distribution>` (its GGUF, imported once) or
     `embedded`; None: the profile's model (the embedded one without a profile). One door:
-    `tasks.model_package.resolve_model`."""
-    from jacobi_forcing.tasks.model_package import resolve_model
-    from jf_core.model_ref import EMBEDDED
+    `tasks.model_package.resolve_model`; MLflow is imported only for a registered model, so a machine without it
+    (a lent GPU's image) runs every command on a directory, a hub id or a GGUF file."""
+    from jf_core import model_ref
 
     if model is None:
-        model = profile.model.path if profile is not None else EMBEDDED
+        model = profile.model.path if profile is not None else model_ref.EMBEDDED
+    if not model.startswith(model_ref.REGISTRY_SCHEME):
+        return model_ref.resolve_model(model)
+    from jacobi_forcing.tasks.model_package import resolve_model
+
     return resolve_model(model, profile)
 
 

@@ -49,7 +49,7 @@ def train_round(
     training stage keeps it as `out`'s marker: jf_core/round/stages.py)."""
     t = profile.training
     distributed = t.strategy != "single"
-    attention = training_attention(device)
+    attention = training_attention(device, t.attention)
     dtype = ModelSpec(model_in, dtype=profile.model.dtype, device=device.type).resolved_dtype()
     # Sharded strategies load on the CPU: fully_shard moves each worker's shard to its device.
     model, tok = load_model(

@@ -48,6 +48,11 @@ class JFTrainConfig(BaseModel):
     # visit) kept from one visit to the next, up to this many MB, the least recently seen dropped past it
     # (context_store.py); 0: computed on every visit. A whole model (no draft_lora) computes it every visit.
     context_memory_mb: int = Field(0, ge=0)
+    # The attention kernel training runs: auto is FlexAttention's block masks on CUDA (no dense L x L mask; one
+    # packed forward) and SDPA with the dense mask elsewhere (where context_cache's two passes and the kept
+    # contexts apply). sdpa on CUDA takes the dense-mask path there too: the way back when FlexAttention's
+    # compile fails on a GPU (bench/gpu_check.py's flex_training section says whether it does).
+    attention: Literal["auto", "sdpa", "flex_attention"] = "auto"
     steps: int = Field(600, ge=1)
     lr: float = Field(1e-3, gt=0)
     warmup_steps: int = Field(30, ge=0)

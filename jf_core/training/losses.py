@@ -334,9 +334,11 @@ def flex_block_mask(
     )
 
 
-def training_attention(device: torch.device) -> str:
-    """Attention backend for training with the noise-aware mask: FlexAttention on CUDA (flash-attention takes no
-    custom masks), SDPA elsewhere."""
+def training_attention(device: torch.device, choice: str = "auto") -> str:
+    """Attention backend for training with the noise-aware mask (`training.attention`): `auto` is FlexAttention on
+    CUDA (flash-attention takes no custom masks), SDPA elsewhere; `sdpa` or `flex_attention` as named."""
+    if choice != "auto":
+        return choice
     if device.type == "cuda":
         try:
             import torch.nn.attention.flex_attention  # noqa: F401

@@ -675,3 +675,22 @@ def test_a_drafted_span_takes_the_first_positions_from_the_departure(span):
         *range(ex.noisy_start(0) + 2, ex.noisy_start(0) + 6),
         *range(ex.noisy_start(1) + 1, ex.noisy_start(1) + 6),
     ]
+
+
+def test_training_attention_is_flex_on_cuda_unless_the_profile_names_another():
+    """`training.attention`: auto is FlexAttention's block masks on CUDA and SDPA's dense mask elsewhere; a profile
+    naming a kernel gets it on every device (sdpa on CUDA: the way back when FlexAttention's compile fails there).
+    Only a named kernel enters the round's key, so rounds trained before the knob keep theirs."""
+    from jf_core.config import load_profile
+    from jf_core.round.paths import training_identity
+    from jf_core.training.config import JFTrainConfig
+    from jf_core.training.losses import training_attention
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert (training_attention(cuda), training_attention(cpu)) == ("flex_attention", "sdpa")
+    assert (training_attention(cuda, "sdpa"), training_attention(cpu, "flex_attention")) == ("sdpa", "flex_attention")
+    auto = load_profile("tiny")
+    named = auto.model_copy(update={"training": auto.training.model_copy(update={"attention": "sdpa"})})
+    assert "attention" not in training_identity(auto) and training_identity(named)["attention"] == "sdpa"
+    with pytest.raises(ValueError, match="attention"):
+        JFTrainConfig(attention="flash_attention_2")
