@@ -18,6 +18,13 @@ the layout packs around them (the layouts are compared by these and by the step,
 tokens for the same students). The table gives the median over `--repeats` and the
 ratio to the first option. Trajectories are synthetic (greedy AR + corrupted tails): the same packed shapes as
 Jacobi's at a fraction of the cost. Run it alone: a neighbour's time slices land in whichever option is running.
+
+`--flops`: each option against this machine's limit. Its step's FLOPs are counted by torch's FlopCounterMode over
+one more run of the same steps (the matmuls and attention, forward and backward, as autograd dispatches them; the
+lean head's one check forward before training is counted too, under 1% of a 24-step run), and the limit is the
+fastest matmul this process measures in the dtype the option computes in (`training.compute_dtype`, as the run
+resolved it), at a SmolLM2 MLP's shape and at 1024 cubed, on the same threads: "of peak" is the step's FLOPs a
+second over that.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -63,6 +71,34 @@ def train_on_records(profile, model_dir: str, records: list[dict], where: Path):
     return summary, packed
 
 
+def matmul_gflops(dtype: torch.dtype, repeats: int = 20) -> float:
+    """This machine's matmul GFLOP/s in `dtype` on torch's current threads: the fastest of a SmolLM2 MLP's product
+    (512 tokens x 576 -> 1536) and a 1024-cube product, each timed over `repeats` after a warm-up."""
+    best = 0.0
+    for m, k, n in ((512, 576, 1536), (1024, 1024, 1024)):
+        a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
+        for _ in range(3):
+            a @ b
+        start = time.perf_counter()
+        for _ in range(repeats):
+            a @ b
+        best = max(best, 2 * m * k * n * repeats / (time.perf_counter() - start) / 1e9)
+    return best
+
+
+def counted_flops(
+    profile, model_dir: str, records: list[dict], overrides: dict, steps: int, where: Path
+) -> tuple[float, str]:
+    """(FLOPs a step of `overrides`' training, the dtype it computed in): FlopCounterMode over a whole run of
+    `steps` steps, divided by them."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter:
+        row = measure(profile, model_dir, records, overrides, steps, where)
+    return counter.get_total_flops() / steps, row["compute_dtype"]
+
+
 def measure(profile, model_dir: str, records: list[dict], overrides: dict, steps: int, where: Path) -> dict:
     overrides = {
         **overrides,
@@ -78,7 +114,8 @@ def measure(profile, model_dir: str, records: list[dict], overrides: dict, steps
     tokens = summary.history[-1]["tokens_seen"] / steps
     students = statistics.fmean(h["consistency_positions"] for h in summary.history if "consistency_positions" in h)
     return {"step_seconds": seconds, "tokens_per_step": tokens, "tokens_per_s": tokens / seconds,
-            "students_per_step": students, "students_per_s": students / seconds}  # fmt: skip
+            "students_per_step": students, "students_per_s": students / seconds,
+            "compute_dtype": summary.compute_dtype}  # fmt: skip
 
 
 def main() -> int:
@@ -92,6 +129,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", help="JSON with every measurement")
+    ap.add_argument("--flops", action="store_true", help="each option's FLOPs a step against this machine's matmuls")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     profile = load_profile(args.profile, **parse_overrides(args.set or []))
@@ -117,6 +155,11 @@ def main() -> int:
                 rows[name].append(row)
                 speed = f"{row['tokens_per_s']:.1f} tokens/s, {row['step_seconds']:.2f} s a step"
                 print(f"{name} (repeat {r + 1}): {speed}", flush=True)
+        flops = limits = {}
+        if args.flops:
+            flops = {name: against_limit(profile, model_dir, records, overrides, args, scratch / f"{name}-flops")
+                     for name, overrides in options.items()}  # fmt: skip
+            limits = {name: f["peak_gflops"] for name, f in flops.items()}
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     first = rows[next(iter(options))]
@@ -132,9 +175,27 @@ def main() -> int:
         per_step = runs[0]["students_per_step"]
         print(f"| {name} | {tps:.1f} | {step:.2f} | {runs[0]['tokens_per_step']:.0f} | {tps / first_tps:.2f}x "
               f"| {students:.1f} | {per_step:.0f} | {students / first_students:.2f}x |")  # fmt: skip
+    if flops:
+        print("\n| option | GFLOP a step | GFLOP/s | of peak | peak GFLOP/s (dtype) |\n|---|---|---|---|---|")
+        for name, runs in rows.items():
+            step = statistics.median(x["step_seconds"] for x in runs)
+            f = flops[name]
+            achieved = f["gflop_per_step"] / step
+            f.update(gflops=achieved, of_peak=achieved / limits[name])
+            print(f"| {name} | {f['gflop_per_step']:.1f} | {achieved:.1f} | {f['of_peak']:.0%} "
+                  f"| {limits[name]:.1f} ({f['dtype']}) |")  # fmt: skip
     if args.out:
-        Path(args.out).write_text(json.dumps({"options": options, "rows": rows}, indent=2))
+        Path(args.out).write_text(json.dumps({"options": options, "rows": rows, "flops": flops}, indent=2))
     return 0
+
+
+def against_limit(profile, model_dir: str, records: list[dict], overrides: dict, args, where: Path) -> dict:
+    """An option's FLOPs a step and this machine's matmul GFLOP/s in the dtype it computes in, on its threads."""
+    training = {k: v for k, v in overrides.items() if k != "threads"}
+    torch.set_num_threads(overrides.get("threads", args.threads))
+    per_step, dtype = counted_flops(profile, model_dir, records, training, args.steps, where)
+    shutil.rmtree(where, ignore_errors=True)
+    return {"gflop_per_step": per_step / 1e9, "dtype": dtype, "peak_gflops": matmul_gflops(getattr(torch, dtype))}
 
 
 if __name__ == "__main__":

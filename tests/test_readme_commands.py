@@ -325,6 +325,12 @@ HOW = {
         "not in CI", "a benchmark of the real model (timing only); its token and student counts are tested in "
                      "tests/bench/test_train_throughput.py, the layouts' and the kept contexts' losses in "
                      "tests/jf_core/training/test_spans.py and test_context_store.py"),
+    ".venv/bin/python bench/train_throughput.py --profile smollm2-135m --set "
+    "prompts.source=../shared/benchmarks/gsm8k_train.jsonl --questions 8 --steps 24 --repeats 2 --flops --option "
+    "'blocks_span0:{\"draft_span\": 0, \"packing\": \"blocks\", \"context_memory_mb\": 0, \"noisy_copies\": 1}' "
+    "--option 'spans_kept_one_copy:{\"noisy_copies\": 1}' --option 'profile:{}'": (
+        "not in CI", "a benchmark of the real model (timing and FLOPs, about 15 minutes); its FLOP counting and "
+                     "matmul rate are tested in tests/bench/test_train_throughput.py"),
     ".venv/bin/python bench/mechanism.py --profile PROFILE_WITHOUT_HASH_SPLITS.yaml --set "
     "prompts.source=../shared/benchmarks/gsm8k_train.jsonl --set "
     "evaluation.source=../shared/benchmarks/gsm8k_test.jsonl --set evaluation.batch_size=16 --set "

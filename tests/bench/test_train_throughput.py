@@ -4,6 +4,7 @@ a second come from the training history's step times and the tokens the trainer 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from bench.train_throughput import measure, step_seconds
 from jf_core.models import load_model
@@ -40,3 +41,20 @@ def test_options_train_and_count_their_tokens(profile, tmp_path):
     for row in (one, two, three, blocks, spans):
         assert row["step_seconds"] > 0
         assert row["tokens_per_s"] == pytest.approx(row["tokens_per_step"] / row["step_seconds"])
+
+
+def test_an_options_flops_a_step_are_counted_and_the_machine_measured(profile, tmp_path):
+    """`--flops`: two packed sequences a step count about twice one's FLOPs (the lean head's one check forward before
+    training, counted in both, keeps it under 2x); the machine's matmul rate is a measured, positive figure."""
+    from bench.train_throughput import counted_flops, matmul_gflops
+
+    model, tok = load_model(profile.model.path)
+    items = load_prompts(profile.prompts.model_copy(update={"limit": 2}), tok).items
+    cfg = profile.trajectory.model_copy(update={"kind": "synthetic"}).collect_config()
+    records = collect(model, tok, items, cfg, model_hash="t").records
+    one, dtype = counted_flops(
+        profile, profile.model.path, records, {"batch_size": 1, "grad_accum": 1}, 4, tmp_path / "a"
+    )
+    two, _ = counted_flops(profile, profile.model.path, records, {"batch_size": 1, "grad_accum": 2}, 4, tmp_path / "b")
+    assert 1.4 * one < two < 2.2 * one and dtype == "float32"
+    assert matmul_gflops(torch.float32, repeats=2) > 0 and matmul_gflops(torch.bfloat16, repeats=2) > 0
