@@ -155,11 +155,10 @@ def main() -> int:
                 rows[name].append(row)
                 speed = f"{row['tokens_per_s']:.1f} tokens/s, {row['step_seconds']:.2f} s a step"
                 print(f"{name} (repeat {r + 1}): {speed}", flush=True)
-        flops = limits = {}
+        flops = {}
         if args.flops:
             flops = {name: against_limit(profile, model_dir, records, overrides, args, scratch / f"{name}-flops")
                      for name, overrides in options.items()}  # fmt: skip
-            limits = {name: f["peak_gflops"] for name, f in flops.items()}
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     first = rows[next(iter(options))]
@@ -181,9 +180,9 @@ def main() -> int:
             step = statistics.median(x["step_seconds"] for x in runs)
             f = flops[name]
             achieved = f["gflop_per_step"] / step
-            f.update(gflops=achieved, of_peak=achieved / limits[name])
+            f.update(gflops=achieved, of_peak=achieved / f["peak_gflops"])
             print(f"| {name} | {f['gflop_per_step']:.1f} | {achieved:.1f} | {f['of_peak']:.0%} "
-                  f"| {limits[name]:.1f} ({f['dtype']}) |")  # fmt: skip
+                  f"| {f['peak_gflops']:.1f} ({f['dtype']}) |")  # fmt: skip
     if args.out:
         Path(args.out).write_text(json.dumps({"options": options, "rows": rows, "flops": flops}, indent=2))
     return 0
