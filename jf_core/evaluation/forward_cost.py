@@ -14,6 +14,7 @@ import torch
 from jf_core.decoding.kv import cache_kwargs
 from jf_core.decoding.reserved_cache import reserved_cache
 from jf_core.draft_adapter.adapter import draft_adapter, draft_gate, gated
+from jf_core.evaluation.tables import figure
 
 
 def _sync(device: torch.device) -> None:
@@ -119,12 +120,12 @@ def forms_table(
     rows = [
         [
             str(w),
-            f"{med[ref][w]:.1f}",
-            f"{med[other][w]:.1f}",
-            f"{med[num][w] / med[den][w]:.2f}",
-            f"{med[ref][w] / med[ref][first]:.2f}",
-            f"{med[other][w] / med[other][first]:.2f}",
-            " / ".join(f"{min(ms[n][w]):.1f}-{max(ms[n][w]):.1f}" for n in (ref, other)),
+            figure(med[ref][w], 1),
+            figure(med[other][w], 1),
+            figure(med[num][w] / med[den][w], 2),
+            figure(med[ref][w] / med[ref][first], 2),
+            figure(med[other][w] / med[other][first], 2),
+            " / ".join(f"{figure(min(ms[n][w]), 1)}-{figure(max(ms[n][w]), 1)}" for n in (ref, other)),
         ]
         for w in widths
     ]

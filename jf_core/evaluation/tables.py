@@ -11,6 +11,13 @@ from pathlib import Path
 from jf_core.evaluation.speed import MethodResult
 
 
+def figure(x: float, decimals: int) -> str:
+    """`x` to `decimals` places, or to two significant figures where those places would print a nonzero measurement
+    as zero (a width-1 forward stalled by a busy machine makes a ratio of 0.004, which is not 0.00)."""
+    fixed = f"{x:.{decimals}f}"
+    return f"{x:.2g}" if x != 0 and float(fixed) == 0 else fixed
+
+
 def _percentile(values: list[float], q: float) -> float:
     if not values:
         return math.nan

@@ -66,3 +66,17 @@ def test_jf_bench_forward_gated_refuses_a_model_without_an_adapter(embedded):
     model, _ = embedded
     with pytest.raises(SystemExit, match="--gated: gated_slots=3: the model has no draft adapter"):
         main(["bench", "forward", "--model", model.name_or_path, "--widths", "1", "--repeats", "1", "--gated", "3"])
+
+
+def test_a_stalled_first_width_never_prints_a_measured_ratio_as_zero():
+    """A busy machine stalled one width-1 forward for 600 ms (CI, 2026-12-04): the ratios to it are 0.003, which the
+    table must print as a small number, not as 0.00 (a figure that reads as missing)."""
+    from jf_core.evaluation.forward_cost import forms_table
+
+    ms = {"MKL": {1: [0.7, 600.0], 4: [0.8, 0.8]}, "packed": {1: [1.1, 1.2], 4: [1.4, 1.3]}}
+    head, rows = forms_table(ms, ("MKL", "packed", "packed speedup"))
+    assert head[1:3] == ["MKL ms", "packed ms"]
+    width_4 = rows[1]
+    assert width_4[4] == "0.0027"  # 0.8 / 300.35, to two significant figures
+    assert all(float(c) > 0 for row in rows for c in row[1:6])
+    assert rows[0][1] == "300.4" and rows[0][3] == "261.17"  # above the places' reach, still to 2 places
