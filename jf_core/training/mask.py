@@ -70,6 +70,18 @@ def _rule(kind_q, block_q, copy_q, anchor_q, kind_k, block_k, copy_k, anchor_k, 
     )
 
 
+def _filled(
+    kind: torch.Tensor, variant: str, copy: torch.Tensor | None, anchor: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both forms' arguments checked and completed in one place: the variant named (`_rule` reads any other as
+    shipped), copy 0 where there is one noisy copy, anchor 0 where there are no drafted spans."""
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown mask variant {variant!r}; expected one of {VARIANTS}")
+    copy = torch.zeros_like(kind) if copy is None else copy
+    anchor = torch.zeros_like(kind) if anchor is None else anchor
+    return copy, anchor
+
+
 def build_mask(
     kind: torch.Tensor,
     block: torch.Tensor,
@@ -79,10 +91,7 @@ def build_mask(
 ) -> torch.Tensor:
     """kind, block, copy, anchor: [B, L] from `layout` or a spans row (copy None: one noisy copy; anchor None: no
     drafted spans); returns [B, 1, L, L] bool."""
-    if variant not in VARIANTS:
-        raise ValueError(f"unknown mask variant {variant!r}; expected one of {VARIANTS}")
-    copy = torch.zeros_like(kind) if copy is None else copy
-    anchor = torch.zeros_like(kind) if anchor is None else anchor
+    copy, anchor = _filled(kind, variant, copy, anchor)
     width = kind.shape[1]
     q = torch.arange(width)[:, None]
     k = torch.arange(width)[None, :]
@@ -99,8 +108,7 @@ def mask_mod(
     anchor: torch.Tensor | None = None,
 ):
     """The same rule as a FlexAttention mask_mod over batched layouts ([B, L] tensors on the model's device)."""
-    copy = torch.zeros_like(kind) if copy is None else copy
-    anchor = torch.zeros_like(kind) if anchor is None else anchor
+    copy, anchor = _filled(kind, variant, copy, anchor)
 
     def mod(b, h, q_idx, kv_idx):
         return _rule(kind[b, q_idx], block[b, q_idx], copy[b, q_idx], anchor[b, q_idx], kind[b, kv_idx],

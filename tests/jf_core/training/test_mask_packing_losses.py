@@ -266,6 +266,16 @@ def test_flex_mask_mod_states_the_same_rule(variant):
     assert copy[1].max() == 2 and not torch.equal(dense[1, 0], build_mask(kind, block, variant)[1, 0])
 
 
+@pytest.mark.parametrize("form", ["build_mask", "mask_mod"])
+def test_both_forms_of_the_mask_refuse_a_variant_they_do_not_know(form):
+    """The FlexAttention form read a misspelt variant as the shipped rule (only the dense form checked the name)."""
+    from jf_core.training import mask
+
+    kind, block, _ = layout(3, 2, 4, 20)
+    with pytest.raises(ValueError, match="unknown mask variant 'clean-context'"):
+        getattr(mask, form)(kind[None], block[None], "clean-context")
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_flex_attention_training_forward_equals_sdpa_on_gpu():
