@@ -341,6 +341,17 @@ HOW = {
     "\"packing\": \"spans\", \"context_memory_mb\": 0, \"noisy_copies\": 1}}' --out rows.jsonl --plot curve.png": (
         "not in CI", "a study of the real model (about 75 minutes); `jf experiment`, which bench/mechanism.py is, "
                      "runs in tests/jf_core/experiments, the spans' losses in tests/jf_core/training/test_spans.py"),
+    ".venv/bin/python bench/mechanism.py --profile PROFILE_WITHOUT_HASH_SPLITS.yaml --set "
+    "prompts.source=../shared/benchmarks/gsm8k_train.jsonl --set "
+    "evaluation.source=../shared/benchmarks/gsm8k_test.jsonl --set evaluation.batch_size=16 --set "
+    "training.steps=2680 --set training.checkpoint_every=100 --set "
+    "training.tpf_probe_every=894 --set training.tpf_probe_questions=held_out --set training.tpf_probe_prompts=64 "
+    "--set training.tpf_probe_tokens=96 --train 2048 --measure-trained 16 --held-out 64 --max-new-tokens 96 "
+    "--batch-size 16 --collect-batch-size 64 --threads 2 --variant 'copies3_2048_spans:{\"training\": {\"seed\": 0, "
+    "\"packing\": \"spans\", \"context_memory_mb\": 8192, \"noisy_copies\": 3}}' --out rows.jsonl --plot curve.png": (
+        "not in CI", "a study of the real model (about 2 hours); `jf experiment`, which bench/mechanism.py is, runs "
+                     "in tests/jf_core/experiments, the copies' and kept contexts' losses in "
+                     "tests/jf_core/training/test_spans.py and test_context_store.py"),
     ".venv/bin/jf experiment --profile smollm2-135m --set prompts.source=../shared/benchmarks/gsm8k_train.jsonl "
     "--set evaluation.source=../shared/benchmarks/gsm8k_test.jsonl --train 64 --held-out 8 --measure-trained 8 "
     "--seeds 0,1 --variant 'spans3:{\"training\": {\"steps\": 200, \"tpf_probe_every\": 1000, \"noisy_copies\": 1}}' "
