@@ -132,6 +132,17 @@ VERBS = ("generate", "show", "verify")
 SMOLLM2 = "tests/test_smollm2.py::"
 TRIGGERS = "tests/flows/test_triggers.py::test_a_prompt_file_added_starts_a_round_from_the_champion_with_it"
 
+# The 2,048-question runs of docs/training.md ("Spans at scale", "Three copies at scale"): one command but the variant.
+SCALE_2048 = (
+    ".venv/bin/python bench/mechanism.py --profile PROFILE_WITHOUT_HASH_SPLITS.yaml --set "
+    "prompts.source=../shared/benchmarks/gsm8k_train.jsonl --set "
+    "evaluation.source=../shared/benchmarks/gsm8k_test.jsonl --set evaluation.batch_size=16 --set "
+    "training.steps=2680 --set training.checkpoint_every=100 --set "
+    "training.tpf_probe_every=894 --set training.tpf_probe_questions=held_out --set training.tpf_probe_prompts=64 "
+    "--set training.tpf_probe_tokens=96 --train 2048 --measure-trained 16 --held-out 64 --max-new-tokens 96 "
+    "--batch-size 16 --collect-batch-size 64 --threads 2 --variant "
+)
+
 # How CI checks each command line of the READMEs: "as written" (a test takes the line from the README and runs it:
 # ports, placeholders and sizes given through documented flags aside), "same command" (a test runs the command with
 # arguments of its own), or "not in CI" (why not; what checks it instead). A line added to a README without a
@@ -331,23 +342,11 @@ HOW = {
     "--option 'spans_kept_one_copy:{\"noisy_copies\": 1}' --option 'profile:{}'": (
         "not in CI", "a benchmark of the real model (timing and FLOPs, about 15 minutes); its FLOP counting and "
                      "matmul rate are tested in tests/bench/test_train_throughput.py"),
-    ".venv/bin/python bench/mechanism.py --profile PROFILE_WITHOUT_HASH_SPLITS.yaml --set "
-    "prompts.source=../shared/benchmarks/gsm8k_train.jsonl --set "
-    "evaluation.source=../shared/benchmarks/gsm8k_test.jsonl --set evaluation.batch_size=16 --set "
-    "training.steps=2680 --set training.checkpoint_every=100 --set "
-    "training.tpf_probe_every=894 --set training.tpf_probe_questions=held_out --set training.tpf_probe_prompts=64 "
-    "--set training.tpf_probe_tokens=96 --train 2048 --measure-trained 16 --held-out 64 --max-new-tokens 96 "
-    "--batch-size 16 --collect-batch-size 64 --threads 2 --variant 'span3_2048_spans:{\"training\": {\"seed\": 0, "
+    SCALE_2048 + "'span3_2048_spans:{\"training\": {\"seed\": 0, "
     "\"packing\": \"spans\", \"context_memory_mb\": 0, \"noisy_copies\": 1}}' --out rows.jsonl --plot curve.png": (
         "not in CI", "a study of the real model (about 75 minutes); `jf experiment`, which bench/mechanism.py is, "
                      "runs in tests/jf_core/experiments, the spans' losses in tests/jf_core/training/test_spans.py"),
-    ".venv/bin/python bench/mechanism.py --profile PROFILE_WITHOUT_HASH_SPLITS.yaml --set "
-    "prompts.source=../shared/benchmarks/gsm8k_train.jsonl --set "
-    "evaluation.source=../shared/benchmarks/gsm8k_test.jsonl --set evaluation.batch_size=16 --set "
-    "training.steps=2680 --set training.checkpoint_every=100 --set "
-    "training.tpf_probe_every=894 --set training.tpf_probe_questions=held_out --set training.tpf_probe_prompts=64 "
-    "--set training.tpf_probe_tokens=96 --train 2048 --measure-trained 16 --held-out 64 --max-new-tokens 96 "
-    "--batch-size 16 --collect-batch-size 64 --threads 2 --variant 'copies3_2048_spans:{\"training\": {\"seed\": 0, "
+    SCALE_2048 + "'copies3_2048_spans:{\"training\": {\"seed\": 0, "
     "\"packing\": \"spans\", \"context_memory_mb\": 8192, \"noisy_copies\": 3}}' --out rows.jsonl --plot curve.png": (
         "not in CI", "a study of the real model (about 2 hours); `jf experiment`, which bench/mechanism.py is, runs "
                      "in tests/jf_core/experiments, the copies' and kept contexts' losses in "
