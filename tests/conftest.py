@@ -14,6 +14,10 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("MLFLOW_ENABLE_TELEMETRY", "false")
 os.environ.setdefault("DO_NOT_TRACK", "true")
+# A test that renders a job template or runs a flow with no server URL gets Prefect's temporary server, which must
+# start within 20 s by default: on the loaded CI machine one took longer and its test failed (stop 91,
+# tests/infra/test_work_pools.py). The same 120 s the module fixture's harness allows.
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 
 # The suite runs in three pytest-xdist workers on two CPUs (pyproject.toml's addopts), most of whose slow tests wait on
 # servers, windows and leases: each worker runs one thread, for its own ops and for every process it starts (jf reads
