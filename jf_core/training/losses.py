@@ -229,8 +229,7 @@ class JacobiForcingObjective:
         self.mask_variant = mask_variant
         self.lean = lean
         self.context_cache = context_cache  # a draft adapter's context once, without autograd (context_cache.py)
-        # ...and kept between an example's visits (context_store.py)
-        self.store = ContextStore(context_memory_mb * 2**20) if context_memory_mb else None
+        self.store = ContextStore(context_memory_mb * 2**20) if context_memory_mb else None  # kept between visits
         self.base = base.requires_grad_(False).eval() if base is not None else None
 
     @classmethod
@@ -264,7 +263,7 @@ class JacobiForcingObjective:
             out["loss"] += self.cfg.base_kl_weight * out["base_kl"]
         if totals.get("lm_positions"):
             out["mixed_ar_loss"] = totals["lm_loss_sum"] / totals["lm_positions"]
-        return out
+        return out | (self.store.figures() if self.store is not None else {})
 
     def counts(self, batch: Batch) -> dict[str, int]:
         if "labels" in batch:

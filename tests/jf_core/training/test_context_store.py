@@ -45,6 +45,11 @@ def test_a_kept_context_gives_the_losses_and_gradients_of_one_computed_again(arc
             torch.testing.assert_close(grads[k], want_grads[k], rtol=1e-4, atol=1e-6)
     assert plain.store is None
     assert (kept.store.misses, kept.store.hits) == (4, 4) and len(kept.store.entries) == 4
+    # A step's metrics say so (the training history's rows): hits, misses and their seconds, the MB kept.
+    figures = kept.summarize({})
+    assert (figures["context_hits"], figures["context_misses"]) == (4.0, 4.0) and figures["context_miss_s"] > 0
+    assert figures["context_kept_mb"] == kept.store.bytes / 2**20 > 0
+    assert not any(k.startswith("context_") for k in plain.summarize({}))
     tiny = JacobiForcingObjective(cfg, "clean_context", context_memory_mb=1)
     tiny.store.limit_bytes = 1  # smaller than any context
     tiny(model, batches[0])
