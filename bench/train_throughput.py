@@ -99,16 +99,19 @@ def counted_flops(
     return counter.get_total_flops() / steps, row["compute_dtype"]
 
 
+def timed_profile(profile, overrides: dict, steps: int):
+    """The profile an option's timed run trains with: its overrides, `steps` steps, no warm-up, no checkpoint, and
+    neither probes nor on-policy decodes, which are not training steps. Those two are switched off on the validated
+    profile: an override of None reads as "not given" (`merge_overrides`), so passed as overrides they stayed on,
+    and the profile's probe every 200 steps ran inside a long run's timed steps."""
+    timed = {**overrides, "steps": steps, "warmup_steps": 0, "checkpoint_every": 10**6}
+    p = variant_profile(profile, {"training": timed})
+    off = {"tpf_probe_every": None, "onpolicy_every": None}
+    return p.model_copy(update={"training": p.training.model_copy(update=off)})
+
+
 def measure(profile, model_dir: str, records: list[dict], overrides: dict, steps: int, where: Path) -> dict:
-    overrides = {
-        **overrides,
-        "steps": steps,
-        "warmup_steps": 0,
-        "checkpoint_every": 10**6,
-        "tpf_probe_every": None,  # probes and on-policy decodes are not training steps
-        "onpolicy_every": None,
-    }
-    p = variant_profile(profile, {"training": overrides})
+    p = timed_profile(profile, overrides, steps)
     summary, _ = train_on_records(p, model_dir, records, where)
     seconds = step_seconds(summary.history)
     tokens = summary.history[-1]["tokens_seen"] / steps

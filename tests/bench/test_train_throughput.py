@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench.train_throughput import measure, step_seconds
+from bench.train_throughput import measure, step_seconds, timed_profile
+from jf_core.experiments.variants import variant_profile
 from jf_core.models import load_model
 from jf_core.trajectory.collect import collect
 from jf_core.trajectory.prompts import load_prompts
@@ -18,6 +19,17 @@ def test_step_seconds_is_the_median_gap_after_step_zero():
     assert step_seconds(history) == 1.0  # gaps 1, 2, 0.5 a step
     with pytest.raises(ValueError, match="two logged steps"):
         step_seconds(history[:1])
+
+
+def test_a_timed_run_neither_probes_nor_decodes_on_policy(profile):
+    """Even where the profile probes TPF or refreshes states on policy (the SmolLM2 profile probes every 200 steps):
+    a decode inside the timed steps would be timed as training."""
+    probing = variant_profile(
+        profile, {"training": {"tpf_probe_every": 1, "onpolicy_every": 1, "state_pick": "each_visit"}}
+    )
+    timed = timed_profile(probing, {"batch_size": 2}, 300).training
+    assert timed.tpf_probe_every is None and timed.onpolicy_every is None
+    assert (timed.steps, timed.batch_size, timed.warmup_steps) == (300, 2, 0)
 
 
 def test_options_train_and_count_their_tokens(profile, tmp_path):
