@@ -118,7 +118,8 @@ def measure(profile, model_dir: str, records: list[dict], overrides: dict, steps
     students = statistics.fmean(h["consistency_positions"] for h in summary.history if "consistency_positions" in h)
     return {"step_seconds": seconds, "tokens_per_step": tokens, "tokens_per_s": tokens / seconds,
             "students_per_step": students, "students_per_s": students / seconds,
-            "compute_dtype": summary.compute_dtype}  # fmt: skip
+            "compute_dtype": summary.compute_dtype,
+            "history": summary.history}  # fmt: skip  # each step's row: elapsed_s, tokens, the kept contexts' hits
 
 
 def main() -> int:
@@ -131,7 +132,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", help="JSON with every measurement")
+    ap.add_argument("--out", help="JSON with every measurement (each run's training history, a row a step)")
     ap.add_argument("--flops", action="store_true", help="each option's FLOPs a step against this machine's matmuls")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)

@@ -53,6 +53,7 @@ def test_options_train_and_count_their_tokens(profile, tmp_path):
     for row in (one, two, three, blocks, spans):
         assert row["step_seconds"] > 0
         assert row["tokens_per_s"] == pytest.approx(row["tokens_per_step"] / row["step_seconds"])
+        assert [h["step"] for h in row["history"] if "elapsed_s" in h] == [0.0, 1.0, 2.0, 3.0]  # a row a step
 
 
 def test_an_options_flops_a_step_are_counted_and_the_machine_measured(profile, tmp_path):
