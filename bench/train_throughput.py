@@ -25,6 +25,10 @@ lean head's one check forward before training is counted too, under 1% of a 24-s
 fastest matmul this process measures in the dtype the option computes in (`training.compute_dtype`, as the run
 resolved it), at a SmolLM2 MLP's shape and at 1024 cubed, on the same threads: "of peak" is the step's FLOPs a
 second over that.
+
+`--stretch N`: each run's steps also in stretches of N (the step, the kept contexts' passes, the rest, hits a step):
+whether a long run slows as it goes, and in which part. `--collect-batch-size`: questions decoded together for
+the trajectories (all at once by default, slow past about a hundred).
 """
 
 from __future__ import annotations
@@ -57,6 +61,26 @@ def step_seconds(history: list[dict]) -> float:
     if not gaps:
         raise ValueError("need at least two logged steps: --steps must be >= 2")
     return statistics.median(gaps)
+
+
+def stretches(history: list[dict], every: int) -> list[dict]:
+    """A long run's steps in stretches of `every`: each stretch's mean step seconds, the part the kept contexts'
+    passes took (`context_miss_s`, 0 without a store), the rest, and the hits a step. Whether a run slows as it
+    goes, and in which part, is read off these (a store's slowdown was found so)."""
+    rows = [h for h in history if "elapsed_s" in h]
+    gaps = [
+        (b["step"], b["elapsed_s"] - a["elapsed_s"], b.get("context_miss_s", 0.0) - a.get("context_miss_s", 0.0),
+         b.get("context_hits", 0.0) - a.get("context_hits", 0.0))
+        for a, b in itertools.pairwise(rows) if b["step"] == a["step"] + 1
+    ]  # fmt: skip
+    out = []
+    for start in range(0, int(max((g[0] for g in gaps), default=0)) + 1, every):
+        part = [g for g in gaps if start <= g[0] < start + every]
+        if part:
+            step, passes = statistics.fmean(g[1] for g in part), statistics.fmean(g[2] for g in part)
+            out.append({"steps": f"{start}-{start + every - 1}", "step_s": step, "context_pass_s": passes,
+                        "rest_s": step - passes, "hits_a_step": statistics.fmean(g[3] for g in part)})  # fmt: skip
+    return out
 
 
 def train_on_records(profile, model_dir: str, records: list[dict], where: Path):
@@ -134,13 +158,15 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", help="JSON with every measurement (each run's training history, a row a step)")
     ap.add_argument("--flops", action="store_true", help="each option's FLOPs a step against this machine's matmuls")
+    ap.add_argument("--stretch", type=int, metavar="N", help="also print each run's steps in stretches of N")
+    ap.add_argument("--collect-batch-size", type=int, help="questions decoded together (default: all at once)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     profile = load_profile(args.profile, **parse_overrides(args.set or []))
     model_dir = resolve_model(profile.model.path)
     model, tok = load_model(model_dir, dtype="float32")
     items = load_prompts(profile.prompts.model_copy(update={"split": "train", "limit": args.questions}), tok).items
-    update = {"kind": "synthetic", "batch_size": len(items)}
+    update = {"kind": "synthetic", "batch_size": args.collect_batch_size or len(items)}
     if args.max_new_tokens:
         update["max_new_tokens"] = args.max_new_tokens
     records = collect(model, tok, items, profile.trajectory.model_copy(update=update).collect_config(),
@@ -159,6 +185,10 @@ def main() -> int:
                 rows[name].append(row)
                 speed = f"{row['tokens_per_s']:.1f} tokens/s, {row['step_seconds']:.2f} s a step"
                 print(f"{name} (repeat {r + 1}): {speed}", flush=True)
+                for part in stretches(row["history"], args.stretch) if args.stretch else ():
+                    print(f"  steps {part['steps']}: {part['step_s']:.2f} s a step, context passes "
+                          f"{part['context_pass_s']:.2f}, the rest {part['rest_s']:.2f}, "
+                          f"{part['hits_a_step']:.2f} hits", flush=True)  # fmt: skip
         flops = {}
         if args.flops:
             flops = {name: against_limit(profile, model_dir, records, overrides, args, scratch / f"{name}-flops")

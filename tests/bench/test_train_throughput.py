@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench.train_throughput import measure, step_seconds, timed_profile
+from bench.train_throughput import measure, step_seconds, stretches, timed_profile
 from jf_core.experiments.variants import variant_profile
 from jf_core.models import load_model
 from jf_core.trajectory.collect import collect
@@ -19,6 +19,18 @@ def test_step_seconds_is_the_median_gap_after_step_zero():
     assert step_seconds(history) == 1.0  # gaps 1, 2, 0.5 a step
     with pytest.raises(ValueError, match="two logged steps"):
         step_seconds(history[:1])
+
+
+def test_stretches_split_each_step_into_its_context_passes_and_the_rest():
+    history = [{"step": 0.0, "elapsed_s": 0.0, "context_miss_s": 0.0, "context_hits": 0.0},
+               {"step": 1.0, "elapsed_s": 3.0, "context_miss_s": 1.0, "context_hits": 0.0},
+               {"step": 1.0, "probe": 1.0},  # a probe's row: no step of its own
+               {"step": 2.0, "elapsed_s": 7.0, "context_miss_s": 2.0, "context_hits": 1.0},
+               {"step": 3.0, "elapsed_s": 9.0, "context_miss_s": 2.0, "context_hits": 3.0}]  # fmt: skip
+    first, second = stretches(history, 2)
+    assert first == {"steps": "0-1", "step_s": 3.0, "context_pass_s": 1.0, "rest_s": 2.0, "hits_a_step": 0.0}
+    assert second == {"steps": "2-3", "step_s": 3.0, "context_pass_s": 0.5, "rest_s": 2.5, "hits_a_step": 1.5}
+    assert stretches([{"step": 0.0, "elapsed_s": 1.0}, {"step": 1.0, "elapsed_s": 2.5}], 10)[0]["rest_s"] == 1.5
 
 
 def test_a_timed_run_neither_probes_nor_decodes_on_policy(profile):

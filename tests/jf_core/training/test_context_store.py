@@ -69,6 +69,21 @@ def test_the_store_drops_the_examples_seen_longest_ago_past_its_limit():
     assert len(objective.store.entries) <= 2 and objective.store.hits + objective.store.misses == 8
 
 
+def test_a_kept_context_is_one_block_of_memory_of_its_own():
+    """Its 2 x layers + 1 tensors are views of one mapping (not 61 blocks left in malloc's heap for hundreds of steps
+    between the step's own tensors: a fragmented heap slowed the whole step), each aligned as a fresh tensor is."""
+    model, _ = adapter_model("llama")
+    objective = JacobiForcingObjective(JFLossConfig(), "clean_context", context_memory_mb=64)
+    objective(model, _visits(1, 1)[0])
+    (context,) = objective.store.entries.values()
+    parts = (*context.keys, *context.values, context.hidden)
+    assert len(parts) == 2 * model.config.num_hidden_layers + 1
+    storages = {t.untyped_storage().data_ptr() for t in parts}
+    assert len(storages) == 1
+    assert parts[0].untyped_storage().nbytes() >= context.nbytes
+    assert all(t.data_ptr() % 64 == 0 and t.is_contiguous() for t in parts)
+
+
 def test_a_kept_context_needs_the_spans_layout_and_acts_on_an_adapter_only():
     from jf_core.draft_adapter.config import DraftLora
 
