@@ -128,8 +128,8 @@ def _in_own_mapping(context: Context) -> Context:
     long-lived blocks sit in its heap between each step's short-lived tensors, and the fragmented heap made the whole
     step slower as the store filled (400 questions, 2,000 MB, 300 steps: the step outside the context passes went from
     2.09 to 2.48 s, while a fresh process resumed from the last checkpoint ran it in 1.74-1.93 s; with a mapping per
-    context it stayed at 1.55-1.92 s throughout; docs/training.md). One mapping per context keeps the heap to the
-    step's own tensors, and dropping the context returns its memory to the system whole."""
+    context it no longer climbed after step 100 (1.55-1.92 s; docs/training.md). One mapping per context keeps the
+    heap to the step's own tensors, and dropping the context returns its memory to the system whole."""
     parts = (*context.keys, *context.values, context.hidden)
     if context.hidden.device.type != "cpu":
         return context  # a GPU's caching allocator keeps its own pools: nothing of malloc's to spare
