@@ -1,14 +1,18 @@
-"""A draft adapter's training micro-step (forward, losses, backward) as it ran before three cuts and after each: the
+"""A draft adapter's training micro-step (forward, losses, backward) as it ran before four cuts and after each: the
 AR loss term left out where no gradient reaches it, then the frozen base's products in the compute dtype from a copy
 cast once (the context pass's too, which ran in packed fp32), then the projections of one input grouped (a layer's
 q, k, v and gate, up: one product of the frozen weights and one of the adapter's As and Bs each, with autograd;
-jf_core/layers/siblings.py); the sides taking turns on the same packed batches in one process.
+jf_core/layers/siblings.py), then each loss chunk's gradient taken as the chunk is computed instead of the chunk
+checkpointed (jf_core/training/losses.py, `_GradientNow`: the LM head's products a chunk halved); the sides taking
+turns on the same packed batches in one process.
 
     .venv/bin/python bench/loss_terms.py --profile smollm2-135m --packed RUN/packed/examples.parquet \
         --batches 6 --repeats 3
 
 `--packed`: a round's packed examples (`$JF_HOME/runs/<profile>/<run>/packed/examples.parquet`), trained as the
-profile trains them (its adapter, mask, compute dtype and two-pass forward). For a draft adapter the AR loss's
+profile trains them (its adapter, mask, layout, noisy copies, drafted span, compute dtype and two-pass forward);
+`--kept`: with the profile's store of contexts, each computed on its example's first visit and read after (a long
+run's later visits), so the sides time the step beside its context pass. For a draft adapter the AR loss's
 positions are the frozen base's (no gradient reaches them: `jf_core/training/losses.py`, `ar_gradient`), and the
 base's weights never change (`jf_core/layers/packed.py`, `CastWeight`). The adapter's gradients are checked the
 same with the AR term and without, bit for bit, and their cosines (cast once against before, grouped against cast
@@ -33,9 +37,10 @@ from jf_core.layers.siblings import ungrouped
 from jf_core.model_ref import resolve_model
 from jf_core.models import load_model
 from jf_core.training import context_cache as two_passes
+from jf_core.training.context_store import ContextStore
 from jf_core.training.head import head_fn
 from jf_core.training.jf_data import jf_batches, read_packed_share
-from jf_core.training.losses import JacobiForcingObjective, jf_losses, training_attention
+from jf_core.training.losses import JacobiForcingObjective, checkpointed_heads, jf_losses, training_attention
 from jf_core.training.noise import NoiseSchedule
 from jf_core.training.precision import resolve_compute_dtype
 
@@ -48,6 +53,7 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=6, help="packed batches, each timed both ways per repeat")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--kept", action="store_true", help="each context kept after its first visit (the store)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     profile = load_profile(args.profile, **parse_overrides(args.set))
@@ -63,32 +69,44 @@ def main() -> None:
     objective = JacobiForcingObjective.of(t)
     examples = read_packed_share(args.packed, 0, 1)
     redraw = NoiseSchedule.of(t) if t.state_pick == "each_visit" else None
-    stream = jf_batches(examples, t.batch_size, tok.pad_token_id, seed=t.seed, variant=t.mask, redraw=redraw)
+    stream = jf_batches(
+        examples, t.batch_size, tok.pad_token_id, seed=t.seed, variant=t.mask, redraw=redraw,
+        copies=t.noisy_copies, span=t.draft_span, packing=t.packing,
+    )  # fmt: skip
+    # --kept: the contexts the profile's store keeps, each computed on its example's first visit here (the first
+    # touch below) and read after, as a long run's later visits read them; the sides then time what follows.
+    store = ContextStore(t.context_memory_mb * 2**20) if args.kept and t.context_memory_mb else None
+    if args.kept and store is None:
+        raise SystemExit(f"{args.profile}: --kept needs training.context_memory_mb")
     batches = [next(stream) for _ in range(args.batches)]
     trainable = [p for p in model.parameters() if p.requires_grad]
 
     def step(batch, side: str) -> list[torch.Tensor]:
-        ar_gradient, cached, grouped = SIDES[side]
+        ar_gradient, cached, grouped, now = SIDES[side]
         model.zero_grad(set_to_none=True)
         with (
             contextlib.nullcontext() if cached else uncached_casts(),
             contextlib.nullcontext() if grouped else ungrouped(),
+            contextlib.nullcontext() if now else checkpointed_heads(),
         ):
             with torch.autocast("cpu", dtype=compute, enabled=compute != torch.float32):
-                hidden, _ = two_passes.forward(model, batch)
+                hidden, _ = two_passes.forward(model, batch, store)
                 loss, _ = jf_losses(hidden, head_fn(model), batch, objective.cfg, ar_gradient=ar_gradient)
             loss.backward()
         return [p.grad.clone() for p in trainable]
 
     print(f"{len(batches)} batches of {t.batch_size}, {sum(int(b['input_ids'].numel()) for b in batches)} positions "
           f"in all; compute {compute}; {args.threads} threads")  # fmt: skip
+    for batch in batches[1:] if store else ():  # first touch: each context computed once and kept
+        step(batch, "before")
     for batch in batches[:1]:  # first touch; the gradients the same with the AR term and without, bit for bit
         assert two_passes.applies(model, batch), "the profile's batches do not take the two-pass forward"
         grads = {side: torch.cat([g.flatten() for g in step(batch, side)]) for side in SIDES}
         assert torch.equal(grads["before"], grads["ar_left_out"]), "leaving the AR term out changed the gradients"
-        # The context pass in the compute dtype: gradients as close as bf16 gets to fp32's; grouped: bf16 rounding.
-        for new, old in (("cast_once", "before"), ("grouped", "cast_once")):
-            cosine = torch.nn.functional.cosine_similarity(grads[old].float(), grads[new].float(), dim=0)
+        # The context pass in the compute dtype: gradients as close as bf16 gets to fp32's; grouped and the
+        # gradient taken now: the compute dtype's rounding.
+        for new, old in (("cast_once", "before"), ("grouped", "cast_once"), ("gradient_now", "grouped")):
+            cosine = torch.nn.functional.cosine_similarity(grads[old].double(), grads[new].double(), dim=0)
             print(f"the adapter's gradients, {new} against {old}: cosine {float(cosine):.6f}")
     seconds: dict[str, list[float]] = {side: [] for side in SIDES}
     names = list(SIDES)
@@ -116,13 +134,14 @@ def main() -> None:
               f"{rate / peak:.2f} of a {peak:.0f} GFLOP/s matmul of the model's shape")  # fmt: skip
 
 
-# (the AR term computed, frozen weights cast once, one input's projections grouped): as training ran before the
-# changes and after each.
+# (the AR term computed, frozen weights cast once, one input's projections grouped, the loss chunks' gradient taken
+# as they are computed): as training ran before the changes and after each.
 SIDES = {
-    "before": (True, False, False),
-    "ar_left_out": (False, False, False),
-    "cast_once": (False, True, False),
-    "grouped": (False, True, True),
+    "before": (True, False, False, False),
+    "ar_left_out": (False, False, False, False),
+    "cast_once": (False, True, False, False),
+    "grouped": (False, True, True, False),
+    "gradient_now": (False, True, True, True),
 }
 
 

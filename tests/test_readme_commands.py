@@ -283,8 +283,19 @@ HOW = {
     ".venv/bin/python bench/loss_terms.py --profile smollm2-135m --set "
     "prompts.source=../shared/benchmarks/gsm8k_train.jsonl --packed RUN/packed/examples.parquet --batches 6 "
     "--repeats 3": (
-        "not in CI", "a benchmark of the real model (timing only); the cuts it times are tested bit for bit in "
-                     "tests/jf_core/training/test_context_cache.py and tests/jf_core/layers/test_packed.py"),
+        "not in CI", "a benchmark of the real model (timing only); the cuts it times are tested in "
+                     "tests/jf_core/training/test_context_cache.py, tests/jf_core/layers/test_packed.py and "
+                     "tests/jf_core/training/test_mask_packing_losses.py"),
+    ".venv/bin/python bench/loss_terms.py --profile smollm2-135m --set "
+    "prompts.source=../shared/benchmarks/gsm8k_train.jsonl --packed RUN/packed/examples.parquet --batches 6 "
+    "--repeats 3 --kept": (
+        "not in CI", "a benchmark of the real model (timing only); the gradient taken now is tested against the "
+                     "checkpointed chunks in tests/jf_core/training/test_mask_packing_losses.py"),
+    ".venv/bin/python bench/train_throughput.py --profile smollm2-135m --set "
+    "prompts.source=../shared/benchmarks/gsm8k_train.jsonl --questions 8 --steps 24 --repeats 2 --flops --option "
+    "'profile:{}' --option 'batch2:{\"batch_size\": 2, \"grad_accum\": 1}'": (
+        "not in CI", "a benchmark of the real model (timing only); its FLOP counting and token counting are tested in "
+                     "tests/bench/test_train_throughput.py"),
     ".venv/bin/python bench/trajectory_speed.py --profile smollm2-135m --set "
     "prompts.source=../shared/benchmarks/gsm8k_train.jsonl --prompts 64 --max-new-tokens 96 --batch-sizes 64 "
     "--repeats 2 --kinds synthetic --caches reserved concatenating": (

@@ -32,6 +32,10 @@ def head_fn(model: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
             logits = softcap * torch.tanh(logits / softcap)
         return logits
 
+    # No gradient reaches the head's own weights (a draft adapter's frozen base), and they are plain tensors (not an
+    # FSDP2 shard, whose hooks a backward inside the forward would run out of turn): losses.py may then take a loss
+    # chunk's gradient as it computes the chunk.
+    fn.frozen = all(not p.requires_grad and type(p.data) is torch.Tensor for p in head.parameters())
     return fn
 
 

@@ -200,6 +200,58 @@ def test_lean_loss_has_the_full_logits_gradients():
         torch.testing.assert_close(grads[True][1][name], grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
+@pytest.mark.parametrize("consistency", ["kl", "tv", "fixed_point"])
+def test_a_frozen_heads_loss_chunks_take_their_gradient_as_they_are_computed(consistency):
+    """Under a draft adapter no gradient reaches the LM head, so each loss chunk's gradient is taken as the chunk is
+    computed (`_GradientNow`), from half the head's products (a checkpoint's backward ran the teacher's and the
+    student's again): in fp32 the same loss and adapter gradients as checkpointing the chunks; under bf16 autocast
+    as close to fp32's as checkpointing's are (the gradient arriving from the loss scales the chunk's after its
+    rounding, not before)."""
+    import copy
+
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from jf_core.draft_adapter.adapter import attach_draft_adapter
+    from jf_core.training.losses import checkpointed_heads
+
+    base = TINY_MODELS["qwen2"]()
+    attach_draft_adapter(base, DraftLora(rank=4))
+    with torch.no_grad():  # B starts at zero: give the adapter a say, so its gradients depend on the head's
+        for p in base.parameters():
+            if p.requires_grad:
+                p.add_(torch.randn_like(p) * 0.05)
+    batch = collate(_random_examples(2, ((3, 2), (5, 3))), PAD, "clean_context")
+    cfg = JFLossConfig(chunk=2, temperature=2.0, consistency=consistency)
+
+    def run(now: bool, dtype: torch.dtype):
+        model = copy.deepcopy(base).train()
+        rows = []
+        model.get_output_embeddings().register_forward_hook(
+            lambda module, args, out: rows.append(args[0].shape[0]) if args[0].numel() else None
+        )
+        # Under FlopCounterMode too, whose module hooks track the inputs' gradients (a leaf refused them).
+        with contextlib.nullcontext() if now else checkpointed_heads(), FlopCounterMode(display=False) as counted:
+            with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
+                loss, _ = JacobiForcingObjective(cfg, "clean_context")(model, batch)
+            loss.backward()
+        grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.requires_grad])
+        return loss.item(), grads, rows, counted.get_total_flops()
+
+    (loss_now, now, rows_now, flops_now) = run(True, torch.float32)
+    (loss_then, then, rows_then, flops_then) = run(False, torch.float32)
+    assert flops_now < flops_then
+    assert loss_now == pytest.approx(loss_then, rel=1e-6)
+    assert then.abs().sum() > 0
+    torch.testing.assert_close(now, then, rtol=1e-5, atol=1e-7)
+    heads = 1 if consistency == "fixed_point" else 2  # the student's head, and the teacher's
+    chunks = len(rows_now) // heads
+    assert chunks >= 2  # several chunks
+    assert len(rows_then) == 2 * heads * chunks  # checkpointed: each chunk's forward again in backward
+    (_, bf16_now, *_), (_, bf16_then, *_) = run(True, torch.bfloat16), run(False, torch.bfloat16)
+    error_now, error_then = ((g - then).norm() / then.norm() for g in (bf16_now, bf16_then))
+    assert error_now <= 1.1 * error_then, (error_now, error_then)
+
+
 def test_consistency_is_zero_when_noisy_equals_clean():
     model = TINY_MODELS["qwen2"]()
     clean = [[11, 12, 13, 14], [15, 16, 17, 18]]
