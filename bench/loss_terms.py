@@ -97,8 +97,8 @@ def main() -> None:
 
     print(f"{len(batches)} batches of {t.batch_size}, {sum(int(b['input_ids'].numel()) for b in batches)} positions "
           f"in all; compute {compute}; {args.threads} threads")  # fmt: skip
-    for batch in batches[1:] if store else ():  # first touch: each context computed once and kept
-        step(batch, "before")
+    for batch in batches[1:] if store else ():  # first touch: each context computed once, as shipped, and kept
+        step(batch, list(SIDES)[-1])
     for batch in batches[:1]:  # first touch; the gradients the same with the AR term and without, bit for bit
         assert two_passes.applies(model, batch), "the profile's batches do not take the two-pass forward"
         grads = {side: torch.cat([g.flatten() for g in step(batch, side)]) for side in SIDES}

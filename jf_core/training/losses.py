@@ -24,10 +24,11 @@ Memory-lean: the LM head runs only on the positions a loss uses, `chunk` rows at
 packed length. Where no gradient reaches the head's weights (a draft adapter's frozen base), a chunk's gradient with
 respect to its rows is taken as the chunk is computed and only that is kept ([rows, hidden]): the backward neither
 keeps the logits nor recomputes them, two LM-head products a chunk fewer than checkpointing (the teacher's and the
-student's again). The final hidden state is taken at the LM head's input (head.py: a pre-hook that hands the model's own
-head call zero positions), so the forward still goes through the whole wrapped model (DDP, FSDP2) and only the head
-moves out; the logits post-processing some architectures apply after the head (Gemma2's final softcapping,
-Granite's scaling) is applied the same way, and `check_lean_head` compares against the model's own logits once.
+student's again). The final hidden state is taken at the LM head's input (head.py: a pre-hook that hands the
+model's own head call zero positions), so the forward still goes through the whole wrapped model (DDP, FSDP2) and
+only the head moves out; the logits post-processing some architectures apply after the head (Gemma2's final
+softcapping, Granite's scaling) is applied the same way, and `check_lean_head` compares against the model's own
+logits once.
 """
 
 from __future__ import annotations
