@@ -3,7 +3,7 @@ AR loss term left out where no gradient reaches it, then the frozen base's produ
 cast once (the context pass's too, which ran in packed fp32), then the projections of one input grouped (a layer's
 q, k, v and gate, up: one product of the frozen weights and one of the adapter's As and Bs each, with autograd;
 jf_core/layers/siblings.py), then each loss chunk's gradient taken as the chunk is computed instead of the chunk
-checkpointed (jf_core/training/losses.py, `_GradientNow`: the LM head's products a chunk halved); the sides taking
+checkpointed (jf_core/training/head.py, `_GradientNow`: the LM head's products a chunk halved); the sides taking
 turns on the same packed batches in one process.
 
     .venv/bin/python bench/loss_terms.py --profile smollm2-135m --packed RUN/packed/examples.parquet \
@@ -38,9 +38,9 @@ from jf_core.model_ref import resolve_model
 from jf_core.models import load_model
 from jf_core.training import context_cache as two_passes
 from jf_core.training.context_store import ContextStore
-from jf_core.training.head import head_fn
+from jf_core.training.head import checkpointed_heads, head_fn
 from jf_core.training.jf_data import jf_batches, read_packed_share
-from jf_core.training.losses import JacobiForcingObjective, checkpointed_heads, jf_losses, training_attention
+from jf_core.training.losses import JacobiForcingObjective, jf_losses, training_attention
 from jf_core.training.noise import NoiseSchedule
 from jf_core.training.precision import resolve_compute_dtype
 

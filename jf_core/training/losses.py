@@ -21,33 +21,28 @@ blocks, which makes its weight depend on answer length; we do neither).
 
 Memory-lean: the LM head runs only on the positions a loss uses, `chunk` rows at a time, each chunk checkpointed
 (its logits are recomputed in backward instead of kept), so peak memory grows with the chunk, not with vocabulary x
-packed length. Where no gradient reaches the head's weights (a draft adapter's frozen base), a chunk's gradient with
-respect to its rows is taken as the chunk is computed and only that is kept ([rows, hidden]): the backward neither
-keeps the logits nor recomputes them, two LM-head products a chunk fewer than checkpointing (the teacher's and the
-student's again). The final hidden state is taken at the LM head's input (head.py: a pre-hook that hands the
-model's own head call zero positions), so the forward still goes through the whole wrapped model (DDP, FSDP2) and
-only the head moves out; the logits post-processing some architectures apply after the head (Gemma2's final
-softcapping, Granite's scaling) is applied the same way, and `check_lean_head` compares against the model's own
-logits once.
+packed length; where no gradient reaches the head's weights (a draft adapter's frozen base), each chunk's gradient
+is taken as it is computed instead (head.py, `chunked_sum`). The final hidden state is taken at the LM head's
+input (head.py: a pre-hook that hands the model's own head call zero positions), so the forward still goes through
+the whole wrapped model (DDP, FSDP2) and only the head moves out; the logits post-processing some architectures
+apply after the head (Gemma2's final softcapping, Granite's scaling) is applied the same way, and
+`check_lean_head` compares against the model's own logits once.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 import torch
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
 from jf_core.decoding.kv import attention_implementation
 from jf_core.draft_adapter.adapter import gated
-from jf_core.layers.packed import switched_off
 from jf_core.training import context_cache as two_passes
 from jf_core.training.context_store import ContextStore
-from jf_core.training.head import Batch, head_fn, hidden_states_at_head, unwrap
+from jf_core.training.head import Batch, chunked_sum, frozen, head_fn, hidden_states_at_head, unwrap
 
 if TYPE_CHECKING:
     from jf_core.training.config import JFTrainConfig
@@ -77,63 +72,6 @@ class JFLossConfig:
 # ---- the LM head's rows, chunked (head.py takes the hidden states) ---------------------------------------------------
 
 
-_switch = {"gradient_now": True}
-
-
-def checkpointed_heads() -> contextlib.AbstractContextManager:
-    """Every loss chunk checkpointed meanwhile, a frozen head's too: what taking the gradient in the forward saves is
-    measured against it (bench/loss_terms.py)."""
-    return switched_off(_switch, "gradient_now")
-
-
-class _GradientNow(torch.autograd.Function):
-    """A loss chunk `fn(rows, *others)` whose gradient reaches `rows` alone (the LM head frozen, `others` constant):
-    the gradient is taken in the forward, by a backward local to the chunk, and kept; the step's backward scales it
-    by the gradient arriving from the loss. The logits live only while the chunk is computed, as under a checkpoint,
-    but are computed once: a checkpoint's backward runs the chunk's forward again, both heads (the teacher's too)."""
-
-    @staticmethod
-    def forward(ctx, fn: Callable[..., torch.Tensor], rows: torch.Tensor, *others: torch.Tensor) -> torch.Tensor:
-        with torch.enable_grad():
-            leaf = rows.detach().requires_grad_()
-            # fn sees a view, not the leaf: a module hook that tracks its inputs' gradients (FlopCounterMode's, for
-            # one) cannot ask of a leaf whether autograd.grad will reach it.
-            value = fn(leaf.view_as(leaf), *others)
-            (grad,) = torch.autograd.grad(value, leaf)
-        ctx.save_for_backward(grad)
-        ctx.others = len(others)
-        return value.detach()
-
-    @staticmethod
-    def backward(ctx, upstream: torch.Tensor) -> tuple:
-        (grad,) = ctx.saved_tensors
-        return None, grad * upstream.to(grad.dtype), *([None] * ctx.others)
-
-
-def _chunked(
-    fn: Callable[..., torch.Tensor], *tensors: torch.Tensor, chunk: int, frozen_head: bool = False
-) -> torch.Tensor:
-    """sum of fn(*(t[i:i + chunk] for t in tensors)) over chunks of rows. When training, each chunk is checkpointed
-    (backward recomputes its logits instead of keeping them), or, with `frozen_head` (no gradient reaches the head's
-    weights) and a gradient wanted of the first tensor's rows alone, its gradient taken now (`_GradientNow`)."""
-    total = tensors[0].new_zeros((), dtype=torch.float32)
-    now = (
-        _switch["gradient_now"]
-        and frozen_head
-        and tensors[0].requires_grad
-        and not any(t.requires_grad for t in tensors[1:])
-    )
-    for start in range(0, len(tensors[0]), chunk):
-        parts = [t[start : start + chunk] for t in tensors]
-        if not torch.is_grad_enabled():
-            total = total + fn(*parts)
-        elif now:
-            total = total + _GradientNow.apply(fn, *parts)
-        else:
-            total = total + checkpoint(fn, *parts, use_reentrant=False)
-    return total
-
-
 def _pick(hidden: torch.Tensor, index: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """hidden [B, L, H], index [B, K] positions, valid [B, K] -> the valid rows [N, H]."""
     rows = torch.gather(hidden, 1, index[..., None].expand(-1, -1, hidden.shape[-1]))
@@ -142,18 +80,13 @@ def _pick(hidden: torch.Tensor, index: torch.Tensor, valid: torch.Tensor) -> tor
 
 def _cross_entropy_sum(hidden, head, index: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor, chunk: int):
     """Summed cross entropy of the head's logits at `index`'s valid positions against `targets`, chunked."""
-    return _chunked(
+    return chunked_sum(
         lambda rows, wanted: F.cross_entropy(head(rows), wanted, reduction="sum"),
         _pick(hidden, index, valid),
         targets[valid],
         chunk=chunk,
-        frozen_head=_frozen(head),
+        frozen_head=frozen(head),
     )
-
-
-def _frozen(head: Callable[[torch.Tensor], torch.Tensor]) -> bool:
-    """Whether no gradient reaches the head's weights (`head_fn` says so of the model's own head)."""
-    return getattr(head, "frozen", False)
 
 
 # ---- the losses ------------------------------------------------------------------------------------------------
@@ -199,12 +132,12 @@ def jf_losses(
                 return 0.5 * (log_student.exp() - log_teacher.exp()).abs().sum()
             return F.kl_div(log_student, log_teacher, log_target=True, reduction="sum") * tau * tau
 
-        cons = _chunked(
+        cons = chunked_sum(
             divergence_sum,
             _pick(hidden, batch["cons_student"], valid),
             _pick(hidden, batch["cons_teacher"], valid).detach(),
             chunk=cfg.chunk,
-            frozen_head=_frozen(head),
+            frozen_head=frozen(head),
         )
     ar_mean = ar / max(norm["ar"], 1)
     cons_mean = cons / max(norm["consistency"], 1)
@@ -219,9 +152,9 @@ def jf_losses(
             log_base = F.log_softmax(base_head(base_rows), dim=-1)
             return F.kl_div(F.log_softmax(head(rows), dim=-1), log_base, log_target=True, reduction="sum")
 
-        base_kl = _chunked(
+        base_kl = chunked_sum(
             base_kl_sum, _pick(hidden, batch["ar_src"], ar_valid), _pick(base_hidden, batch["ar_src"], ar_valid),
-            chunk=cfg.chunk, frozen_head=_frozen(head) and _frozen(base_head),
+            chunk=cfg.chunk, frozen_head=frozen(head) and frozen(base_head),
         )  # fmt: skip
         base_kl_mean = base_kl / max(norm["ar"], 1)
         loss = loss + cfg.base_kl_weight * base_kl_mean

@@ -212,7 +212,7 @@ def test_a_frozen_heads_loss_chunks_take_their_gradient_as_they_are_computed(con
     from torch.utils.flop_counter import FlopCounterMode
 
     from jf_core.draft_adapter.adapter import attach_draft_adapter
-    from jf_core.training.losses import checkpointed_heads
+    from jf_core.training.head import checkpointed_heads
 
     base = TINY_MODELS["qwen2"]()
     attach_draft_adapter(base, DraftLora(rank=4))
