@@ -38,9 +38,13 @@ SMALL = {
     "prompts": {"limit": 48},
     "training": {"steps": 40},
     "evaluation": {
-        "num_prompts": 24,
+        "num_prompts": 12,
         "speed_prompts": 4,
-        "min_timed_seconds": 0,  # no extra timed runs: the figures are not what this test checks
+        # One timed run a batch and no block size to choose: the figures are not what this test checks (the
+        # evaluations were a third of a round's CPU time, py-spy on the README's main job at these sizes, 2026-12-05).
+        "min_timed_seconds": 0,
+        "repeats": 1,
+        "block_sizes": [16],
         # 40 steps need not beat the base's untrained decoding: its anchors off, and with them the gate's check
         # (tests/jf_core/round/test_stages.py and tests/flows/test_round.py run them).
         "untrained": False,
@@ -208,9 +212,11 @@ def test_stack_deploy_run_register_gate_schedule(stack_env):
     assert runs and runs[0].parameters["model"] == "models:/jf-tiny@champion"
 
     # What the schedule runs, started now: the round resolves the champion from the registry and trains on it (its
-    # autotune, shown by the first round, left out: what this run adds is where its model comes from).
-    evaluation = {**SMALL["evaluation"], "tune": {**SMALL["evaluation"]["tune"], "enabled": False}}
-    retrain = {**lenient, "evaluation": evaluation}
+    # autotune, shown by the first round, left out, and smaller stages: what this run adds is where its model comes
+    # from; at the first round's sizes it cost as much as that round, 106 s alone).
+    evaluation = {**SMALL["evaluation"], "num_prompts": 6, "tune": {**SMALL["evaluation"]["tune"], "enabled": False}}
+    small = {"prompts": {"limit": 16}, "training": {"steps": 10, "warmup_steps": 2}, "evaluation": evaluation}
+    retrain = {**lenient, **small}
     _run_deployment(stack_env, {"overrides": retrain}, deployment="jf-round/retrain-tiny")
     v3 = client.get_model_version_by_alias("jf-tiny", "challenger")
     assert str(v3.version) == "3" and "jf-tiny-v1" in v3.tags["base_model"], v3.tags
