@@ -358,4 +358,7 @@ def test_stack_ray_head_loopback_token_and_stopped_alone(tmp_path, monkeypatch):
     while survivors() and time.monotonic() < deadline:
         time.sleep(0.5)
     assert {"gcs_server", "raylet"} <= head_names and survivors() == [], survivors()
+    # Stopped in Ray's own order (the head's SIGTERM handler drains the node through the GCS, then stops the raylet
+    # before the GCS), not by the SIGKILL after `down`'s timeout: a SIGTERM to the whole group killed the GCS first.
+    assert "Local node finished draining" in (stack.stack_dir() / "ray-head.log").read_text()
     assert time.monotonic() - started < 300
