@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from jf_core.draft_adapter.config import FILE as ADAPTER_FILE
+from jf_core.threads import CPUS_ENV, cpu_budget
 from jf_vllm.spec_config import speculative_config
 
 VENV_ENV = "JF_VLLM_VENV"
@@ -15,6 +16,10 @@ SETUP = "scripts/setup_vllm.sh"
 # vLLM's CPU backend otherwise reserves a fraction (0.92) of the machine's memory per engine, which fails beside
 # other processes; a few GiB hold every KV cache the server and the comparisons need (three engines side by side).
 KV_CACHE_GIB = "2"
+# vLLM's CPU backend binds one OpenMP thread to each core it finds ("auto") and its threads spin at each op's barrier:
+# on a machine shared with other work (JF_CPUS set, as in the test suite) a descheduled thread stalls every op. Beside
+# one busy process a SmolLM2 comparison took 126 s bound against 61 s unbound on one thread (53 s alone).
+OMP_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
 
 
 def vllm_venv() -> Path:
@@ -36,6 +41,10 @@ def vllm_bin(name: str = "python") -> Path:
 def vllm_env() -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", KV_CACHE_GIB)
+    if env.get(CPUS_ENV) and OMP_BIND_ENV not in env:
+        # JF_CPUS caps jf's CPUs on a shared machine: vLLM's threads then follow it, unbound, as torch's do here.
+        env[OMP_BIND_ENV] = "nobind"
+        env["OMP_NUM_THREADS"] = str(cpu_budget())
     # The main environment's Python path must not leak into vLLM's interpreter.
     env.pop("PYTHONPATH", None)
     return env
