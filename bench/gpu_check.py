@@ -51,6 +51,7 @@ from jf_core.decoding import JacobiConfig, JFDecodeConfig, StopTokens, ar_decode
 from jf_core.decoding.kv import KVState  # noqa: E402
 from jf_core.evaluation.methods import hf_generate_decoder  # noqa: E402
 from jf_core.evaluation.speed import first_divergence, run_interleaved, whole_batches  # noqa: E402
+from jf_core.threads import choose_threads  # noqa: E402
 
 QWEN_05B = dict(  # Qwen2.5-0.5B's shape
     vocab_size=151936,
@@ -469,6 +470,11 @@ def main() -> None:
             sys.exit("no CUDA device: run with --device cpu --smoke to check the script itself")
         torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32 for the lossless check
         torch.backends.cudnn.allow_tf32 = False
+    else:
+        # The CPUs free now, one count for the whole run (its speed rows take turns): torch's default of one thread a
+        # core, beside other work (the test suite's other workers), waited on descheduled threads at every op's
+        # barrier: the smoke run took 57 s beside one busy process on 2 threads, 19 s on 1.
+        torch.set_num_threads(choose_threads())
     started = time.perf_counter()
     small = SMOKE if args.smoke else QWEN_05B
     widths = [1, 4, 16] if args.smoke else [1, 16, 64, 128, 256]
