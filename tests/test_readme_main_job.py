@@ -18,33 +18,12 @@ import pytest
 from jacobi_forcing.infra.stack import free_port
 from tests.processes import stop_group, wait_for
 from tests.readme import ROOT, lines_with, snippet
+from tests.small_round import LENIENT_GATE, SMALL_ROUND, as_sets
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
-# The stack test's small sizes: the point is the command and its console, not the round's figures. A 40-step round
-# costs accuracy and may leave the tuned model at AR's speed, or at its untrained base's (4 speed prompts: a spread
-# beyond the default floors), so the gate is made lenient (the untrained anchors off, and with them their check):
-# the README's snippets need a champion.
-SMALL = {
-    "prompts.limit": 48,
-    "training.steps": 40,
-    "evaluation.num_prompts": 12,
-    "evaluation.speed_prompts": 4,
-    # One timed run a batch and no block size to choose (the figures are not what this test checks): the evaluations
-    # were a third of the round's CPU time (py-spy, 2026-12-05).
-    "evaluation.min_timed_seconds": 0,
-    "evaluation.repeats": 1,
-    "evaluation.block_sizes": [16],
-    "evaluation.tune.prompts": 4,
-    "evaluation.tune.repeats": 1,
-    "evaluation.tune.grid.block_size": [16],
-    "evaluation.tune.grid.seed_drafts": [False],
-    "evaluation.tune.crossover_batch_sizes": [1, 4],
-    "registry.gate.max_accuracy_drop": 1.0,
-    "registry.gate.max_base_accuracy_drop": 1.0,
-    "registry.gate.min_speedup_vs_ar": 0.05,
-    "evaluation.untrained": False,
-}
+# The small round (tests/small_round.py) with a gate that passes it: the README's snippets need a champion.
+SMALL = as_sets({**SMALL_ROUND, "registry": {"gate": LENIENT_GATE}})
 # What each stage says while it works (a line of its own in the console, from the flow's logger), as a pattern.
 PROGRESS = {
     "model": r"starting model embedded",

@@ -27,35 +27,10 @@ import pytest
 
 from tests import readme
 from tests.infra.sockets import SocketWatch
+from tests.small_round import LENIENT_GATE, SMALL_ROUND
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.timeout(1800), pytest.mark.slow]
-
-# Small stages: the point is the orchestration, the full-size round is the README's main job. The autotune keeps
-# multi-block, recycling and adaptive width in its grid: 8 candidates at n = 16 on 4 prompts once, not the profile's
-# 48 on 24 prompts twice (7 minutes a round).
-SMALL = {
-    "prompts": {"limit": 48},
-    "training": {"steps": 40},
-    "evaluation": {
-        "num_prompts": 12,
-        "speed_prompts": 4,
-        # One timed run a batch and no block size to choose: the figures are not what this test checks (the
-        # evaluations were a third of a round's CPU time, py-spy on the README's main job at these sizes, 2026-12-05).
-        "min_timed_seconds": 0,
-        "repeats": 1,
-        "block_sizes": [16],
-        # 40 steps need not beat the base's untrained decoding: its anchors off, and with them the gate's check
-        # (tests/jf_core/round/test_stages.py and tests/flows/test_round.py run them).
-        "untrained": False,
-        "tune": {  # merged into the profile's tune section: only what differs
-            "prompts": 4,
-            "repeats": 1,
-            "grid": {"block_size": [16], "seed_drafts": [False]},
-            "crossover_batch_sizes": [1, 4],
-        },
-    },
-}
 
 
 @pytest.fixture(scope="module")
@@ -150,10 +125,8 @@ def test_stack_deploy_run_register_gate_schedule(stack_env):
     deploy = _prefect(stack_env, "--no-prompt", "deploy", "--all", timeout=300)
     assert deploy.returncode == 0, deploy.stdout[-3000:] + deploy.stderr[-3000:]
 
-    # 40 steps cost accuracy (the full round does not) and may leave the tuned model at AR's speed, timed on 4 prompts
-    # beside the stack's servers: a lenient gate for the first run, an impossible one after.
-    gate = {"max_accuracy_drop": 1.0, "max_base_accuracy_drop": 1.0, "min_speedup_vs_ar": 0.05}
-    lenient = {**SMALL, "registry": {"gate": gate}}
+    # A lenient gate for the first run (tests/small_round.py), an impossible one after.
+    lenient = {**SMALL_ROUND, "registry": {"gate": LENIENT_GATE}}
     uri = stack_env["MLFLOW_TRACKING_URI"]
     client = MlflowClient(uri, uri)
     # The automation needs 90 s without a heartbeat to call the killed run crashed: the first round runs meanwhile.
@@ -179,7 +152,7 @@ def test_stack_deploy_run_register_gate_schedule(stack_env):
     _the_champion_event_started_its_benchmark_and_a_cancel_ends_it(stack_env)
 
     _the_killed_run_is_crashed(stack_env, client)
-    failing = {**SMALL, "registry": {"gate": {"max_accuracy_drop": -1.0}}}
+    failing = {**SMALL_ROUND, "registry": {"gate": {"max_accuracy_drop": -1.0}}}
     second = _run_deployment(stack_env, {"overrides": failing})
     _closed_by_the_rerun(client, second)
     states = _task_states(stack_env, second)
@@ -214,7 +187,11 @@ def test_stack_deploy_run_register_gate_schedule(stack_env):
     # What the schedule runs, started now: the round resolves the champion from the registry and trains on it (its
     # autotune, shown by the first round, left out, and smaller stages: what this run adds is where its model comes
     # from; at the first round's sizes it cost as much as that round, 106 s alone).
-    evaluation = {**SMALL["evaluation"], "num_prompts": 6, "tune": {**SMALL["evaluation"]["tune"], "enabled": False}}
+    evaluation = {
+        **SMALL_ROUND["evaluation"],
+        "num_prompts": 6,
+        "tune": {**SMALL_ROUND["evaluation"]["tune"], "enabled": False},
+    }
     small = {"prompts": {"limit": 16}, "training": {"steps": 10, "warmup_steps": 2}, "evaluation": evaluation}
     retrain = {**lenient, **small}
     _run_deployment(stack_env, {"overrides": retrain}, deployment="jf-round/retrain-tiny")
