@@ -175,6 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from jf_core.threads import cap_default_threads
+
+    cap_default_threads()  # before torch's first import, here or in a process this one starts
     from jf_core.models import ModelLoadError
 
     parser = build_parser()

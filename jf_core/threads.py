@@ -28,6 +28,7 @@ import logging
 import math
 import os
 import time
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -45,10 +46,24 @@ _MARGIN = 0.4
 CPUS_ENV = "JF_CPUS"  # an operator's cap on the CPUs jf uses (a shared machine); every process jf starts inherits it
 
 
-def cpu_budget() -> int:
+OMP_ENV = "OMP_NUM_THREADS"  # the count an OpenMP pool starts with: torch's intra-op pool reads it at import
+
+
+def cap_default_threads(env: MutableMapping[str, str] = os.environ) -> None:
+    """JF_CPUS, when set in `env`, as the count every OpenMP pool started under it defaults to. Commands that set no
+    count of their own (`jf decode`, `jf serve`) kept torch's default of one thread a core under JF_CPUS=1 (a thread
+    sampler over the test suite saw `jf decode` compute on two): the cap is the operator's for every process jf
+    starts, and a pool's threads wait at each op's barrier for one the load has descheduled (docs/development.md,
+    "Threads that do not read JF_CPUS"). A count already in OMP_NUM_THREADS is the user's, and kept; a process that
+    sets its own count (the thread governor) still does."""
+    if env.get(CPUS_ENV) and OMP_ENV not in env:
+        env[OMP_ENV] = str(cpu_budget(env))
+
+
+def cpu_budget(env: Mapping[str, str] = os.environ) -> int:
     """CPUs this process may use: its affinity mask, capped by a cgroup v2 CPU quota (containers, k8s limits) and by
-    JF_CPUS when set (a machine shared with other work, where neither of the others says so)."""
-    cap = os.environ.get(CPUS_ENV)
+    JF_CPUS when set in `env` (a machine shared with other work, where neither of the others says so)."""
+    cap = env.get(CPUS_ENV)
     if cap is not None and not (cap.isdigit() and int(cap) >= 1):
         raise ValueError(f"{CPUS_ENV}={cap!r}: expected a whole number of CPUs >= 1")
     try:

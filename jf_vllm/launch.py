@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from jf_core.draft_adapter.config import FILE as ADAPTER_FILE
-from jf_core.threads import CPUS_ENV, cpu_budget
+from jf_core.threads import CPUS_ENV, cap_default_threads
 from jf_vllm.spec_config import speculative_config
 
 VENV_ENV = "JF_VLLM_VENV"
@@ -44,7 +44,7 @@ def vllm_env() -> dict[str, str]:
     if env.get(CPUS_ENV) and OMP_BIND_ENV not in env:
         # JF_CPUS caps jf's CPUs on a shared machine: vLLM's threads then follow it, unbound, as torch's do here.
         env[OMP_BIND_ENV] = "nobind"
-        env["OMP_NUM_THREADS"] = str(cpu_budget())
+        cap_default_threads(env)
     # The main environment's Python path must not leak into vLLM's interpreter.
     env.pop("PYTHONPATH", None)
     return env

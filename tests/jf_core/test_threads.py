@@ -13,7 +13,15 @@ import pytest
 import torch
 
 from jf_core.decoding.common import StopTokens
-from jf_core.threads import CPUS_ENV, ThreadGovernor, _sample, cpu_budget, others_load, threads_for
+from jf_core.threads import (
+    CPUS_ENV,
+    ThreadGovernor,
+    _sample,
+    cap_default_threads,
+    cpu_budget,
+    others_load,
+    threads_for,
+)
 
 linux = pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="the governor reads /proc/stat")
 
@@ -222,3 +230,19 @@ def test_jf_cpus_caps_the_budget_and_a_bad_value_is_named(monkeypatch):
         monkeypatch.setenv("JF_CPUS", bad)
         with pytest.raises(ValueError, match="JF_CPUS="):
             cpu_budget()
+
+
+@linux
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs for torch's default to exceed the cap")
+def test_jf_cpus_is_the_thread_count_a_jf_command_starts_torch_on():
+    """`jf decode` and `jf serve` set no count of their own: under JF_CPUS their torch starts on the operator's cap,
+    not on one thread a core, and so do the processes they start; a user's OMP_NUM_THREADS is kept."""
+    for before, after in (({CPUS_ENV: "1"}, "1"), ({CPUS_ENV: "1", "OMP_NUM_THREADS": "3"}, "3"), ({}, None)):
+        env = dict(before)
+        cap_default_threads(env)
+        assert env.get("OMP_NUM_THREADS") == after, before
+    code = "from jf_cli.main import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\nimport torch\n"
+    code += "print(torch.get_num_threads())"
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"} | {CPUS_ENV: "1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.split()[-1] == "1", out.stderr[-2000:]

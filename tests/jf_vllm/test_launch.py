@@ -16,6 +16,7 @@ def test_a_model_directory_with_a_draft_adapter_is_told_that_vllm_drafts_with_th
 def test_vllms_threads_follow_jf_cpus_unbound_and_a_users_binding_is_kept(monkeypatch):
     monkeypatch.delenv(OMP_BIND_ENV, raising=False)
     monkeypatch.delenv("JF_CPUS", raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     assert OMP_BIND_ENV not in vllm_env()  # a machine of its own: vLLM's binding, one thread a core
     monkeypatch.setenv("JF_CPUS", "1")
     env = vllm_env()
