@@ -1,6 +1,9 @@
-"""Trajectory generation over a Ray actor pool.
+"""Trajectory generation over a Ray actor pool, or in one fresh process where a pool would be one CPU actor.
 
 One actor per GPU (`gpus_per_worker=1`) or per CPU slot loads the model once and takes prompt shards as they come.
+Where that pool would be a single CPU actor on a private Ray (`compute.trajectory_pool: auto`; `pool_kind`), the
+shards are made by `jf_core.round.collection.collect_in_process` in a fresh process instead: the same shards, keys
+and manifest, without a Ray started for one worker.
 A shard's key hashes (model hash, the shard's prompts, block size, seed, generation settings;
 jf_core/round/collection.py, the plan the in-process collector shares), and its file is named by the key and
 written atomically, so an actor that dies mid-shard (Ray restarts it and retries the call), a retried call, or a
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -23,8 +27,9 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from jacobi_forcing.infra.ray_cluster import ray_session
-from jf_core.config import Profile
-from jf_core.round.collection import plan_shards
+from jf_core.config import ComputeConfig, Profile
+from jf_core.round.collection import collect_in_process, plan_shards
+from jf_core.round.fresh import run_fresh
 from jf_core.round.results import TrajectoriesResult
 from jf_core.trajectory.collect import CollectConfig
 from jf_core.trajectory.prompts import PromptItem
@@ -90,6 +95,13 @@ def generate_trajectories(
     model_path = resolve_model(profile.model.path, profile)
     plan = plan_shards(profile, model_path, out)
     generated_tokens, pool_seconds = 0, 0.0
+    if plan.todo and pool_kind(profile.compute, len(plan.todo)) == "in_process":
+        log.info("trajectories: %d shards in one fresh process (compute.trajectory_pool)", len(plan.todo))
+        say = (lambda line: print(line, flush=True)) if progress else None
+        result = run_fresh(collect_in_process, profile, str(out), model_path=model_path,
+                           threads=int(profile.compute.cpus_per_worker),
+                           callbacks={"on_shard": on_shard, "say": say})  # fmt: skip
+        return result.model_copy(update={"seconds": time.perf_counter() - started})  # end to end, as the pool's
     if plan.todo:
         generated_tokens, pool_seconds = _run_pool(
             profile,
@@ -103,6 +115,22 @@ def generate_trajectories(
             already=len(plan.keyed) - len(plan.todo),
         )
     return plan.result(generated_tokens, time.perf_counter() - started, pool_seconds)
+
+
+def pool_kind(compute: ComputeConfig, shards: int) -> str:
+    """`compute.trajectory_pool`, with `auto` resolved: `in_process` where the Ray pool would be one CPU actor on a
+    private Ray (one shard to make, one worker, or CPUs for one: `jf_core.threads.cpu_budget`, which reads JF_CPUS);
+    `ray` for a cluster (`compute.ray_address`, RAY_ADDRESS, a Ray this process has joined), GPU actors, or more
+    than one actor."""
+    if compute.trajectory_pool != "auto":
+        return compute.trajectory_pool
+    joined = "ray" in sys.modules and sys.modules["ray"].is_initialized()  # a Ray this process already runs in
+    if joined or compute.ray_address or os.environ.get("RAY_ADDRESS") or compute.gpus_per_worker > 0:
+        return "ray"
+    from jf_core.threads import cpu_budget
+
+    actors = min(compute.workers, shards, int(cpu_budget() // compute.cpus_per_worker))
+    return "in_process" if actors <= 1 else "ray"
 
 
 def _run_pool(

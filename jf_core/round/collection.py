@@ -122,17 +122,30 @@ def make_shard(
 
 
 def collect_in_process(
-    profile: Profile, out: str | Path, *, say: Callable[[str], None] | None = None
+    profile: Profile,
+    out: str | Path,
+    *,
+    model_path: str | None = None,
+    threads: int | None = None,
+    say: Callable[[str], None] | None = None,
+    on_shard: Callable[[int, int], None] | None = None,
 ) -> TrajectoriesResult:
-    """The store of `profile.model.path` (a directory) over the profile's prompts, made here with one model, shard
-    after shard; a store left half made (a process that died) is finished, not begun again."""
+    """The store of `model_path` (a directory; `profile.model.path` by default) over the profile's prompts, made here
+    with one model, shard after shard; a store left half made (a process that died) is finished, not begun again.
+    `threads`: torch's count for the decoding (an actor's `cpus_per_worker`), else this process's. `on_shard(done,
+    total)` counts the store's shards, as the actor pool's does."""
     from jf_core.models import load_model
 
     started = time.perf_counter()
-    path = profile.model.path
+    path = model_path or profile.model.path
     plan = plan_shards(profile, path, out)
     tokens, pool_started = 0, time.perf_counter()
+    already = len(plan.keyed) - len(plan.todo)
     if plan.todo:
+        if threads is not None:
+            import torch
+
+            torch.set_num_threads(max(1, threads))
         model, tokenizer = load_model(path, **{**profile.model.decode_kwargs(), "device": profile.worker_device()})
         pool_started = time.perf_counter()
         for i, (key, items) in enumerate(plan.todo, start=1):
@@ -140,6 +153,8 @@ def collect_in_process(
                               model_hash=plan.model_hash, model_path=path)  # fmt: skip
             plan.store.commit(info)
             tokens += info.new_tokens
+            if on_shard is not None:
+                on_shard(already + i, len(plan.keyed))
             if say is not None:
                 rate = tokens / (time.perf_counter() - pool_started)
                 say(f"trajectory shard {i}/{len(plan.todo)}: {info.rows} blocks, {rate:.0f} tokens/s")

@@ -48,7 +48,7 @@ class StageResult(BaseModel):
 
 
 class TrajectoriesResult(StageResult):
-    """The trajectory stage (Jacobi decoding on a Ray actor pool, resumed by shard)."""
+    """The trajectory stage (Jacobi decoding on a Ray actor pool or in one fresh process, resumed by shard)."""
 
     out: str
     prompts: int

@@ -67,8 +67,11 @@ def _champion_events() -> list[dict]:
 def test_round_registers_reuses_and_gates(prefect_server, jf_env):
     from jacobi_forcing.flows.round import jf_round
 
+    # The trajectories on the Ray actor pool, as on more than one CPU (`auto` makes them in one process under the
+    # suite's JF_CPUS=1): the round's own Ray, started and watched; compute is not part of the round's key.
+    on_ray = {"compute": {"trajectory_pool": "ray"}}
     with SocketWatch(os.getpid(), every=0.5) as watch:
-        first = jf_round(jf_env["profile"], return_state=True)
+        first = jf_round(jf_env["profile"], overrides=on_ray, return_state=True)
     assert {"gcs_server", "raylet"} <= {name for name, _, _ in watch.seen}, watch.seen  # the round's own Ray
     assert watch.exposed() == [], watch.exposed()
     summary = first.result()

@@ -63,7 +63,9 @@ print("ROUND-OK")
 
 def test_round_ray_and_ray_train_listen_on_loopback_only(profile, tmp_path):
     """A round's trajectory stage and Ray Train, each starting its own Ray in a fresh process as the flow's do."""
-    (tmp_path / "profile.json").write_text(json.dumps(profile.model_dump(mode="json")))
+    data = profile.model_dump(mode="json")
+    data["compute"]["trajectory_pool"] = "ray"  # the actor pool's Ray, whatever JF_CPUS resolves `auto` to
+    (tmp_path / "profile.json").write_text(json.dumps(data))
     home = tmp_path / "home"
     home.mkdir()
     proc = subprocess.Popen(

@@ -45,6 +45,7 @@ def run_env(tmp_path, profile):
     data["training"].update(steps=3, batch_size=4, warmup_steps=1)
     data["storage"] = {"runs_dir": str(tmp_path / "runs")}
     data["registry"] = {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "model_name": "jf-interrupt"}
+    data["compute"]["trajectory_pool"] = "ray"  # the signal lands in (or after) the round's Ray, whatever JF_CPUS
     path = tmp_path / "profile.yaml"
     path.write_text(yaml.safe_dump(data))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_API_URL", "RAY_ADDRESS"))}
