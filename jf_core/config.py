@@ -59,8 +59,8 @@ class ComputeConfig(StrictModel):
     cpus_per_worker: float = Field(1, gt=0)
     # Where the trajectory shards are made. ray: the actor pool. in_process: one model, shard after shard, in a
     # fresh process (jf_core/round/fresh.py). auto: in_process where the pool would be a single CPU actor on a
-    # private Ray (one shard to make, or CPUs for one worker only: JF_CPUS=1), since that actor does the same work
-    # after a Ray start and a model load of its own (about 12 CPU seconds on a 2-core CPU); ray otherwise.
+    # private Ray (one shard to make, one worker, or CPUs for one only: JF_CPUS=1), since that actor does the same
+    # work after a Ray start and a model load of its own (docs/trajectories.md has what it saved); ray otherwise.
     trajectory_pool: Literal["auto", "ray", "in_process"] = "auto"
     train_workers: int = Field(1, ge=1)  # Ray Train workers for training.strategy ddp / fsdp2
     train_max_failures: int = Field(2, ge=0)  # worker-group restarts (each resumes from the last checkpoint)
