@@ -13,6 +13,7 @@ import torch
 from jf_core.checksums import CorruptFileError, verify
 from jf_core.decoding import StopTokens
 from jf_core.decoding.kv import UnsupportedModelError, attention_layout
+from jf_core.decoding.proposers.suffix import attach_corpus, load_corpus
 from jf_core.draft_adapter.adapter import load_draft_adapter
 from jf_core.layers import prepare_for_decoding
 
@@ -137,6 +138,7 @@ def load_model(path: str | ModelSpec, **overrides):
     if _looks_local(location):
         try:  # a draft-only LoRA kept beside the weights drafts; the weights verify (draft_adapter.py)
             load_draft_adapter(model, Path(location))
+            attach_corpus(model, load_corpus(location))  # earlier outputs that suffix drafts copy (suffix.py)
         except ValueError as err:
             raise ModelLoadError(str(err)) from err
     return model, tokenizer

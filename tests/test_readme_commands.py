@@ -378,6 +378,23 @@ HOW = {
                      "the copies' losses in spans in tests/jf_core/training/test_spans.py"),
     ".venv/bin/python bench/gpu_check.py --out gpu-check": (
         "not in CI", "CI has no GPU; its smoke mode runs in tests/bench/test_gpu_check.py"),
+    ".venv/bin/python bench/draft_corpus.py --model BASE_DIR --prompts ../shared/benchmarks/gsm8k_tra"
+    "in.jsonl --num-prompts 1024 --out CORPUS_DIR": (
+        "not in CI", "a 24-minute decode of the real model; the script runs on a tiny model in "
+                     "tests/bench/test_draft_corpus.py"),
+    ".venv/bin/jf bench cycle --profile smollm2-135m --set evaluation.source=../shared/benchmarks/gsm"
+    "8k_test.jsonl --model BASE_DIR --no-tuned --num-prompts 8 --max-new-tokens 128 --threads 2 --con"
+    "fig 'untrained6:{\"block_size\": 6, \"num_blocks\": 1, \"pool_size\": 0, \"adaptive_width\": true, \"widt"
+    "h_scale\": 1.0, \"width_margin\": 2, \"width_floor\": 4, \"lookup\": 16}' --config 'sfx8@CORPUS_DIR:{\"b"
+    "lock_size\": 8, \"num_blocks\": 1, \"pool_size\": 0, \"adaptive_width\": true, \"width_scale\": 1.0, \"wid"
+    "th_margin\": 2, \"width_floor\": 4, \"lookup\": 16, \"suffix\": 16}'": (
+        "not in CI", "a benchmark of the real model (timing only); suffix drafts are tested lossless in "
+                     "tests/jf_core/decoding/proposers/test_suffix.py"),
+    ".venv/bin/jf bench decode --profile smollm2-135m --set prompts.source=../shared/benchmarks/gsm8k"
+    "_train.jsonl --set evaluation.source=../shared/benchmarks/gsm8k_test.jsonl --model BASE_DIR --jf"
+    "-model CORPUS_DIR --num-prompts 8 --max-new-tokens 128 --block-sizes 16 --repeats 1 --threads 2": (
+        "not in CI", "a benchmark of the real model (timing only); `jf bench decode --jf-model` runs on the "
+                     "embedded model in tests/jf_cli/test_evaluate.py"),
 }  # fmt: skip
 
 

@@ -27,6 +27,24 @@ class Layout:
             raise ValueError(f"layout: {len(self.branches)} branches but {len(self.owners)} owners")
 
 
+def with_guess(lay: Layout, window: list[int], run: int, guess: list[int], owner: str) -> Layout:
+    """`lay` with `guess` (the tokens after the window's known-correct first) as one more branch, owned by `owner`.
+    Where the guess agrees with the window's draft the branch runs through the window's own slots, so only the rest
+    costs slots (every slot costs compute on a CPU); a guess the window or an earlier branch already carries whole
+    adds nothing."""
+    shared = 0
+    while shared < len(guess) and 1 + shared < run and guess[shared] == window[1 + shared]:
+        shared += 1
+    if shared == len(guess):
+        return lay
+    for branch in lay.branches[1:]:
+        if [lay.tokens[i] for i in branch[1 : 1 + len(guess)]] == guess:
+            return lay
+    start = len(lay.tokens)
+    branch = [*range(1 + shared), *range(start, start + len(guess) - shared)]
+    return Layout(lay.tokens + guess[shared:], [*lay.branches, branch], lay.drafts, [*lay.owners, owner])
+
+
 def tree_positions_and_mask(layouts: list[Layout], width: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """Relative positions (depth in the chain) and the [B, W, W] ancestor mask of tree-shaped layouts; padding
     slots get neither (KVState lets them see themselves)."""

@@ -61,6 +61,13 @@ class JFDecodeConfig(JacobiConfig):
     # the text's last `lookup_ngram` (or fewer) tokens ride as one more branch of the window's forward (0: off).
     lookup: int = 0
     lookup_ngram: int = 3
+    # Suffix drafts (proposers/suffix.py): up to this many tokens continuing the text's last `suffix_ngram` (or
+    # fewer, at least 2) tokens as the model's draft corpus most often does, one more branch (0: off; a model
+    # without a corpus ignores it). The guess goes on while its next token is the pick of at least `suffix_share`
+    # of the corpus's matches that reached it.
+    suffix: int = 0
+    suffix_ngram: int = 8
+    suffix_share: float = 0.5
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -70,6 +77,10 @@ class JFDecodeConfig(JacobiConfig):
             raise ValueError(f"pool_size must be >= 0, got {self.pool_size}")
         if self.lookup < 0 or self.lookup_ngram < 1:
             raise ValueError(f"lookup must be >= 0 and lookup_ngram >= 1, got {self.lookup}, {self.lookup_ngram}")
+        if self.suffix < 0 or self.suffix_ngram < 2:
+            raise ValueError(f"suffix must be >= 0 and suffix_ngram >= 2, got {self.suffix}, {self.suffix_ngram}")
+        if not 0.0 < self.suffix_share <= 1.0:
+            raise ValueError(f"suffix_share must be in (0, 1], got {self.suffix_share}")
         if not 0.0 < self.spawn_ratio <= 1.0:
             raise ValueError(f"spawn_ratio (r) must be in (0, 1], got {self.spawn_ratio}")
         self.width_policy()  # its own checks
@@ -88,6 +99,8 @@ class JFDecodeConfig(JacobiConfig):
             parts.append(f"span={self.draft_span}")
         if self.lookup:
             parts.append(f"lookup={self.lookup}")
+        if self.suffix:
+            parts.append(f"suffix={self.suffix}")
         return " ".join(parts)
 
     @classmethod
@@ -104,10 +117,10 @@ class JFDecodeConfig(JacobiConfig):
             for value in values:
                 cls(**{name: value})
 
-    def canonical(self, adapter: bool = True) -> JFDecodeConfig:
+    def canonical(self, adapter: bool = True, corpus: bool = True) -> JFDecodeConfig:
         """This config with each knob its other values leave unused at its default, so that two configs that decode
         alike compare equal (the tune grid keeps one). `adapter`: the model drafts with a draft adapter (without one
-        a chain's span changes nothing)."""
+        a chain's span changes nothing); `corpus`: it keeps a draft corpus (without one suffix drafts are off)."""
         unused = []
         if self.num_blocks == 1:
             unused.append("spawn_ratio")
@@ -117,6 +130,8 @@ class JFDecodeConfig(JacobiConfig):
             unused += ["width_scale", "width_margin", "width_floor", "ar_below"]
         if not self.lookup:
             unused.append("lookup_ngram")
+        if not self.suffix or not corpus:
+            unused += ["suffix", "suffix_ngram", "suffix_share"]
         if not adapter or self.draft_span >= self.block_size - 2:  # the chain stops at n - 2 slots anyway
             unused.append("draft_span")
         defaults = {f.name: f.default for f in fields(JFDecodeConfig)}

@@ -18,6 +18,7 @@ import torch
 from jf_core.config import TuneConfig
 from jf_core.decoding import DecodeOutput, JacobiConfig, JFDecodeConfig, StopTokens, ar_decode, decode
 from jf_core.decoding.common import concat_outputs
+from jf_core.decoding.proposers.suffix import draft_corpus
 from jf_core.draft_adapter.adapter import draft_adapter
 from jf_core.evaluation.speed import WARMUP_PROMPTS, run_interleaved, whole_batches
 from jf_core.model_dir import Crossover
@@ -37,20 +38,22 @@ class TuneSpace:
         merged = TuneConfig.model_validate({"grid": {**(cfg or TuneConfig()).grid, **grid}}).grid
         return cls({name: tuple(values) for name, values in merged.items()})
 
-    def configs(self, max_new_tokens: int, adapter: bool = False) -> list[JFDecodeConfig]:
+    def configs(self, max_new_tokens: int, adapter: bool = False, corpus: bool = False) -> list[JFDecodeConfig]:
         """Every distinct config of the grid, in its order; `adapter`: the model drafts with a draft adapter, so its
-        chain's span is a knob."""
+        chain's span is a knob; `corpus`: it keeps a draft corpus, so suffix drafts are."""
         out: list[JFDecodeConfig] = []
         for values in itertools.product(*self.grid.values()):
             knobs = dict(zip(self.grid, values, strict=True))
-            cfg = JFDecodeConfig(**knobs, max_new_tokens=max_new_tokens).canonical(adapter)
+            cfg = JFDecodeConfig(**knobs, max_new_tokens=max_new_tokens).canonical(adapter, corpus)
             if cfg not in out:
                 out.append(cfg)
         return out
 
     def for_model(self, model: torch.nn.Module, max_new_tokens: int) -> list[JFDecodeConfig]:
-        """The grid `model` gets: with a draft adapter, its chain's span too."""
-        return self.configs(max_new_tokens, adapter=draft_adapter(model) is not None)
+        """The grid `model` gets: with a draft adapter, its chain's span too; with a draft corpus, suffix drafts."""
+        return self.configs(
+            max_new_tokens, adapter=draft_adapter(model) is not None, corpus=draft_corpus(model) is not None
+        )
 
 
 @dataclass

@@ -7,6 +7,9 @@ flow (flows/round.py) calls these through thin tasks (tasks/round_tasks.py), and
 same functions. What needs a cluster is passed in: the Ray actor pool that collects trajectories (`collect`,
 tasks/trajectories.py) and the Ray Train launcher (`launch`, tasks/train_distributed.py). Where the round's
 directories lie is paths.py.
+
+Why one module of 360 lines: the stages are read in the order a round runs them, each beside the helpers only it
+uses, all through the one `run_stage` rule; split up, a reader would follow a round across files.
 """
 
 from __future__ import annotations
@@ -142,6 +145,8 @@ def stage_train(
             summary = launch(profile, paths, model_in, on_log=on_log)
         else:
             summary = _train_here(profile, model_in, paths, progress=progress, on_log=on_log)
+        if profile.training.draft_corpus:
+            keep_draft_corpus(paths)
         shutil.rmtree(paths.checkpoints, ignore_errors=True)
         return TrainResult(**summary.model_dump())
 
@@ -154,6 +159,15 @@ def stage_train(
         on_reuse=on_reuse,
         hold=hold,
     )
+
+
+def keep_draft_corpus(paths: RoundPaths) -> None:
+    """The round's greedy answers beside its model, for suffix drafts: the trained model decodes text like its
+    trajectories' (written before the stage's marker, so a stage that died before it writes it again)."""
+    from jf_core.decoding.proposers.suffix import save_corpus
+    from jf_core.trajectory.store import TrajectoryStore
+
+    save_corpus(TrajectoryStore(paths.trajectories).answers(), paths.model)
 
 
 def _train_here(profile: Profile, model_in: str, paths: RoundPaths, *, progress: bool, on_log) -> TrainSummary:

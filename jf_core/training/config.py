@@ -53,6 +53,10 @@ class JFTrainConfig(BaseModel):
     # contexts apply). sdpa on CUDA takes the dense-mask path there too: the way back when FlexAttention's
     # compile fails on a GPU (bench/gpu_check.py's flex_training section says whether it does).
     attention: Literal["auto", "sdpa", "flex_attention"] = "auto"
+    # The round's greedy answers (its trajectories' fixed points, not reference text) kept beside the trained model
+    # as its draft corpus (draft_corpus.npy), which suffix drafts copy from when the decode config turns them on
+    # (jf_core/decoding/proposers/suffix.py); the tune tries them where its grid names `suffix`.
+    draft_corpus: bool = True
     steps: int = Field(600, ge=1)
     lr: float = Field(1e-3, gt=0)
     warmup_steps: int = Field(30, ge=0)

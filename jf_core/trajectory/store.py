@@ -157,6 +157,19 @@ class TrajectoryStore:
             tables.append(table)
         return pa.concat_tables(tables)
 
+    def answers(self) -> list[list[int]]:
+        """Each prompt's answer from the model that collected the store: its blocks' fixed points in order, each
+        through its length (reference answers, kind `text`, are not the model's and are left out). The shards' hashes
+        are checked; their records were validated when the store was packed."""
+        rows = (
+            self.read(validate=False).select(["prompt_id", "block_index", "fixed_point", "length", "kind"]).to_pylist()
+        )
+        blocks: dict[str, dict[int, list[int]]] = {}
+        for row in rows:
+            if row["kind"] != "text":
+                blocks.setdefault(row["prompt_id"], {})[row["block_index"]] = row["fixed_point"][: row["length"]]
+        return [[t for j in sorted(b) for t in b[j]] for _, b in sorted(blocks.items())]
+
     def dataset(self):
         """The store as a `datasets.Dataset` (validated first)."""
         import datasets

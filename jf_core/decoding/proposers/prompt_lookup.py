@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from jf_core.decoding.layout import Layout
+from jf_core.decoding.layout import Layout, with_guess
 from jf_core.decoding.proposers.base import Proposer, Room
 
 
@@ -52,13 +52,4 @@ class PromptLookup(Proposer):
         # that copies the text earns by its own length.
         far = min(room.window, room.block_left) - 1
         guess = prompt_lookup(seq.prompt + seq.committed + seq.window[:1], self.ngram, min(far, self.length))
-        # Where the guess agrees with the window's draft the branch runs through the window's own slots: only the
-        # rest costs slots (every slot costs compute on a CPU).
-        shared = 0
-        while shared < len(guess) and 1 + shared < room.run and guess[shared] == seq.window[1 + shared]:
-            shared += 1
-        if shared == len(guess):
-            return lay
-        start = len(lay.tokens)
-        branch = [*range(1 + shared), *range(start, start + len(guess) - shared)]
-        return Layout(lay.tokens + guess[shared:], [*lay.branches, branch], lay.drafts, [*lay.owners, self.name])
+        return with_guess(lay, seq.window, room.run, guess, self.name)

@@ -171,6 +171,25 @@ def test_the_tuner_tries_prompt_lookup_where_the_profile_names_it():
     assert [c.lookup for c in TuneSpace.of().configs(16)] == [0] * len(TuneSpace.of().configs(16))  # off by default
 
 
+def test_the_tuner_tries_suffix_drafts_only_for_a_model_with_a_draft_corpus(tmp_path):
+    from jf_core.decoding.proposers.suffix import attach_corpus, save_corpus
+    from jf_core.evaluation.tune import TuneSpace
+    from jf_core.models import load_model
+    from tests.jf_core.test_models import save_tiny
+
+    space = TuneSpace.of(
+        block_size=[8], num_blocks=[1], pool_size=[0], seed_drafts=[False], adaptive_width=[False], suffix=[0, 16]
+    )
+    assert [c.suffix for c in space.configs(16)] == [0]  # without a corpus suffix=16 decodes as 0: tried once
+    assert [c.suffix for c in space.configs(16, corpus=True)] == [0, 16]
+    save_tiny(tmp_path)
+    save_corpus([[3, 4, 5]], tmp_path)
+    model, _ = load_model(str(tmp_path))
+    assert [c.suffix for c in space.for_model(model, 16)] == [0, 16]
+    attach_corpus(model, None)
+    assert [c.suffix for c in space.for_model(model, 16)] == [0]
+
+
 def test_interleaved_runs_take_turns_and_keep_each_batchs_fastest_run():
     """Decoders alternate batch by batch (so a drifting machine slows all alike), each first as often as the other,
     and each batch's fastest run is the one counted; outputs stay in prompt order."""

@@ -144,9 +144,11 @@ def test_the_train_stage_probes_tpf_against_steps_into_its_history_and_plot(prof
     history, hence MLflow metrics per step), the round's figures plot it, and the round's key ignores the probe
     (it reads the model, it does not change it)."""
     from jacobi_forcing.tasks.trajectories import generate_trajectories
+    from jf_core.decoding.proposers.suffix import SuffixIndex, load_corpus
     from jf_core.evaluation.plots import tpf_during_training
     from jf_core.round.paths import RoundPaths, round_dir
     from jf_core.round.stages import stage_pack, stage_train, stage_trajectories
+    from jf_core.trajectory.store import TrajectoryStore
 
     wide = 2 * profile.trajectory.block_size  # a second width beside the round's (n = 16 and 32 on SmolLM2)
     training = JFTrainConfig(
@@ -163,6 +165,9 @@ def test_the_train_stage_probes_tpf_against_steps_into_its_history_and_plot(prof
     collect = partial(generate_trajectories, progress=False)
     packed = stage_pack(p, paths, stage_trajectories(p, p.model.path, paths, collect=collect))
     history = stage_train(p, p.model.path, paths, packed, progress=False).history
+    # The round's greedy answers are kept beside the model as its draft corpus (training.draft_corpus).
+    answers = TrajectoryStore(paths.trajectories).answers()
+    assert answers and load_corpus(paths.model).tokens.tolist() == SuffixIndex.of(answers).tokens.tolist()
     n = p.trajectory.block_size
     probed = [row for row in history if f"probe_tpf_n{n}" in row]
     assert [row["step"] for row in probed] == [1.0, 3.0] and all(row[f"probe_tpf_n{n}"] >= 1 for row in probed)

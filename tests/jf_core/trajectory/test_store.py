@@ -42,6 +42,14 @@ def test_round_trip_with_pyarrow_and_datasets(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".parquet") == ["shard-k1.parquet"]
 
 
+def test_answers_join_each_prompts_fixed_points_through_their_lengths_and_leave_reference_text_out(tmp_path):
+    last = {**record("p0", 1), "fixed_point": [7, 1, 0, 0], "length": 2, "states": [[7, 1, 0, 0]], "iterations": 0}
+    text = {**record("p2", 0), "kind": "text"}
+    store = TrajectoryStore(tmp_path)
+    store.commit(write(tmp_path, records=[last, record("p1", 0), text, record("p0", 0)]))
+    assert store.answers() == [[5, 6, 7, 8, 7, 1], [5, 6, 7, 8]]
+
+
 def test_invalid_record_leaves_nothing(tmp_path):
     bad = record()
     bad["states"][-1] = [5, 6, 7, 0]

@@ -6,13 +6,22 @@ from __future__ import annotations
 from jf_core.decoding.common import StopTokens
 from jf_core.decoding.layout import Layout
 from jf_core.decoding.multiblock import JFDecodeConfig, JFDecoder
-from jf_core.decoding.proposers import REGISTERED, AdapterChain, PromptLookup, Proposer, Recycling, Room, proposers_for
+from jf_core.decoding.proposers import (
+    REGISTERED,
+    AdapterChain,
+    PromptLookup,
+    Proposer,
+    Recycling,
+    Room,
+    SuffixDraft,
+    proposers_for,
+)
 from tests.conftest import PAD
 from tests.jf_core.decoding.test_jacobi import MAX_NEW, prompts, reference
 
 
 def test_the_config_turns_proposers_on_in_the_registrys_order(tiny_model):
-    assert (Recycling, PromptLookup, AdapterChain) == REGISTERED
+    assert (Recycling, PromptLookup, SuffixDraft, AdapterChain) == REGISTERED
     assert proposers_for(tiny_model, JFDecodeConfig(pool_size=0)) == []
     both = proposers_for(tiny_model, JFDecodeConfig(pool_size=2, lookup=8))
     assert [type(p) for p in both] == [Recycling, PromptLookup]

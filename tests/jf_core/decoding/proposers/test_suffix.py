@@ -1,0 +1,123 @@
+"""Suffix drafts (jf_core/decoding/proposers/suffix.py): the guess follows the corpus's most frequent continuation of
+the text's longest matched tail; as a branch of the window's forward it is lossless whatever the corpus holds, and it
+is verified and accepted where the corpus holds what the model writes; the corpus travels with the model directory."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from jf_core.decoding.common import StopTokens
+from jf_core.decoding.multiblock import JFDecodeConfig, JFDecoder
+from jf_core.decoding.proposers import SuffixDraft, proposers_for
+from jf_core.decoding.proposers.suffix import (
+    CORPUS_FILE,
+    SuffixIndex,
+    attach_corpus,
+    draft_corpus,
+    load_corpus,
+    save_corpus,
+)
+from jf_core.models import ModelLoadError, load_model
+from tests.conftest import PAD, VOCAB
+from tests.jf_core.decoding.test_jacobi import MAX_NEW, prompts, reference
+from tests.jf_core.test_models import save_tiny
+
+
+def test_the_longest_tail_picks_the_places_and_the_most_frequent_continuation_is_the_guess():
+    index = SuffixIndex.of([[1, 2, 3, 4, 5], [9, 2, 3, 7, 8], [9, 2, 3, 7, 8], [6, 2, 3, 4, 6]])
+    # [2, 3] occurs four times: 7 follows twice, 4 twice; [9, 2, 3] narrows it to the two that go on 7, 8.
+    assert index.guess([9, 2, 3], max_ngram=3, length=4) == [7, 8]
+    # With a 2-token tail every occurrence counts: 4 and 7 tie at half each; the first of the tied ids is taken
+    # (4), then 5 and 6 split the two that said 4, and half is still enough for one more token.
+    assert index.guess([0, 2, 3], max_ngram=3, length=4) == [4, 5]
+    # No guess crosses a document's end, nor starts from a tail the corpus never holds.
+    assert index.guess([4, 5], max_ngram=2, length=3) == []
+    assert index.guess([3, 9], max_ngram=2, length=3) == []
+    assert index.guess([7, 8], max_ngram=2, length=3) == []
+    assert index.guess([5, 9, 2], max_ngram=2, length=3) == [3, 7, 8]
+    # Ids beyond the corpus's, a one-token context and a zero length guess nothing.
+    assert index.guess([2, 3000], max_ngram=2, length=3) == []
+    assert index.guess([2], max_ngram=2, length=3) == []
+    assert index.guess([2, 3], max_ngram=2, length=0) == []
+
+
+def test_a_continuation_shared_by_less_than_half_of_the_matches_ends_the_guess():
+    index = SuffixIndex.of([[1, 2, 5], [1, 2, 6], [1, 2, 7], [1, 2, 5, 8], [1, 2, 5, 8]])
+    # 5 is the pick of 3 of the 5 places, then 8 of 2 of the 3 that said 5: at least half each time ...
+    assert index.guess([1, 2], max_ngram=2, length=3) == [5, 8]
+    index = SuffixIndex.of([[1, 2, 5], [1, 2, 6], [1, 2, 7]])
+    assert index.guess([1, 2], max_ngram=2, length=3) == []  # ... one of three is not
+    assert index.guess([1, 2], max_ngram=2, length=3, share=0.3) == [5]  # ... unless a third is asked
+
+
+def test_the_corpus_round_trips_through_the_model_directory_and_bad_ones_are_named(tmp_path):
+    assert load_corpus(tmp_path) is None
+    save_corpus([[5, 6, 7], [5, 6, 8, 9]], tmp_path)
+    index = load_corpus(tmp_path)
+    assert len(index) == 9 and index.guess([6, 8], 2, 4) == [9]
+    assert not [p for p in tmp_path.iterdir() if p.name != CORPUS_FILE]  # nothing left under a temporary name
+    np.save(tmp_path / CORPUS_FILE, np.zeros((2, 2), dtype=np.int32))
+    with pytest.raises(ValueError, match=f"{CORPUS_FILE}.*flat array"):
+        load_corpus(tmp_path)
+    np.save(tmp_path / CORPUS_FILE, np.array([3, -4], dtype=np.int32))
+    with pytest.raises(ValueError, match=f"{CORPUS_FILE}.*token ids"):
+        load_corpus(tmp_path)
+
+
+def test_load_model_attaches_the_directorys_corpus_and_names_a_bad_one(tmp_path):
+    save_tiny(tmp_path)
+    model, _ = load_model(str(tmp_path))
+    assert draft_corpus(model) is None
+    save_corpus([[5, 6, 7]], tmp_path)
+    model, _ = load_model(str(tmp_path))
+    assert draft_corpus(model).guess([5, 6], 2, 2) == [7]
+    assert [type(p) for p in proposers_for(model, JFDecodeConfig(pool_size=0, suffix=4))] == [SuffixDraft]
+    assert proposers_for(model, JFDecodeConfig(pool_size=0)) == []  # the corpus alone turns nothing on
+    np.save(tmp_path / CORPUS_FILE, np.ones((1, 3), dtype=np.int32))
+    with pytest.raises(ModelLoadError, match=CORPUS_FILE):
+        load_model(str(tmp_path))
+
+
+def test_bad_suffix_configs_are_named():
+    with pytest.raises(ValueError, match="suffix"):
+        JFDecodeConfig(suffix=-1)
+    with pytest.raises(ValueError, match="suffix_ngram"):
+        JFDecodeConfig(suffix=4, suffix_ngram=1)
+    assert "suffix=8" in JFDecodeConfig(suffix=8).describe()
+    assert JFDecodeConfig(suffix_ngram=3, suffix_share=0.9).canonical() == JFDecodeConfig()
+    with pytest.raises(ValueError, match="suffix_share"):
+        JFDecodeConfig(suffix=4, suffix_share=0.0)
+
+
+def _decode_with(model, corpus, cfg, ps, batch):
+    """Every prompt decoded with `corpus` attached, `batch` at a time; the sequences' states kept for their wins."""
+    attach_corpus(model, corpus)
+    try:
+        outputs, seqs = [], []
+        for start in range(0, len(ps), batch):
+            decoder = JFDecoder(model, cfg, stop=StopTokens(None, PAD))
+            new = decoder.new_sequence
+            decoder.new_sequence = lambda i, p, new=new: seqs.append(new(i, p)) or seqs[-1]
+            outputs += decoder.decode(ps[start : start + batch]).sequences
+        return outputs, seqs
+    finally:
+        attach_corpus(model, None)
+
+
+@pytest.mark.parametrize(("n", "k", "pool", "lookup"), [(4, 1, 0, 0), (8, 2, 2, 8), (16, 1, 0, 16)])
+@pytest.mark.parametrize("batch", [1, 4])
+def test_suffix_drafts_are_lossless_and_won_where_the_corpus_holds_the_models_text(
+    tiny_model, n, k, pool, lookup, batch
+):
+    """The corpus holds the model's own answers to these prompts (the best case: its guesses are right) and random
+    text (the worst: they are wrong); the outputs are greedy AR's either way, and the first corpus's branch wins."""
+    ps = prompts(4, seed=11)
+    want = [reference(tiny_model, p, MAX_NEW, None) for p in ps]
+    cfg = JFDecodeConfig(block_size=n, num_blocks=k, pool_size=pool, lookup=lookup, suffix=n, max_new_tokens=MAX_NEW)
+    outputs, seqs = _decode_with(tiny_model, SuffixIndex.of(want), cfg, ps, batch)
+    assert outputs == want
+    assert sum(s.wins["suffix"] for s in seqs) > 0
+    noise = np.random.default_rng(0).integers(3, VOCAB, size=(64, 16)).tolist()
+    outputs, _ = _decode_with(tiny_model, SuffixIndex.of(noise), cfg, ps, batch)
+    assert outputs == want
