@@ -395,6 +395,12 @@ HOW = {
     "-model CORPUS_DIR --num-prompts 8 --max-new-tokens 128 --block-sizes 16 --repeats 1 --threads 2": (
         "not in CI", "a benchmark of the real model (timing only); `jf bench decode --jf-model` runs on the "
                      "embedded model in tests/jf_cli/test_evaluate.py"),
+    ".venv/bin/jf bench spec --profile smollm2-135m --set prompts.source=../shared/benchmarks/gsm8k_t"
+    "rain.jsonl --source ../shared/benchmarks/spec_bench.jsonl --per-group 5 --max-new-tokens 96 --jf"
+    "-model CORPUS_DIR --threads 2 --out spec": (
+        "not in CI", "a benchmark of the real model (timing only); `jf bench spec` runs on the embedded model in "
+                     "tests/jf_core/evaluation/test_spec_bench.py::"
+                     "test_bench_spec_times_every_method_per_group_and_checks_every_output"),
 }  # fmt: skip
 
 
