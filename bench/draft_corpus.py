@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from jf_core.atomic import write_json_atomic
+from jf_core.atomic import atomic_dir, write_json_atomic
 from jf_core.decoding import ar_decode
 from jf_core.decoding.proposers.suffix import save_corpus
 from jf_core.models import load_model, stop_tokens
@@ -57,16 +57,14 @@ def main(argv: list[str] | None = None) -> int:
         for i, seq in zip(chunk, decoded.sequences, strict=True):
             answers[i] = seq
         print(f"{first + len(chunk)}/{len(order)} answers, {time.time() - start:.0f} s", file=sys.stderr)
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.mkdir(parents=True)
-    for f in src.iterdir():
-        if f.name == "config.json":
-            (tmp / f.name).write_text(f.read_text())  # a copy: a tune writes its decode config into it
-        elif not f.name.startswith(".") and f.name != "draft_corpus.npy":
-            (tmp / f.name).symlink_to(f)
-    save_corpus(answers, tmp)
-    write_json_atomic(tmp / "answers.json", answers)
-    tmp.rename(out)
+    with atomic_dir(out) as tmp:
+        for f in src.iterdir():
+            if f.name == "config.json":
+                (tmp / f.name).write_text(f.read_text())  # a copy: a tune writes its decode config into it
+            elif not f.name.startswith(".") and f.name != "draft_corpus.npy":
+                (tmp / f.name).symlink_to(f)
+        save_corpus(answers, tmp)
+        write_json_atomic(tmp / "answers.json", answers)
     print(f"{out}: {len(answers)} answers, {sum(map(len, answers))} tokens")
     return 0
 

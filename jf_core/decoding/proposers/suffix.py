@@ -28,6 +28,14 @@ SEPARATOR = -1  # between documents: no match or guess crosses it
 MAX_MATCHES = 256
 
 
+def joined(documents: Iterable[Sequence[int]]) -> np.ndarray:
+    """The documents as one array, each followed by `SEPARATOR`."""
+    parts: list[int] = []
+    for doc in documents:
+        parts += [*doc, SEPARATOR]
+    return np.array(parts, dtype=np.int64)
+
+
 class SuffixIndex:
     """The corpus as one array of token ids (documents joined by `SEPARATOR`) and its bigrams sorted, so that the
     places a text's last two tokens occur are one binary search away; longer matches are found from there."""
@@ -50,10 +58,7 @@ class SuffixIndex:
 
     @classmethod
     def of(cls, documents: Iterable[Sequence[int]]) -> SuffixIndex:
-        parts: list[int] = []
-        for doc in documents:
-            parts += [*doc, SEPARATOR]
-        return cls(np.array(parts, dtype=np.int64))
+        return cls(joined(documents))
 
     def __len__(self) -> int:
         return int(self.tokens.size - 2)
@@ -91,12 +96,9 @@ class SuffixIndex:
 
 def save_corpus(documents: Iterable[Sequence[int]], model_dir: str | Path) -> Path:
     """The documents as the model directory's draft corpus (written under a temporary name, then renamed)."""
-    parts: list[int] = []
-    for doc in documents:
-        parts += [*doc, SEPARATOR]
     path = Path(model_dir) / CORPUS_FILE
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
-        np.save(f, np.array(parts, dtype=np.int32))
+        np.save(f, joined(documents).astype(np.int32))
     return path
 
 
