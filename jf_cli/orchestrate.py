@@ -82,7 +82,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from jacobi_forcing.flows.round import jf_round
     from jacobi_forcing.tasks.mlflow_runs import tracking_uri
     from jacobi_forcing.tasks.reporting import markdown_table
-    from jf_core.evaluation.results import against_untrained
+    from jf_core.evaluation.results import adapter_part, against_untrained
     from jf_core.round.report import resumed_note, stage_times
 
     if args.progressive:
@@ -105,6 +105,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         f"{resumed_note(summary.resumed_from_step)}\n"
         f"{stage_times(summary.stage_seconds)}\n"
         f"{against_untrained(summary.speedup_vs_untrained, summary.best_untrained, summary.timing_spread)}\n"
+        f"{adapter_part(summary.speedup_vs_no_adapter)}"
         f"identical to greedy AR: {summary.identical_fraction:.3f} of the evaluation prompts ({dtype}"
         + ("; fp32 promises 1.000)" if dtype == "float32" else "; measured, see docs/decoding.md, 'numerics')")
     )

@@ -300,6 +300,8 @@ def evaluate(
             best.speedup_vs_ar,
             "unmeasured" if result.timing_spread is None else f"{result.timing_spread:.3f}",
         )
+    if (adapter := result.speedup_vs_no_adapter) is not None:
+        logger.info("%s: %.2fx the same decoding without its draft adapter (no_adapter_tuned)", label, adapter)
     return reuse.state(result)
 
 

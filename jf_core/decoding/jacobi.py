@@ -69,6 +69,9 @@ class JacobiConfig:
     # n + span tokens instead of 2n - 2. Drafts far past what a forward accepts rarely matter, and on hardware where
     # cost grows with width (any CPU) every slot is paid for.
     draft_span: int = 0
+    # With a draft adapter: False decodes as the input model would, the adapter kept but unused, so a tune can find
+    # that a corpus or a lookup pays where the adapter's cycle does not (a round's model keeps both).
+    adapter: bool = True
 
     def __post_init__(self) -> None:
         if self.draft_span < 0:
@@ -82,7 +85,11 @@ class JacobiConfig:
 
     def describe(self) -> str:
         """The config as every table and console line names it (one place: `n=16`, `n=8 span=3`)."""
-        return f"n={self.block_size}" + (f" span={self.draft_span}" if self.draft_span else "")
+        return (
+            f"n={self.block_size}"
+            + (f" span={self.draft_span}" if self.draft_span else "")
+            + ("" if self.adapter else " no-adapter")
+        )
 
 
 class BlockRecorder(Protocol):

@@ -97,6 +97,8 @@ class JFDecodeConfig(JacobiConfig):
             parts.append(f"width={self.width_scale}x+{self.width_margin}")
         if self.draft_span:
             parts.append(f"span={self.draft_span}")
+        if not self.adapter:
+            parts.append("no-adapter")
         if self.lookup:
             parts.append(f"lookup={self.lookup}")
         if self.suffix:
@@ -120,7 +122,8 @@ class JFDecodeConfig(JacobiConfig):
     def canonical(self, adapter: bool = True, corpus: bool = True) -> JFDecodeConfig:
         """This config with each knob its other values leave unused at its default, so that two configs that decode
         alike compare equal (the tune grid keeps one). `adapter`: the model drafts with a draft adapter (without one
-        a chain's span changes nothing); `corpus`: it keeps a draft corpus (without one suffix drafts are off)."""
+        a chain's span, and whether to use it, change nothing); `corpus`: it keeps a draft corpus (without one
+        suffix drafts are off)."""
         unused = []
         if self.num_blocks == 1:
             unused.append("spawn_ratio")
@@ -132,7 +135,9 @@ class JFDecodeConfig(JacobiConfig):
             unused.append("lookup_ngram")
         if not self.suffix or not corpus:
             unused += ["suffix", "suffix_ngram", "suffix_share"]
-        if not adapter or self.draft_span >= self.block_size - 2:  # the chain stops at n - 2 slots anyway
+        if not adapter:
+            unused.append("adapter")
+        if not adapter or not self.adapter or self.draft_span >= self.block_size - 2:  # the chain stops at n - 2
             unused.append("draft_span")
         defaults = {f.name: f.default for f in fields(JFDecodeConfig)}
         return replace(self, **{name: defaults[name] for name in unused})

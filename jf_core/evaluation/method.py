@@ -27,6 +27,10 @@ MethodKind = Literal[
 UNTRAINED = "base"
 # The kinds an untrained anchor row may have: the best of them is what training has to beat.
 ANCHOR_KINDS = ("hf_prompt_lookup", "tuned")
+# The tag of a trained model's decoding without its draft adapter: the input model with the trained model's draft
+# corpus, decoded by the trained model's tuned config. The trained row over it is what the adapter adds; it over the
+# untrained anchors, what the corpus (and the trained model's tune) adds. Not an anchor: a round keeps its corpus.
+NO_ADAPTER = "no_adapter"
 
 _HF = ("hf_generate", "hf_prompt_lookup")
 _SIZED = ("jacobi", "lookup")  # the kinds a row's block size names

@@ -10,7 +10,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from jf_core.decoding import DecodeConfig
-from jf_core.evaluation.method import ANCHOR_KINDS, AR, AR_CONTROL, TUNED, UNTRAINED, Method, jacobi
+from jf_core.evaluation.method import ANCHOR_KINDS, AR, AR_CONTROL, NO_ADAPTER, TUNED, UNTRAINED, Method, jacobi
 from jf_core.evaluation.speed import MethodResult
 
 
@@ -138,15 +138,22 @@ class Evaluation(JsonModel):
         """The headline's tokens/s over the best untrained anchor's (None: no anchor ran)."""
         return self.versus().speedup
 
+    @property
+    def speedup_vs_no_adapter(self) -> float | None:
+        """The headline's tokens/s over the same decoding without the draft adapter (the `no_adapter_tuned` row: the
+        input model with the trained model's corpus and config): what the adapter adds. None where it did not run."""
+        return self.versus(anchors=[TUNED.of(NO_ADAPTER)]).speedup
+
     def metrics(self) -> dict[str, float]:
         """The headline, plain Jacobi's TPF per block size and every method's TPS, as flat MLflow metrics."""
-        spread, untrained = self.timing_spread, self.speedup_vs_untrained
+        spread, untrained, adapter = self.timing_spread, self.speedup_vs_untrained, self.speedup_vs_no_adapter
         return {
             "accuracy": self.accuracy,
             "headline_tpf": self.headline.tpf,
             "speedup_vs_ar": self.headline.speedup_vs_ar,  # against our own AR on the same model
             **({} if spread is None else {"timing_spread": spread}),
             **({} if untrained is None else {"speedup_vs_untrained": untrained}),
+            **({} if adapter is None else {"speedup_vs_no_adapter": adapter}),
             **{f"tpf_n{n}": v for n, v in self.tpf.items()},
             **{f"tps_{name}": v for name, v in self.tps.items()},
         }
@@ -163,3 +170,11 @@ def against_untrained(speedup: float | None, best: str | None, spread: float | N
     if speedup is None:
         return f"no untrained anchor in this run{control}"
     return f"{speedup:.2f}x the best untrained decoding of the input model ({best}){control}"
+
+
+def adapter_part(speedup: float | None) -> str:
+    """The report's line on the draft adapter (a line with its newline; empty where the row did not run): the
+    trained model against its own decoding without the adapter, so a corpus's gain is not read as training's."""
+    if speedup is None:
+        return ""
+    return f"{speedup:.2f}x the same decoding without its draft adapter (corpus and config kept: no_adapter_tuned)\n"

@@ -54,6 +54,8 @@ class RoundSummary(BaseModel):
     speedup_vs_untrained: float | None = None
     best_untrained: str | None = None
     timing_spread: float | None = None
+    # The headline over the same decoding without the draft adapter (its corpus and config kept): the adapter's part.
+    speedup_vs_no_adapter: float | None = None
     train_seconds: float
     # Wall seconds of each stage when it ran (RoundReport.stage_seconds): where a round's time went.
     stage_seconds: dict[str, float] = {}
@@ -246,6 +248,8 @@ class RoundReport(JsonModel):
             m.update(speedup_vs_untrained=self.eval.speedup_vs_untrained, untrained_speedup_vs_ar=best.speedup_vs_ar)
         if (spread := self.eval.timing_spread) is not None:
             m.update(timing_spread=spread)
+        if (adapter := self.eval.speedup_vs_no_adapter) is not None:
+            m.update(speedup_vs_no_adapter=adapter)
         m.update({f"tpf_n{n}": v for n, v in self.tpf.items()})
         m.update({f"base_tpf_n{n}": v for n, v in self.base_tpf.items()})
         m.update({f"tps_{name}": v for name, v in self.eval.tps.items()})
@@ -271,6 +275,7 @@ class RoundReport(JsonModel):
             speedup_vs_untrained=self.eval.speedup_vs_untrained,
             best_untrained=best.name if (best := self.eval.best_untrained) is not None else None,
             timing_spread=self.eval.timing_spread,
+            speedup_vs_no_adapter=self.eval.speedup_vs_no_adapter,
             train_seconds=self.train.train_seconds,
             stage_seconds=self.stage_seconds,
             resumed_from_step=self.train.resumed_from_step,

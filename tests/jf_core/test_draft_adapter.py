@@ -4,6 +4,7 @@ greedy output token for token, whatever the adapter holds (jf_core/draft_adapter
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import pytest
 import torch
@@ -66,6 +67,26 @@ def test_a_shorter_draft_chain_keeps_the_base_models_greedy_output(tiny_model, b
     expected = ar_decode(tiny_model, prompts, max_new_tokens=40, stop=STOP).sequences
     cfg = JacobiConfig(block_size=block_size, max_new_tokens=40, draft_span=draft_span)
     assert jacobi_decode(_with_random_adapter(tiny_model), prompts, cfg, stop=STOP).sequences == expected
+
+
+@pytest.mark.parametrize("config", [JacobiConfig(block_size=8), JFDecodeConfig(block_size=8, num_blocks=1, lookup=8)])
+def test_a_config_that_leaves_the_adapter_out_decodes_as_the_input_model(tiny_model, config):
+    """`adapter: false` (a tune's choice where the adapter's cycle does not pay): the model keeps its adapter and
+    decodes as the input model does, forward for forward; with it on, the same config drafts differently."""
+    prompts = _prompts()
+    drafted = _with_random_adapter(tiny_model)
+    cfg = replace(config, max_new_tokens=40)
+    decoder = jf_decode if isinstance(cfg, JFDecodeConfig) else jacobi_decode
+    runs, off = {}, replace(cfg, adapter=False)
+    for name, model, c in [("base", tiny_model, cfg), ("off", drafted, off), ("on", drafted, cfg)]:
+        widths, handle = _widths(model)
+        runs[name] = (decoder(model, prompts, c, stop=STOP).sequences, widths)
+        handle.remove()
+    assert runs["off"][0] == runs["on"][0] == runs["base"][0]
+    assert runs["off"][1] == runs["base"][1]  # the same forwards, each as wide
+    assert runs["on"][1] != runs["base"][1]  # the chain's slots
+    assert AdapterChain.from_config(drafted, replace(cfg, adapter=False)) is None
+    assert "no-adapter" in replace(cfg, adapter=False).describe().split()
 
 
 def _widths(model: torch.nn.Module) -> tuple[list[int], object]:
@@ -317,6 +338,7 @@ SEAM = {
     "jf_core/decoding/proposers/adapter_chain.py": "decoding's proposer: the adapter's chain, gated by the same rule",
     "jf_core/evaluation/tune.py": "an adapter model's tune grid has the chain's span",
     "jf_core/evaluation/forward_cost.py": "`jf bench forward --gated`: a forward with the adapter acting, timed",
+    "jf_core/evaluation/evaluate.py": "an adapter model's evaluation times its decoding without the adapter",
     "jf_vllm/launch.py": "the file's name: vLLM does not run the adapter, and says so",
     "bench/gpu_check.py": "a random adapter for the GPU check's timing",
     "bench/loss_terms.py": "the profile's adapter on the base (for_training), its training step timed",

@@ -24,8 +24,8 @@ class AdapterChain(Proposer):
 
     @classmethod
     def from_config(cls, model, config) -> AdapterChain | None:
-        """Whenever the model keeps an adapter (`config.draft_span` sizes its chain)."""
-        return cls(config.draft_span) if draft_adapter(model) is not None else None
+        """Whenever the model keeps an adapter and the config uses it (`config.draft_span` sizes its chain)."""
+        return cls(config.draft_span) if draft_adapter(model) is not None and config.adapter else None
 
     def extend(self, seq, lay: Layout, room: Room) -> Layout:
         """The layout with the chain after whatever it holds: the window's draft tokens again, from its root."""

@@ -190,6 +190,20 @@ def test_the_tuner_tries_suffix_drafts_only_for_a_model_with_a_draft_corpus(tmp_
     assert [c.suffix for c in space.for_model(model, 16)] == [0]
 
 
+def test_the_tuner_tries_the_adapter_off_only_once_a_width_and_only_for_a_model_with_one():
+    """`adapter: [true, false]`: leaving the adapter out makes its chain's span moot (one config a width, not one a
+    span), and on a model without an adapter both values decode alike (the untrained tune stays as it was)."""
+    from jf_core.evaluation.tune import TuneSpace
+
+    space = TuneSpace.of(
+        block_size=[6, 8], num_blocks=[1], pool_size=[0], seed_drafts=[False], adaptive_width=[False],
+        draft_span=[1, 3], adapter=[True, False],
+    )  # fmt: skip
+    got = [(c.block_size, c.adapter, c.draft_span) for c in space.configs(16, adapter=True)]
+    assert sorted(got) == [(6, False, 0), (6, True, 1), (6, True, 3), (8, False, 0), (8, True, 1), (8, True, 3)]
+    assert [(c.block_size, c.adapter, c.draft_span) for c in space.configs(16)] == [(6, True, 0), (8, True, 0)]
+
+
 def test_interleaved_runs_take_turns_and_keep_each_batchs_fastest_run():
     """Decoders alternate batch by batch (so a drifting machine slows all alike), each first as often as the other,
     and each batch's fastest run is the one counted; outputs stay in prompt order."""

@@ -369,6 +369,57 @@ def test_a_trained_models_evaluation_carries_its_input_models_untrained_anchors(
     assert stage_tune_untrained(off, base) is None and untrained_anchors(off, base, found) is None
 
 
+def test_an_adapter_models_evaluation_times_its_decoding_without_the_adapter(profile, tmp_path):
+    """Issue 69: a round's model keeps a draft adapter and a corpus made from the same trajectories, so "is it the
+    training?" needs the same decoding without the adapter, timed in the same run: the input model with the trained
+    model's corpus and tuned config (`no_adapter_tuned`), every output the input model's greedy text. The headline
+    over it is `speedup_vs_no_adapter`; a model without an adapter gets no such row."""
+    import torch
+
+    from jf_core.decoding import JFDecodeConfig, ar_decode, decode
+    from jf_core.decoding.proposers.suffix import save_corpus
+    from jf_core.draft_adapter.adapter import FILE, adapter_file, attach_draft_adapter, base_state_dict
+    from jf_core.draft_adapter.config import DraftLora
+    from jf_core.evaluation.evaluate import Untrained, eval_set, evaluate_profile
+    from jf_core.evaluation.method import NO_ADAPTER
+    from jf_core.model_dir import save_model_dir
+    from jf_core.models import load_model, stop_tokens
+    from jf_core.toy.bootstrap import embedded_model
+    from jf_core.trajectory.prompts import PromptFormat
+
+    base = str(embedded_model())
+    model, tok = load_model(base, dtype="float32")
+    stop = stop_tokens(model, tok)
+    evaluation = profile.evaluation.model_copy(
+        update={"num_prompts": 3, "speed_prompts": 3, "repeats": 1, "block_sizes": [4], "max_new_tokens": 12}
+    )
+    p = profile.model_copy(update={"evaluation": evaluation})
+    prompts = eval_set(p.evaluation, tok, PromptFormat.of(p.prompts), part="confirmation").prompts
+    answers = ar_decode(model, prompts, max_new_tokens=12, stop=stop).sequences
+    adapter = attach_draft_adapter(model, DraftLora(rank=4))
+    with torch.no_grad():  # drafts of its own (the base still verifies each)
+        for b in adapter.b.values():
+            b.normal_(0, 0.5, generator=torch.Generator().manual_seed(0))
+    drafted = tmp_path / "drafted"
+    save_model_dir(model, drafted, tokenizer=tok, state_dict=base_state_dict(model),
+                   extra_tensors={FILE: adapter_file(adapter)})  # fmt: skip
+    save_corpus(answers, drafted)  # as a round keeps its trajectories' greedy answers
+    config = JFDecodeConfig(block_size=4, num_blocks=1, pool_size=0, suffix=4, max_new_tokens=12)
+    result = evaluate_profile(str(drafted), p, untrained=Untrained(base), tuning=(config, None))
+    row = result.row(TUNED.of(NO_ADAPTER))
+    assert row.name == "no_adapter_tuned" and row.identical_fraction == 1.0
+    assert result.headline.identical_fraction == 1.0
+    assert result.speedup_vs_no_adapter == result.headline.tps / row.tps
+    assert result.metrics()["speedup_vs_no_adapter"] == result.speedup_vs_no_adapter
+    assert row not in result.untrained_rows  # the corpus is the round's: not what a user has without one
+    # It drafts from the trained model's corpus (the input model keeps none): more tokens a forward than without.
+    plain, _ = load_model(base, dtype="float32")
+    without = decode(plain, prompts, config, stop=stop)
+    assert row.tpf > without.stats.tpf, (row.tpf, without.stats.tpf)
+    alone = evaluate_profile(base, p, untrained=Untrained(base), tuning=(config, None))
+    assert alone.speedup_vs_no_adapter is None and not [r for r in alone.rows() if r.method.model == NO_ADAPTER]
+
+
 def test_an_evaluation_in_a_fresh_process_measures_what_it_measures_here(profile, tmp_path):
     """`evaluation.fresh_process` moves the timed work into a new process (a process that has trained times
     drafters slow: jf_core/round/fresh.py); what it measures besides time, and the progress it says, are the same."""
