@@ -34,9 +34,10 @@ import torch
 
 from jf_core.config import EvalConfig, Profile
 from jf_core.decoding import JacobiConfig, StopTokens, decode
+from jf_core.evaluation.anchors import Untrained, no_adapter_methods, untrained_methods
 from jf_core.evaluation.benchmarks import BenchmarkItem, load_benchmark, score
 from jf_core.evaluation.degeneracy import output_stats
-from jf_core.evaluation.method import AR, AR_CONTROL, NO_ADAPTER, TUNED, UNTRAINED, Method, jacobi
+from jf_core.evaluation.method import AR, AR_CONTROL, TUNED, Method, jacobi
 from jf_core.evaluation.methods import build_methods
 from jf_core.evaluation.results import Calibration, Evaluation
 from jf_core.evaluation.speed import Decoder, MethodResult, bench, run_interleaved
@@ -55,70 +56,6 @@ class EvalSet:
     benchmark: str
     items: list[BenchmarkItem]
     prompts: list[list[int]]  # the items' rendered prompts, tokenized
-
-
-@dataclass(frozen=True)
-class Untrained:
-    """The untrained anchors of a trained model's evaluation: the model it was trained from (the round's input) and
-    the decode config the same tune found on that model, with the batch size above which its dispatch runs AR
-    (None, None: the tune is off, and prompt lookup is the only anchor)."""
-
-    model_path: str
-    tuned: JacobiConfig | None = None
-    ar_above_batch: int | None = None
-
-
-def untrained_methods(
-    untrained: Untrained, cfg: EvalConfig, decode_kwargs: dict
-) -> tuple[dict[Method, Decoder], dict[Method, Method]]:
-    """The anchors' rows (`base_ar`, `base_hf_prompt_lookup`, `base_tuned`) and, for each, the greedy reference its
-    output must equal: the input model's own AR."""
-    from jf_core.models import load_model, stop_tokens
-
-    model, tok = load_model(untrained.model_path, **decode_kwargs)
-    rows = build_methods(
-        model,
-        stop_tokens(model, tok),
-        cfg.max_new_tokens,
-        model_tag=UNTRAINED,
-        prompt_lookup=True,
-        tuned=untrained.tuned,
-        ar_above_batch=untrained.ar_above_batch,
-    )
-    return rows, dict.fromkeys(rows, AR.of(UNTRAINED))
-
-
-def no_adapter_methods(
-    untrained: Untrained,
-    trained: torch.nn.Module,
-    tuned: JacobiConfig | None,
-    ar_above_batch: int | None,
-    cfg: EvalConfig,
-    decode_kwargs: dict,
-) -> tuple[dict[Method, Decoder], dict[Method, Method]]:
-    """Where the trained model drafts with an adapter and has a tuned config: its decoding without the adapter, the
-    `no_adapter_tuned` row (the input model with the trained model's draft corpus, the same config and crossover),
-    and its greedy reference, the input model's AR. A round's model keeps both an adapter and a corpus made from
-    the same trajectories; this row says which of the two its speed comes from. Empty where there is no adapter."""
-    from jf_core.decoding.proposers.suffix import attach_corpus, draft_corpus
-    from jf_core.draft_adapter.adapter import draft_adapter
-    from jf_core.models import load_model, stop_tokens
-
-    if tuned is None or draft_adapter(trained) is None:
-        return {}, {}
-    # A model of its own, not the anchors': the corpus is kept on the model, and the anchors decode without it.
-    model, tok = load_model(untrained.model_path, **decode_kwargs)
-    attach_corpus(model, draft_corpus(trained))
-    rows = build_methods(
-        model,
-        stop_tokens(model, tok),
-        cfg.max_new_tokens,
-        ar=False,
-        model_tag=NO_ADAPTER,
-        tuned=tuned,
-        ar_above_batch=ar_above_batch,
-    )
-    return rows, dict.fromkeys(rows, AR.of(UNTRAINED))
 
 
 def with_control(methods: dict[Method, Decoder], enabled: bool = True) -> dict[Method, Decoder]:

@@ -322,7 +322,7 @@ def eval_threads(profile: Profile) -> Iterator[int]:
 def untrained_anchors(profile: Profile, model_in: str, tuning: TuneResult | None):
     """The anchors a trained model's evaluation carries (`evaluate.Untrained`): its input model, with the config
     `stage_tune_untrained` found on it; None when `evaluation.untrained` is off."""
-    from jf_core.evaluation.evaluate import Untrained
+    from jf_core.evaluation.anchors import Untrained
 
     if not profile.evaluation.untrained:
         return None

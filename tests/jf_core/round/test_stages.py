@@ -380,7 +380,8 @@ def test_an_adapter_models_evaluation_times_its_decoding_without_the_adapter(pro
     from jf_core.decoding.proposers.suffix import save_corpus
     from jf_core.draft_adapter.adapter import FILE, adapter_file, attach_draft_adapter, base_state_dict
     from jf_core.draft_adapter.config import DraftLora
-    from jf_core.evaluation.evaluate import Untrained, eval_set, evaluate_profile
+    from jf_core.evaluation.anchors import Untrained
+    from jf_core.evaluation.evaluate import eval_set, evaluate_profile
     from jf_core.evaluation.method import NO_ADAPTER
     from jf_core.model_dir import save_model_dir
     from jf_core.models import load_model, stop_tokens
