@@ -32,19 +32,8 @@ def untrained_methods(
 ) -> tuple[dict[Method, Decoder], dict[Method, Method]]:
     """The anchors' rows (`base_ar`, `base_hf_prompt_lookup`, `base_tuned`) and, for each, the greedy reference its
     output must equal: the input model's own AR."""
-    from jf_core.models import load_model, stop_tokens
-
-    model, tok = load_model(untrained.model_path, **decode_kwargs)
-    rows = build_methods(
-        model,
-        stop_tokens(model, tok),
-        cfg.max_new_tokens,
-        model_tag=UNTRAINED,
-        prompt_lookup=True,
-        tuned=untrained.tuned,
-        ar_above_batch=untrained.ar_above_batch,
-    )
-    return rows, dict.fromkeys(rows, AR.of(UNTRAINED))
+    how = {"prompt_lookup": True, "tuned": untrained.tuned, "ar_above_batch": untrained.ar_above_batch}
+    return _input_model_rows(untrained, cfg, decode_kwargs, UNTRAINED, **how)
 
 
 def no_adapter_methods(
@@ -59,22 +48,26 @@ def no_adapter_methods(
     `no_adapter_tuned` row (the input model with the trained model's draft corpus, the same config and crossover),
     and its greedy reference, the input model's AR. A round's model keeps both an adapter and a corpus made from
     the same trajectories; this row says which of the two its speed comes from. Empty where there is no adapter."""
-    from jf_core.decoding.proposers.suffix import attach_corpus, draft_corpus
+    from jf_core.decoding.proposers.suffix import draft_corpus
     from jf_core.draft_adapter.adapter import draft_adapter
-    from jf_core.models import load_model, stop_tokens
 
     if tuned is None or draft_adapter(trained) is None:
         return {}, {}
-    # A model of its own, not the anchors': the corpus is kept on the model, and the anchors decode without it.
+    how = {"ar": False, "tuned": tuned, "ar_above_batch": ar_above_batch}
+    return _input_model_rows(untrained, cfg, decode_kwargs, NO_ADAPTER, corpus=draft_corpus(trained), **how)
+
+
+def _input_model_rows(
+    untrained: Untrained, cfg: EvalConfig, decode_kwargs: dict, tag: str, corpus=None, **how
+) -> tuple[dict[Method, Decoder], dict[Method, Method]]:
+    """`build_methods(**how)` on a load of the input model of its own (with `corpus` attached, where given: a corpus
+    is kept on the model, and the anchors decode without the trained model's), its rows tagged `tag`, each row's
+    greedy reference the input model's AR."""
+    from jf_core.decoding.proposers.suffix import attach_corpus
+    from jf_core.models import load_model, stop_tokens
+
     model, tok = load_model(untrained.model_path, **decode_kwargs)
-    attach_corpus(model, draft_corpus(trained))
-    rows = build_methods(
-        model,
-        stop_tokens(model, tok),
-        cfg.max_new_tokens,
-        ar=False,
-        model_tag=NO_ADAPTER,
-        tuned=tuned,
-        ar_above_batch=ar_above_batch,
-    )
+    if corpus is not None:
+        attach_corpus(model, corpus)
+    rows = build_methods(model, stop_tokens(model, tok), cfg.max_new_tokens, model_tag=tag, **how)
     return rows, dict.fromkeys(rows, AR.of(UNTRAINED))
