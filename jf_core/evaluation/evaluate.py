@@ -18,7 +18,8 @@ One function, `evaluate_model`, serves the round (jf_core/round/stages.py), `jf 
 4. **Controls and anchors**: every timed pass carries our AR twice (`ar_control`: its ratio to AR is the timer's
    bias and spread in this run), and a trained model's evaluation can carry its untrained anchors (`Untrained`):
    its input model decoded by HF prompt lookup and by our decoder with the config the same tune found on it, each
-   checked against that model's own greedy AR, so "is training worth it?" is answered in the same run.
+   checked against that model's own greedy AR, so "is training worth it?" is answered in the same run; a model with
+   a draft adapter is also timed without it (`no_adapter_tuned`, jf_core/evaluation/anchors.py).
 
 Prompts are rendered like the trajectories' prompts were (`prompts.format_prompt`: chat template and system prompt
 from the profile), so a model is evaluated on inputs shaped like its training data.
@@ -299,7 +300,7 @@ def evaluate_profile(
         kwargs = profile.model.decode_kwargs()
         for rows, refs in (
             untrained_methods(untrained, cfg, kwargs),
-            no_adapter_methods(untrained, model, tuned, above if tuned is not None else None, cfg, kwargs),
+            no_adapter_methods(untrained, model, tuned, above, cfg, kwargs),
         ):
             extra.update(rows)
             same.update(refs)

@@ -8,7 +8,7 @@ from contextlib import AbstractContextManager as ContextManager
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from jf_core.decoding.layout import Layout
+from jf_core.decoding.layout import Layout, with_guess
 
 
 @dataclass(frozen=True)
@@ -56,3 +56,24 @@ class Proposer:
     def seed(self, seq, context: list[int], length: int) -> list[int]:
         """The first tokens of a fresh block's draft of `length` after `context` ([]: the decoder's draft init)."""
         return []
+
+
+class TextGuess(Proposer):
+    """A proposer that guesses what follows the text so far (prompt, committed tokens and the window's known-correct
+    first token), up to `length` tokens, as one more branch of the window's forward (`layout.with_guess`); a
+    subclass says only how it guesses (`guess`)."""
+
+    # Adaptive width sizes the window by what its drafts earn; a guess that continues the text earns by its own length.
+    speaks_for_the_window: ClassVar[bool] = False
+    length: int
+
+    def guess(self, context: list[int], length: int) -> list[int]:
+        raise NotImplementedError
+
+    def extend(self, seq, lay: Layout, room: Room) -> Layout:
+        if room.run <= 1:
+            return lay
+        # The guess is not held to the run (it earns by its own length), only to the block's end.
+        far = min(room.window, room.block_left) - 1
+        guess = self.guess(seq.prompt + seq.committed + seq.window[:1], min(far, self.length))
+        return with_guess(lay, seq.window, room.run, guess, self.name)

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from jf_core.decoding.layout import Layout, with_guess
-from jf_core.decoding.proposers.base import Proposer, Room
+from jf_core.decoding.proposers.base import TextGuess
 
 
 def prompt_lookup(context: Sequence[int], max_ngram: int, length: int) -> list[int]:
@@ -31,10 +30,8 @@ def prompt_lookup(context: Sequence[int], max_ngram: int, length: int) -> list[i
     return []
 
 
-class PromptLookup(Proposer):
+class PromptLookup(TextGuess):
     name = "lookup"
-    # Adaptive width sizes the window by what its drafts earn; a guess that copies the text earns by its own length.
-    speaks_for_the_window = False
 
     def __init__(self, length: int, ngram: int) -> None:
         self.length, self.ngram = length, ngram
@@ -45,11 +42,5 @@ class PromptLookup(Proposer):
         length = getattr(config, "lookup", 0)
         return cls(length, config.lookup_ngram) if length else None
 
-    def extend(self, seq, lay: Layout, room: Room) -> Layout:
-        if room.run <= 1:
-            return lay
-        # The guess is not held to the run: adaptive width sizes the window by what the drafts earn, while a guess
-        # that copies the text earns by its own length.
-        far = min(room.window, room.block_left) - 1
-        guess = prompt_lookup(seq.prompt + seq.committed + seq.window[:1], self.ngram, min(far, self.length))
-        return with_guess(lay, seq.window, room.run, guess, self.name)
+    def guess(self, context: list[int], length: int) -> list[int]:
+        return prompt_lookup(context, self.ngram, length)

@@ -19,8 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from jf_core.atomic import atomic_path
-from jf_core.decoding.layout import Layout, with_guess
-from jf_core.decoding.proposers.base import Proposer, Room
+from jf_core.decoding.proposers.base import TextGuess
 
 CORPUS_FILE = "draft_corpus.npy"
 SEPARATOR = -1  # between documents: no match or guess crosses it
@@ -122,9 +121,8 @@ def draft_corpus(model) -> SuffixIndex | None:
     return getattr(model, "jf_draft_corpus", None)
 
 
-class SuffixDraft(Proposer):
+class SuffixDraft(TextGuess):
     name = "suffix"
-    speaks_for_the_window = False  # like the lookup's, its guess earns by its own length
 
     def __init__(self, index: SuffixIndex, length: int, ngram: int, share: float) -> None:
         self.index, self.length, self.ngram, self.share = index, length, ngram, share
@@ -139,10 +137,5 @@ class SuffixDraft(Proposer):
             return None
         return cls(index, length, config.suffix_ngram, config.suffix_share)
 
-    def extend(self, seq, lay: Layout, room: Room) -> Layout:
-        if room.run <= 1:
-            return lay
-        far = min(room.window, room.block_left) - 1
-        context = seq.prompt + seq.committed + seq.window[:1]
-        guess = self.index.guess(context, self.ngram, min(far, self.length), self.share)
-        return with_guess(lay, seq.window, room.run, guess, self.name)
+    def guess(self, context: list[int], length: int) -> list[int]:
+        return self.index.guess(context, self.ngram, length, self.share)
