@@ -29,20 +29,30 @@ class Layout:
 
 def with_guess(lay: Layout, window: list[int], run: int, guess: list[int], owner: str) -> Layout:
     """`lay` with `guess` (the tokens after the window's known-correct first) as one more branch, owned by `owner`.
-    Where the guess agrees with the window's draft the branch runs through the window's own slots, so only the rest
-    costs slots (every slot costs compute on a CPU); a guess the window or an earlier branch already carries whole
-    adds nothing."""
-    shared = 0
-    while shared < len(guess) and 1 + shared < run and guess[shared] == window[1 + shared]:
-        shared += 1
+    The branch runs through the slots of whichever branch already carries the guess's longest prefix (the window's
+    drafts within its run, or an earlier proposer's guess) and only the rest costs slots (every slot costs compute
+    on a CPU); a guess already carried whole adds nothing. Verification is unchanged: each shared slot sees the same
+    ancestors at the same depth in either branch."""
+    host, shared = 0, _agreement(guess, window[1:run])
+    for b, branch in enumerate(lay.branches[1:], start=1):
+        agree = _agreement(guess, [lay.tokens[i] for i in branch[1:]])
+        if agree > shared:
+            host, shared = b, agree
     if shared == len(guess):
         return lay
-    for branch in lay.branches[1:]:
-        if [lay.tokens[i] for i in branch[1 : 1 + len(guess)]] == guess:
-            return lay
     start = len(lay.tokens)
-    branch = [*range(1 + shared), *range(start, start + len(guess) - shared)]
+    branch = [*lay.branches[host][: 1 + shared], *range(start, start + len(guess) - shared)]
     return Layout(lay.tokens + guess[shared:], [*lay.branches, branch], lay.drafts, [*lay.owners, owner])
+
+
+def _agreement(guess: list[int], drafted: list[int]) -> int:
+    """How many of `guess`'s first tokens `drafted` already holds, in order."""
+    shared = 0
+    for want, have in zip(guess, drafted, strict=False):
+        if want != have:
+            break
+        shared += 1
+    return shared
 
 
 def tree_positions_and_mask(layouts: list[Layout], width: int, device) -> tuple[torch.Tensor, torch.Tensor]:

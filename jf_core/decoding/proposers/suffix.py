@@ -25,6 +25,8 @@ CORPUS_FILE = "draft_corpus.npy"
 SEPARATOR = -1  # between documents: no match or guess crosses it
 # At most this many matches are followed (the latest ones): enough for the frequencies, bounded cost on a large corpus.
 MAX_MATCHES = 256
+# The longest tail a guess matches (`suffix_ngram` at most this): the depth the corpus's places are sorted to.
+MAX_NGRAM = 16
 
 
 def joined(documents: Iterable[Sequence[int]]) -> np.ndarray:
@@ -36,8 +38,11 @@ def joined(documents: Iterable[Sequence[int]]) -> np.ndarray:
 
 
 class SuffixIndex:
-    """The corpus as one array of token ids (documents joined by `SEPARATOR`) and its bigrams sorted, so that the
-    places a text's last two tokens occur are one binary search away; longer matches are found from there."""
+    """The corpus as one array of token ids (documents joined by `SEPARATOR`) and its places (each token) sorted by
+    the text ending there read backward (the place's own token, then the one before it, up to `MAX_NGRAM`): the
+    places a tail of a text occurs, however many, are one range, narrowed by one binary search a token, so the
+    longest tail is found among all of them (a bigram index that followed only a bigram's latest places missed a
+    longer tail among its earlier ones)."""
 
     def __init__(self, tokens: np.ndarray) -> None:
         tokens = np.asarray(tokens, dtype=np.int64)
@@ -45,44 +50,62 @@ class SuffixIndex:
             raise ValueError(f"draft corpus: a flat array of token ids, got shape {tokens.shape}")
         if tokens.size and tokens.min() < SEPARATOR:
             raise ValueError(f"draft corpus: token ids are >= 0 (and {SEPARATOR} separates documents)")
-        # A separator at both ends: every walk backward or forward stops at one before leaving the array.
+        # A separator at both ends: every walk forward stops at one before leaving the array.
         self.tokens = np.concatenate([[SEPARATOR], tokens, [SEPARATOR]])
-        self.base = int(self.tokens.max()) + 2
-        first, second = self.tokens[:-1], self.tokens[1:]
-        ok = (first != SEPARATOR) & (second != SEPARATOR)
-        ends = np.flatnonzero(ok) + 1  # where each bigram's second token sits
-        keys = first[ok] * self.base + second[ok]
-        order = np.argsort(keys, kind="stable")  # stable: each key's places stay in text order (latest last)
-        self.keys, self.ends = keys[order], ends[order]
+        places = np.flatnonzero(self.tokens != SEPARATOR)
+        # Sorted by the token at the place, then the one before it, and so on (lexsort's last key is its first);
+        # before index 0 a walk reads the leading separator, as it does at any document's start.
+        back = [self.tokens[np.maximum(places - k, 0)] for k in range(MAX_NGRAM)]
+        self.places = places[np.lexsort(back[::-1])]
+        # The first two keys kept: every guess starts with a search over the whole corpus; deeper keys are read
+        # from the tokens over the (narrower) range that matched so far.
+        self.last, self.before = (self.tokens[np.maximum(self.places - k, 0)] for k in (0, 1))
 
     @classmethod
     def of(cls, documents: Iterable[Sequence[int]]) -> SuffixIndex:
         return cls(joined(documents))
 
     def __len__(self) -> int:
-        return int(self.tokens.size - 2)
+        return int(self.places.size)
 
-    def guess(self, context: Sequence[int], max_ngram: int, length: int, share: float = 0.5) -> list[int]:
-        """Up to `length` tokens continuing `context` as the corpus does: among the places its longest matched tail
-        (2 to `max_ngram` tokens) occurs, the most frequent next token, then the most frequent after that among the
-        places that agreed, while a token is the pick of at least `share` of them; [] when no bigram matches.
-
-        A lower share guesses longer and is right less often; every guessed token costs a slot of the forward."""
-        if length < 1 or len(context) < 2 or max(context[-2:]) >= self.base - 1:
-            return []
-        key = context[-2] * self.base + context[-1]
-        lo, hi = np.searchsorted(self.keys, [key, key + 1])
-        if lo == hi:
-            return []
-        places = self.ends[max(lo, hi - MAX_MATCHES) : hi]
-        # The longest tail: keep the places that also match one token further back while any do.
-        for back in range(2, min(max_ngram, len(context))):
-            longer = places[self.tokens[places - back] == context[-1 - back]]
-            if longer.size == 0:
+    def tail(self, context: Sequence[int], max_ngram: int) -> tuple[int, np.ndarray]:
+        """(n, places): the longest tail of `context` the corpus holds (2 to `max_ngram` tokens, at most
+        `MAX_NGRAM`) and the places where it ends, in text order; (0, empty) when not even its last two occur."""
+        none = (0, self.places[:0])
+        if len(context) < 2:
+            return none
+        lo, hi = np.searchsorted(self.last, [context[-1], context[-1] + 1])
+        a, b = np.searchsorted(self.before[lo:hi], [context[-2], context[-2] + 1])
+        if a == b:
+            return none
+        lo, hi, n = lo + a, lo + b, 2
+        for k in range(2, min(max_ngram, MAX_NGRAM, len(context))):
+            keys = self.tokens[np.maximum(self.places[lo:hi] - k, 0)]
+            a, b = np.searchsorted(keys, [context[-1 - k], context[-1 - k] + 1])
+            if a == b:
                 break
-            places = longer
+            lo, hi, n = lo + a, lo + b, n + 1
+        return n, np.sort(self.places[lo:hi])
+
+    def guess(
+        self, context: Sequence[int], max_ngram: int, length: int, share: float = 0.5, factor: float = 0.0
+    ) -> list[int]:
+        """Up to `length` tokens continuing `context` as the corpus does: among the latest `MAX_MATCHES` places its
+        longest matched tail occurs, the most frequent next token, then the most frequent after that among the
+        places that agreed, while a token is the pick of at least `share` of them, and no more than `factor` times
+        the tail's length (0: no such bound); [] when no bigram matches.
+
+        A lower share or a higher factor guesses longer and is right less often; every guessed token costs a slot
+        of the forward. Without the factor a guess followed one earlier answer to its full length once the places
+        narrowed to it (each next token then the pick of all of them)."""
+        n, places = self.tail(context, max_ngram)
+        places = places[-MAX_MATCHES:]
+        if factor:
+            length = min(length, int(factor * n))
         guess: list[int] = []
         for ahead in range(1, length + 1):
+            if places.size == 0:
+                break
             following = self.tokens[places + ahead]
             values, counts = np.unique(following, return_counts=True)
             best = int(np.argmax(counts))
@@ -124,18 +147,19 @@ def draft_corpus(model) -> SuffixIndex | None:
 class SuffixDraft(TextGuess):
     name = "suffix"
 
-    def __init__(self, index: SuffixIndex, length: int, ngram: int, share: float) -> None:
-        self.index, self.length, self.ngram, self.share = index, length, ngram, share
+    def __init__(self, index: SuffixIndex, length: int, ngram: int, share: float, factor: float = 0.0) -> None:
+        self.index, self.length, self.ngram, self.share, self.factor = index, length, ngram, share, factor
 
     @classmethod
     def from_config(cls, model, config) -> SuffixDraft | None:
         """`config.suffix`: the longest guess (0: off), when the model keeps a corpus; `config.suffix_ngram`: the
-        longest tail matched; `config.suffix_share`: how sure each guessed token must be."""
+        longest tail matched; `config.suffix_share`: how sure each guessed token must be; `config.suffix_factor`:
+        the longest guess as a multiple of the tail matched."""
         length = getattr(config, "suffix", 0)
         index = draft_corpus(model)
         if not length or index is None or not len(index):
             return None
-        return cls(index, length, config.suffix_ngram, config.suffix_share)
+        return cls(index, length, config.suffix_ngram, config.suffix_share, config.suffix_factor)
 
     def guess(self, context: list[int], length: int) -> list[int]:
-        return self.index.guess(context, self.ngram, length, self.share)
+        return self.index.guess(context, self.ngram, length, self.share, self.factor)

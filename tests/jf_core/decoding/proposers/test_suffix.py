@@ -12,6 +12,7 @@ from jf_core.decoding.multiblock import JFDecodeConfig, JFDecoder
 from jf_core.decoding.proposers import SuffixDraft, proposers_for
 from jf_core.decoding.proposers.suffix import (
     CORPUS_FILE,
+    MAX_NGRAM,
     SuffixIndex,
     attach_corpus,
     draft_corpus,
@@ -42,6 +43,23 @@ def test_the_longest_tail_picks_the_places_and_the_most_frequent_continuation_is
     assert index.guess([2, 3], max_ngram=2, length=0) == []
 
 
+def test_the_longest_tail_is_found_among_every_place_of_a_common_bigram():
+    """[1, 2] ends 301 documents; only the first, the oldest, holds the context's longer tail [7, 8, 1, 2]. Its
+    continuation is the guess, not the common one (a search among the latest places of the bigram alone would miss
+    it), and the common one where no longer tail matches."""
+    index = SuffixIndex.of([[7, 8, 1, 2, 50, 51], *([x, 1, 2, 60] for x in range(100, 400))])
+    assert len(index) == 6 + 300 * 4
+    n, places = index.tail([7, 8, 1, 2], max_ngram=8)
+    assert n == 4 and places.tolist() == [4]  # in the array after the leading separator
+    assert index.guess([7, 8, 1, 2], max_ngram=8, length=4) == [50, 51]
+    # No longer than `factor` times the tail: a 4-token tail at 0.25 guesses one token, at 0.5 two.
+    assert index.guess([7, 8, 1, 2], max_ngram=8, length=4, factor=0.25) == [50]
+    assert index.guess([7, 8, 1, 2], max_ngram=8, length=4, factor=0.5) == [50, 51]
+    assert index.guess([9, 1, 2], max_ngram=8, length=4) == [60]
+    assert index.guess([7, 8, 1, 2], max_ngram=2, length=4) == [60]  # the tail held to two tokens
+    assert index.tail([5, 1], max_ngram=8)[0] == 0 and index.tail([5, 1], max_ngram=8)[1].size == 0
+
+
 def test_a_continuation_shared_by_less_than_half_of_the_matches_ends_the_guess():
     index = SuffixIndex.of([[1, 2, 5], [1, 2, 6], [1, 2, 7], [1, 2, 5, 8], [1, 2, 5, 8]])
     # 5 is the pick of 3 of the 5 places, then 8 of 2 of the 3 that said 5: at least half each time ...
@@ -55,7 +73,7 @@ def test_the_corpus_round_trips_through_the_model_directory_and_bad_ones_are_nam
     assert load_corpus(tmp_path) is None
     save_corpus([[5, 6, 7], [5, 6, 8, 9]], tmp_path)
     index = load_corpus(tmp_path)
-    assert len(index) == 9 and index.guess([6, 8], 2, 4) == [9]
+    assert len(index) == 7 and index.guess([6, 8], 2, 4) == [9]  # its tokens, not the separators
     assert not [p for p in tmp_path.iterdir() if p.name != CORPUS_FILE]  # nothing left under a temporary name
     np.save(tmp_path / CORPUS_FILE, np.zeros((2, 2), dtype=np.int32))
     with pytest.raises(ValueError, match=f"{CORPUS_FILE}.*flat array"):
@@ -84,8 +102,12 @@ def test_bad_suffix_configs_are_named():
         JFDecodeConfig(suffix=-1)
     with pytest.raises(ValueError, match="suffix_ngram"):
         JFDecodeConfig(suffix=4, suffix_ngram=1)
+    with pytest.raises(ValueError, match="suffix_ngram"):
+        JFDecodeConfig(suffix=4, suffix_ngram=MAX_NGRAM + 1)  # deeper than the corpus's places are sorted
     assert "suffix=8" in JFDecodeConfig(suffix=8).describe()
-    assert JFDecodeConfig(suffix_ngram=3, suffix_share=0.9).canonical() == JFDecodeConfig()
+    assert JFDecodeConfig(suffix_ngram=3, suffix_share=0.9, suffix_factor=2.0).canonical() == JFDecodeConfig()
+    with pytest.raises(ValueError, match="suffix_factor"):
+        JFDecodeConfig(suffix=4, suffix_factor=-1.0)
     with pytest.raises(ValueError, match="suffix_share"):
         JFDecodeConfig(suffix=4, suffix_share=0.0)
 
