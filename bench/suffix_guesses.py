@@ -18,6 +18,7 @@ import json
 
 from jf_core.atomic import write_json_atomic
 from jf_core.decoding.proposers.suffix import SuffixIndex
+from jf_core.decoding.verify import common_prefix
 
 
 def score(index: SuffixIndex, answers: list[list[int]], ngram: int, length: int, share: float, factor: float) -> dict:
@@ -28,10 +29,7 @@ def score(index: SuffixIndex, answers: list[list[int]], ngram: int, length: int,
             calls += 1
             guessed += bool(guess)
             laid += len(guess)
-            ok = 0
-            while ok < len(guess) and i + ok < len(answer) and guess[ok] == answer[i + ok]:
-                ok += 1
-            right += ok
+            right += common_prefix(guess, answer[i:])
     return {
         "positions": calls,
         "guessed": guessed / calls,

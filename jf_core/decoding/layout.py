@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from jf_core.decoding.verify import common_prefix
+
 
 @dataclass
 class Layout:
@@ -33,9 +35,9 @@ def with_guess(lay: Layout, window: list[int], run: int, guess: list[int], owner
     drafts within its run, or an earlier proposer's guess) and only the rest costs slots (every slot costs compute
     on a CPU); a guess already carried whole adds nothing. Verification is unchanged: each shared slot sees the same
     ancestors at the same depth in either branch."""
-    host, shared = 0, _agreement(guess, window[1:run])
+    host, shared = 0, common_prefix(guess, window[1:run])
     for b, branch in enumerate(lay.branches[1:], start=1):
-        agree = _agreement(guess, [lay.tokens[i] for i in branch[1:]])
+        agree = common_prefix(guess, [lay.tokens[i] for i in branch[1:]])
         if agree > shared:
             host, shared = b, agree
     if shared == len(guess):
@@ -43,16 +45,6 @@ def with_guess(lay: Layout, window: list[int], run: int, guess: list[int], owner
     start = len(lay.tokens)
     branch = [*lay.branches[host][: 1 + shared], *range(start, start + len(guess) - shared)]
     return Layout(lay.tokens + guess[shared:], [*lay.branches, branch], lay.drafts, [*lay.owners, owner])
-
-
-def _agreement(guess: list[int], drafted: list[int]) -> int:
-    """How many of `guess`'s first tokens `drafted` already holds, in order."""
-    shared = 0
-    for want, have in zip(guess, drafted, strict=False):
-        if want != have:
-            break
-        shared += 1
-    return shared
 
 
 def tree_positions_and_mask(layouts: list[Layout], width: int, device) -> tuple[torch.Tensor, torch.Tensor]:

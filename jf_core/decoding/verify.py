@@ -5,6 +5,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many first tokens `a` and `b` share, in order."""
+    k = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        k += 1
+    return k
+
+
 def accepted_length(window: Sequence[int], greedy: Sequence[int]) -> int:
     """How many tokens of `window` are exactly what greedy AR would produce.
 
