@@ -112,10 +112,11 @@ def jf_round(
         traj, packed, trained = round_tasks.train_chain(prof, model_in, paths)
         tuned = round_tasks.tune(prof, root, trained)
         untrained_tune = round_tasks.tune_untrained(prof, model_in)
-        base = round_tasks.evaluate(prof, model_in, "input model")
         jf_model = str(paths.model)
-        # The trained model's evaluation carries the input model's untrained anchors, timed in the same run.
+        # The trained model's evaluation carries the input model's untrained anchors, timed in the same run, and where
+        # they make the input model's own evaluation (one pass, one block size), that is read from it.
         jf = round_tasks.evaluate(prof, jf_model, f"{prof.training.method_name} model", model_in, untrained_tune)
+        base = round_tasks.input_evaluation(jf, model_in) or round_tasks.evaluate(prof, model_in, "input model")
         origin = lineage_base(model_in)  # the gate holds every round to the chain's original base model
         lineage = None
         if origin != model_in:

@@ -81,7 +81,7 @@ def _report(result: Evaluation, args: argparse.Namespace, meta: dict, trained: M
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from jf_core.evaluation.benchmarks import load_benchmark
-    from jf_core.round.stages import stage_evaluate
+    from jf_core.round.stages import stage_evaluate, stage_tune_untrained, untrained_anchors
 
     limit = args.limit
     profile = args_profile(
@@ -101,8 +101,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
     e = profile.evaluation
     load_benchmark(e.benchmark, e.source, limit=1, template=e.template)  # a bad benchmark file, before any model
     model = model_path(args.model, profile)
+    untrained = None
+    if args.untrained_from:
+        # A trained model held to its input model's untrained decoding, as the round's evaluation holds it: the
+        # input model's tune (kept under $JF_HOME, so a round's is reused) and its rows timed beside the model's.
+        base = model_path(args.untrained_from, profile)
+        untrained = untrained_anchors(profile, base, stage_tune_untrained(profile, base, progress=_say))
     # The round's evaluation stage, measured afresh: a round that meets this model and profile reuses it.
-    result = stage_evaluate(profile, model, progress=_say, reuse=False)
+    result = stage_evaluate(profile, model, untrained=untrained, progress=_say, reuse=False)
     _report(result, args, {"model": model, "profile": profile.name})
     return 0
 
@@ -331,6 +337,12 @@ def _register_eval(sub) -> None:
     p.add_argument("--batch-size", type=positive("--batch-size"), help="prompts decoded together")
     p.add_argument("--repeats", type=positive("--repeats"), help="timed runs per method, fastest kept")
     p.add_argument("--json", help="also write the per-method results here")
+    p.add_argument(
+        "--untrained-from",
+        metavar="MODEL",
+        help="the model this one was trained from: its untrained anchors (HF prompt lookup, our decoder tuned on "
+        "it) timed beside this model's rows, as in a round's evaluation",
+    )
     p.set_defaults(func=cmd_eval)
 
 

@@ -158,6 +158,20 @@ class EvalConfig(StrictModel):
     # tune's choice and the gate's verdict followed the round's history. false: in the caller's process (a few
     # seconds less per stage, for a tiny model where timings decide nothing).
     fresh_process: bool = True
+
+    @property
+    def one_pass(self) -> bool:
+        """One pass serves quality and speed: the speed prompts are every prompt, at the evaluation's batch size."""
+        return self.speed_prompts >= self.num_prompts and self.speed_batch_size == self.batch_size
+
+    @property
+    def reads_input_model(self) -> bool:
+        """A trained model's evaluation also makes its input model's (`Evaluation.input_evaluation`): every row is
+        scored in its one pass and plain Jacobi has one block size (none to choose on calibration prompts), so the
+        untrained anchors' AR and plain Jacobi rows are what an evaluation of the input model of its own would
+        measure, timed in the same run."""
+        return self.untrained and self.one_pass and len(self.block_sizes) == 1
+
     _splits: tuple[dict[str, float], str] | None = PrivateAttr(default=None)  # (fractions, text field), set by Profile
 
     @property

@@ -305,6 +305,24 @@ def evaluate(
     return reuse.state(result)
 
 
+@task(
+    name="input-evaluation",
+    task_run_name="the input model, from the trained model's evaluation",
+    cache_policy=NO_CACHE,
+)
+def input_evaluation(evaluation: Evaluation, model_in: str) -> Evaluation | None:
+    """The input model's evaluation read from the trained model's untrained rows (`Evaluation.input_evaluation`), or
+    None where they do not make one: the flow then evaluates the input model in a pass of its own."""
+    found = evaluation.input_evaluation()
+    if found is None:
+        return None
+    tpf = ", ".join(f"n={n}: {v:.2f}" for n, v in found.tpf.items())
+    get_run_logger().info(
+        "input model: accuracy %.3f, TPF %s (its rows in the trained model's evaluation)", found.accuracy, tpf
+    )
+    return found.model_copy(update={"model": model_in})
+
+
 @task(name="champion-figures", task_run_name="the champion on this evaluation")
 def champion_figures(profile: Profile, eval_key: str) -> Figures | None:
     """The champion's gate figures on this round's evaluation: recorded on its version when it was measured alike,

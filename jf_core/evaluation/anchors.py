@@ -30,9 +30,15 @@ class Untrained:
 def untrained_methods(
     untrained: Untrained, cfg: EvalConfig, decode_kwargs: dict
 ) -> tuple[dict[Method, Decoder], dict[Method, Method]]:
-    """The anchors' rows (`base_ar`, `base_hf_prompt_lookup`, `base_tuned`) and, for each, the greedy reference its
-    output must equal: the input model's own AR."""
-    how = {"prompt_lookup": True, "tuned": untrained.tuned, "ar_above_batch": untrained.ar_above_batch}
+    """The anchors' rows (`base_ar`, `base_hf_prompt_lookup`, `base_tuned`; `base_jacobi_n*` too where the
+    evaluation reads the input model's own figures from them, `EvalConfig.reads_input_model`) and, for each, the
+    greedy reference its output must equal: the input model's own AR."""
+    how = {
+        "prompt_lookup": True,
+        "tuned": untrained.tuned,
+        "ar_above_batch": untrained.ar_above_batch,
+        "block_sizes": cfg.block_sizes if cfg.reads_input_model else (),
+    }
     return _input_model_rows(untrained, cfg, decode_kwargs, UNTRAINED, **how)
 
 

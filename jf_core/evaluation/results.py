@@ -4,12 +4,12 @@ the whole (plain Jacobi's TPF per block size, the headline's figures) is derived
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from jf_core.decoding import DecodeConfig
+from jf_core.decoding import DecodeConfig, JacobiConfig
 from jf_core.evaluation.method import ANCHOR_KINDS, AR, AR_CONTROL, NO_ADAPTER, TUNED, UNTRAINED, Method, jacobi
 from jf_core.evaluation.speed import MethodResult
 
@@ -143,6 +143,36 @@ class Evaluation(JsonModel):
         """The headline's tokens/s over the same decoding without the draft adapter (the `no_adapter_tuned` row: the
         input model with the trained model's corpus and config): what the adapter adds. None where it did not run."""
         return self.versus(anchors=[TUNED.of(NO_ADAPTER)]).speedup
+
+    def input_evaluation(self) -> Evaluation | None:
+        """The input model's own evaluation, read from this one's untrained rows where they make it
+        (`EvalConfig.reads_input_model`): its AR and plain Jacobi rows, scored on these prompts in this run's one
+        pass, its speedups against its own AR, the headline plain Jacobi at the one block size, as `evaluate_model`
+        makes it for a model without a tuned config. A round then decodes the input model once, not in a pass of its
+        own (5 of the smollm2-135m round's 64 minutes, 2026-12-05). None where the rows are not all here and
+        scored: the input model needs that pass."""
+        if len(self.block_sizes) != 1:
+            return None
+        own = [AR, *(jacobi(n) for n in self.block_sizes)]
+        found = [self.methods.get(m.of(UNTRAINED).label) for m in own]
+        if any(r is None or r.accuracy is None for r in found):
+            return None
+        ar = found[0].tps
+        rows = {m.label: replace(r, method=m, speedup_vs_ar=r.tps / ar) for m, r in zip(own, found, strict=True)}
+        n = self.block_sizes[0]
+        return Evaluation(
+            benchmark=self.benchmark,
+            items=self.items,
+            dtype=self.dtype,
+            block_sizes=[n],
+            methods=rows,
+            calibration=Calibration(),
+            speedup_block_size=n,
+            headline_method=jacobi(n),
+            decode_config=JacobiConfig(block_size=n, max_new_tokens=self.decode_config.max_new_tokens),
+            eval_seconds=0.0,  # its rows' time is this evaluation's
+            torch_threads=self.torch_threads,
+        )
 
     def metrics(self) -> dict[str, float]:
         """The headline, plain Jacobi's TPF per block size and every method's TPS, as flat MLflow metrics."""

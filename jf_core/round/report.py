@@ -131,7 +131,7 @@ class RoundReport(JsonModel):
             "train": self.train.seconds or self.train.train_seconds,
             "tune": self.tune.seconds if self.tune is not None else None,
             "tune_untrained": self.tune_untrained.seconds if self.tune_untrained is not None else None,
-            "evaluate_input": self.base_eval.eval_seconds,
+            "evaluate_input": self.base_eval.eval_seconds or None,  # 0: read from the trained model's evaluation
             "evaluate": self.eval.eval_seconds,
         }
         return {name: s for name, s in stages.items() if s is not None}

@@ -44,6 +44,21 @@ def test_eval_uses_the_profiles_benchmark(profile_yaml, tmp_path, capsys):
     assert all(m["identical_fraction"] == 1.0 for m in data["methods"].values())
 
 
+def test_eval_holds_a_trained_model_to_its_input_models_untrained_decoding(profile, profile_yaml, tmp_path, capsys):
+    """`--untrained-from`: the round's evaluation of a trained model, its input model's anchors timed beside it, each
+    checked against that model's own AR (the two models' texts differ here)."""
+    from jf_core.toy.bootstrap import embedded_model
+
+    out = tmp_path / "eval.json"
+    argv = ["eval", "--profile", profile_yaml, "--model", str(embedded_model()), "--untrained-from", profile.model.path]
+    argv += ["--limit", "4", "--block-sizes", "4", "--batch-size", "1"]  # one pass: the input model's rows scored
+    assert main([*argv, "--json", str(out)]) == 0
+    assert "the best untrained decoding of the input model (base_" in capsys.readouterr().out
+    methods = json.loads(out.read_text())["methods"]
+    assert {"ar", "base_ar", "base_hf_prompt_lookup", "base_jacobi_n4"} <= set(methods)
+    assert all(m["identical_fraction"] == 1.0 for m in methods.values())
+
+
 def test_bench_decode_adds_hf_rows_on_the_profiles_prompts(profile_yaml, tmp_path, capsys):
     out = tmp_path / "bench"
     argv = ["bench", "decode", "--profile", profile_yaml, "--num-prompts", "3", "--repeats", "1"]

@@ -67,6 +67,8 @@ def test_the_stage_times_say_where_the_rounds_time_went_and_trainings_share():
     assert report.stage_seconds == {
         "trajectories": 4.0, "pack": 0.0, "train": 464.0, "evaluate_input": 1.0, "evaluate": 1.0,
     }  # fmt: skip
+    read = report.model_copy(update={"base_eval": report.base_eval.model_copy(update={"eval_seconds": 0.0})})
+    assert "evaluate_input" not in read.stage_seconds  # read from the trained model's evaluation: no time of its own
     packing = PackResult.model_validate({**report.packing.model_dump(), "seconds": 30.0})
     timed = report.model_copy(update={"packing": packing})
     assert timed.stage_seconds["pack"] == 30.0 and timed.metrics()["stage_seconds_pack"] == 30.0

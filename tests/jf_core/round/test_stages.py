@@ -369,6 +369,60 @@ def test_a_trained_models_evaluation_carries_its_input_models_untrained_anchors(
     assert stage_tune_untrained(off, base) is None and untrained_anchors(off, base, found) is None
 
 
+def test_the_input_models_evaluation_is_read_from_the_trained_models_where_its_one_pass_scores_the_rows(
+    profile, tmp_path
+):
+    """Issue 70 (a round mostly training): where the trained model's evaluation scores every row in one pass at one
+    block size, its untrained rows carry the input model's plain Jacobi too, and the input model's evaluation is
+    read from them: the same accuracy, TPF, headline, decode config and outputs as an evaluation of the input model
+    of its own, its speedups against its own AR. Where the speed pass is a pass of its own (the anchors unscored),
+    there is no such row and nothing to read: the input model is evaluated apart."""
+    from jf_core.evaluation.anchors import Untrained
+    from jf_core.evaluation.gate import decode_key
+    from jf_core.evaluation.method import UNTRAINED
+    from jf_core.round.stages import stage_evaluate
+    from jf_core.toy.bootstrap import embedded_model
+
+    trained, base = str(embedded_model()), profile.model.path
+    one_pass = profile.evaluation.model_copy(
+        update={
+            "num_prompts": 3,
+            "speed_prompts": 3,
+            "batch_size": 1,
+            "speed_batch_size": 1,
+            "repeats": 1,
+            "block_sizes": [4],
+            "max_new_tokens": 12,
+        }
+    )
+    p = profile.model_copy(
+        update={
+            "evaluation": one_pass,
+            "storage": profile.storage.model_copy(update={"runs_dir": str(tmp_path / "runs")}),
+        }
+    )
+    assert p.evaluation.reads_input_model
+    result = stage_evaluate(p, trained, untrained=Untrained(base))
+    assert result.row(jacobi(4, UNTRAINED)).accuracy is not None
+    found, own = result.input_evaluation(), stage_evaluate(p, base)
+    assert found is not None and found.model is None and found.eval_seconds == 0.0
+    assert set(found.methods) == {AR.label, jacobi(4).label} and found.headline_method == own.headline_method
+    assert (found.accuracy, found.tpf) == (own.accuracy, own.tpf)
+    assert found.headline.output_stats == own.headline.output_stats  # what the gate's degeneracy checks read
+    assert found.headline.first_divergence == own.headline.first_divergence
+    assert decode_key(found.decode_config) == decode_key(own.decode_config)
+    base_ar = result.row(AR.of(UNTRAINED)).tps
+    assert found.row(AR).speedup_vs_ar == 1.0 and found.headline.tps == result.row(jacobi(4, UNTRAINED)).tps
+    assert found.headline.speedup_vs_ar == result.row(jacobi(4, UNTRAINED)).tps / base_ar
+    # A speed pass of its own: the anchors are timed, not scored, so the input model is evaluated apart.
+    apart = p.model_copy(update={"evaluation": one_pass.model_copy(update={"speed_prompts": 2})})
+    assert not apart.evaluation.reads_input_model
+    timed = stage_evaluate(apart, trained, untrained=Untrained(base))
+    assert jacobi(4, UNTRAINED).label not in timed.methods and timed.input_evaluation() is None
+    two_sizes = p.model_copy(update={"evaluation": one_pass.model_copy(update={"block_sizes": [4, 8]})})
+    assert not two_sizes.evaluation.reads_input_model  # the input model's n would be chosen on calibration prompts
+
+
 def test_an_adapter_models_evaluation_times_its_decoding_without_the_adapter(profile, tmp_path):
     """Issue 69: a round's model keeps a draft adapter and a corpus made from the same trajectories, so "is it the
     training?" needs the same decoding without the adapter, timed in the same run: the input model with the trained
