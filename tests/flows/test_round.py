@@ -119,18 +119,24 @@ def test_round_registers_reuses_and_gates(prefect_server, jf_env):
     # The alias moved, so the registering task announced it (prefect.yaml's jf-benchmark/champion runs on this).
     assert _champion_events() == [{"model": "jf-test", "version": "1", "uri": "models:/jf-test/1"}]
 
+    # Evaluated in one pass at one block size, the input model's evaluation is read from the trained model's.
     gate_fails = {
         "registry": {
             "tracking_uri": jf_env["tracking_uri"],
             "model_name": "jf-test",
             "gate": {"max_accuracy_drop": -1.0},
-        }
+        },
+        "evaluation": {"block_sizes": [8], "speed_prompts": 6, "batch_size": 1},
     }
     second = jf_round(jf_env["profile"], overrides=gate_fails, return_state=True)
     again = second.result()
     states = _task_states(second.state_details.flow_run_id)
     for stage in ("trajectories", "pack", "train"):
         assert any(name.startswith(stage) and state == "Reused" for name, state in states.items()), states
+    assert states["the input model, from the trained model's evaluation"] == "Completed", states
+    assert "evaluate input model" not in states and "evaluate_input" not in again.stage_seconds
+    read = RoundReport.load(Path(again.round_dir) / "report.json").base_eval
+    assert read.model == summary.model_in and set(read.methods) == {"ar", "jacobi_n8"}
     assert again.round_dir == summary.round_dir
     assert (again.registry.version, again.registry.gate_passed) == ("2", False)
     assert str(client.get_model_version_by_alias("jf-test", "champion").version) == "1"
