@@ -68,9 +68,10 @@ class SuffixIndex:
     def __len__(self) -> int:
         return int(self.places.size)
 
-    def tail(self, context: Sequence[int], max_ngram: int) -> tuple[int, np.ndarray]:
+    def tail(self, context: Sequence[int], max_ngram: int, latest: int | None = None) -> tuple[int, np.ndarray]:
         """(n, places): the longest tail of `context` the corpus holds (2 to `max_ngram` tokens, at most
-        `MAX_NGRAM`) and the places where it ends, in text order; (0, empty) when not even its last two occur."""
+        `MAX_NGRAM`) and the places where it ends, in text order (the `latest` of them, where given); (0, empty)
+        when not even its last two occur."""
         none = (0, self.places[:0])
         if len(context) < 2:
             return none
@@ -85,7 +86,11 @@ class SuffixIndex:
             if a == b:
                 break
             lo, hi, n = lo + a, lo + b, n + 1
-        return n, np.sort(self.places[lo:hi])
+        places = self.places[lo:hi]
+        if latest is not None and places.size > latest:
+            # A common short tail ends at thousands of places: the latest are found without sorting them all.
+            places = np.partition(places, places.size - latest)[-latest:]
+        return n, np.sort(places)
 
     def guess(
         self, context: Sequence[int], max_ngram: int, length: int, share: float = 0.5, factor: float = 0.0
@@ -98,8 +103,7 @@ class SuffixIndex:
         A lower share or a higher factor guesses longer and is right less often; every guessed token costs a slot
         of the forward. Without the factor a guess followed one earlier answer to its full length once the places
         narrowed to it (each next token then the pick of all of them)."""
-        n, places = self.tail(context, max_ngram)
-        places = places[-MAX_MATCHES:]
+        n, places = self.tail(context, max_ngram, latest=MAX_MATCHES)
         if factor:
             length = min(length, int(factor * n))
         guess: list[int] = []

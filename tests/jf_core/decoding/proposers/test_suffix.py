@@ -58,6 +58,11 @@ def test_the_longest_tail_is_found_among_every_place_of_a_common_bigram():
     assert index.guess([9, 1, 2], max_ngram=8, length=4) == [60]
     assert index.guess([7, 8, 1, 2], max_ngram=2, length=4) == [60]  # the tail held to two tokens
     assert index.tail([5, 1], max_ngram=8)[0] == 0 and index.tail([5, 1], max_ngram=8)[1].size == 0
+    # The latest places of a common tail, in text order: the last of all of them.
+    n, every = index.tail([9, 1, 2], max_ngram=8)
+    assert n == 2 and every.size == 301 and (every[:-1] < every[1:]).all()
+    assert index.tail([9, 1, 2], max_ngram=8, latest=10)[1].tolist() == every[-10:].tolist()
+    assert index.tail([9, 1, 2], max_ngram=8, latest=400)[1].tolist() == every.tolist()
 
 
 def test_a_continuation_shared_by_less_than_half_of_the_matches_ends_the_guess():
