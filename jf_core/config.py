@@ -159,6 +159,13 @@ class EvalConfig(StrictModel):
     # seconds less per stage, for a tiny model where timings decide nothing).
     fresh_process: bool = True
 
+    _splits: tuple[dict[str, float], str] | None = PrivateAttr(default=None)  # (fractions, text field), set by Profile
+
+    @property
+    def hash_splits(self) -> tuple[dict[str, float], str] | None:
+        """The prompt file's hash splits and the text field they hash (set by the profile): `split` selects rows."""
+        return self._splits
+
     @property
     def one_pass(self) -> bool:
         """One pass serves quality and speed: the speed prompts are every prompt, at the evaluation's batch size."""
@@ -171,13 +178,6 @@ class EvalConfig(StrictModel):
         untrained anchors' AR and plain Jacobi rows are what an evaluation of the input model of its own would
         measure, timed in the same run."""
         return self.untrained and self.one_pass and len(self.block_sizes) == 1
-
-    _splits: tuple[dict[str, float], str] | None = PrivateAttr(default=None)  # (fractions, text field), set by Profile
-
-    @property
-    def hash_splits(self) -> tuple[dict[str, float], str] | None:
-        """The prompt file's hash splits and the text field they hash (set by the profile): `split` selects rows."""
-        return self._splits
 
 
 class GateConfig(StrictModel):
