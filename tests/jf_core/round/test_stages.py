@@ -374,9 +374,9 @@ def test_the_input_models_evaluation_is_read_from_the_trained_models_where_its_o
 ):
     """Issue 70 (a round mostly training): where the trained model's evaluation scores every row in one pass at one
     block size, its untrained rows carry the input model's plain Jacobi too, and the input model's evaluation is
-    read from them: the same accuracy, TPF, headline, decode config and output statistics as an evaluation of the input model
-    of its own, its speedups against its own AR. Where the speed pass is a pass of its own (the anchors unscored),
-    there is no such row and nothing to read: the input model is evaluated apart."""
+    read from them: the same accuracy, TPF, headline, decode config and output statistics as an evaluation of the
+    input model of its own, its speedups against its own AR. Where the speed pass is a pass of its own (the anchors
+    unscored), there is no such row and nothing to read: the input model is evaluated apart."""
     from jf_core.evaluation.anchors import Untrained
     from jf_core.evaluation.gate import decode_key
     from jf_core.evaluation.method import UNTRAINED
