@@ -30,8 +30,8 @@ class Untrained:
 def untrained_methods(
     untrained: Untrained, cfg: EvalConfig, decode_kwargs: dict
 ) -> tuple[dict[Method, Decoder], dict[Method, Method]]:
-    """The anchors' rows (`base_ar`, `base_hf_prompt_lookup`, `base_tuned`; `base_jacobi_n*` too where the
-    evaluation reads the input model's own figures from them, `EvalConfig.reads_input_model`) and, for each, the
+    """The anchors' rows (`base_ar`, `base_hf_prompt_lookup`, `base_tuned`; the input model's plain Jacobi too where
+    the evaluation reads the input model's own figures from them, `EvalConfig.reads_input_model`) and, for each, the
     greedy reference its output must equal: the input model's own AR."""
     how = {
         "prompt_lookup": True,
