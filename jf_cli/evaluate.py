@@ -218,7 +218,7 @@ def _bench_meta(args: argparse.Namespace, profile, path: str, model, batch_size:
     """What `bench.json` says of the run beside its rows."""
     import torch
 
-    from jf_core.decoding.kv import attention_implementation
+    from jf_core.decoding.backends import attention_implementation
 
     return {
         "profile": profile.name,

@@ -63,12 +63,16 @@ PINS: dict[str, Pin] = {
             "transformers",
             ">=5,<5.26",
             (
-                # the attention backend a model runs on (decoding/kv.py: restored after a tree step; training/losses.py:
-                # the mask built for it); transformers sets it through set_attn_implementation, with no public getter
+                # the attention backend a model runs on (decoding/backends.py: restored after a tree step;
+                # training/losses.py: the mask built for it); transformers sets it through set_attn_implementation,
+                # with no public getter
                 "transformers.configuration_utils:PreTrainedConfig._attn_implementation",
                 # a model that cannot take a DynamicCache (RWKV, xLSTM): refused by decoding (decoding/kv.py)
                 "transformers.generation.utils:GenerationMixin._supports_default_dynamic_cache",
                 "transformers.modeling_utils:PreTrainedModel._supports_sdpa",  # the fallback backend for trees
+                # a model whose attention goes through the attention interface: it can run on grouped SDPA
+                # (decoding/backends.py, decoding/grouped_attention.py)
+                "transformers.modeling_utils:PreTrainedModel._supports_attention_backend",
                 "transformers.modeling_utils:PreTrainedModel._no_split_modules",  # FSDP2 shards these decoder layers
             ),
             "what a model is and runs on, as transformers' own loaders read it; these are class attributes every "

@@ -37,6 +37,7 @@ from typing import Protocol
 
 import torch
 
+from jf_core.decoding.backends import grouped_attention
 from jf_core.decoding.clock import NO_CLOCK, NoClock
 from jf_core.decoding.common import (
     DecodeOutput,
@@ -167,6 +168,10 @@ class JacobiDecoder:
     def decode(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int] | None = None) -> DecodeOutput:
         """`seeds`: one per prompt when sampling (default 0, 1, 2, ...): a request's noise, so its text does not
         depend on the batch it shares."""
+        with grouped_attention(self.model):  # multi-token windows read grouped KV heads in place (CPU)
+            return self._decode(prompts, seeds)
+
+    def _decode(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int] | None) -> DecodeOutput:
         cfg = self.config
         prompts = check_inputs(prompts, cfg.max_new_tokens)
         self.sampler = Sampler(self.sampling, seeds, len(prompts))

@@ -21,22 +21,21 @@ The cache is plain full layers (no sliding truncation: slots are indexed), whate
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from transformers import DynamicCache
 
 from jf_core import pins
+from jf_core.decoding.backends import attention_backend, attention_implementation
+from jf_core.decoding.grouped_attention import GROUPED_SDPA
 from jf_core.decoding.reserved_cache import reserved_cache
 
 pins.require("transformers-model")  # the model's backend, cache support and SDPA support are private names
 
-FOUR_D_BACKENDS = ("sdpa", "eager")
+FOUR_D_BACKENDS = ("sdpa", GROUPED_SDPA, "eager")
 SUPPORTED_LAYER_TYPES = {"full_attention", "sliding_attention", "dummy"}  # dummy: MoE/MLP-only layers
 RECURRENT_LAYER_TYPES = {"linear_attention", "conv", "hybrid", "hybrid_sliding"}  # a recurrent or conv state
 
@@ -120,38 +119,6 @@ def attention_layout(model: torch.nn.Module) -> AttentionLayout:
     if len(set(windows.values())) == 1:  # one kind of attention layer: one mask serves all
         return AttentionLayout({"all": next(iter(windows.values()))})
     return AttentionLayout(windows)
-
-
-def attention_implementation(model_or_config: Any) -> str | None:
-    """The attention backend a model (or its config) runs on: transformers' private `_attn_implementation`, the one
-    place it is read (pinned in jf_core/pins.py)."""
-    return getattr(getattr(model_or_config, "config", model_or_config), "_attn_implementation", None)
-
-
-@contextlib.contextmanager
-def attention_backend(model: torch.nn.Module, name: str) -> Iterator[None]:
-    """Run the model on attention backend `name` for the duration (transformers' set_attn_implementation)."""
-    current = attention_implementation(model)
-    if current == name:
-        yield
-        return
-    model.set_attn_implementation(name)
-    try:
-        yield
-    finally:
-        model.set_attn_implementation(current)
-
-
-@contextlib.contextmanager
-def decoding_attention(model: torch.nn.Module) -> Iterator[None]:
-    """Decode a model that trains on FlexAttention on SDPA instead. FlexAttention earns its place in training (a
-    block-sparse noise-aware mask over long packed sequences); a decoder's masks are small and change shape every
-    forward, which sends FlexAttention through recompiles: the round's TPF probe took 18 s on an H200 that way."""
-    if attention_implementation(model) != "flex_attention":
-        yield
-        return
-    with attention_backend(model, "sdpa"):
-        yield
 
 
 # Window masks by width, built once per process: the hot path would otherwise allocate them every forward. Never

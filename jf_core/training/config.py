@@ -50,8 +50,9 @@ class JFTrainConfig(BaseModel):
     context_memory_mb: int = Field(0, ge=0)
     # The attention kernel training runs: auto is FlexAttention's block masks on CUDA (no dense L x L mask; one
     # packed forward) and SDPA with the dense mask elsewhere (where context_cache's two passes and the kept
-    # contexts apply). sdpa on CUDA takes the dense-mask path there too: the way back when FlexAttention's
-    # compile fails on a GPU (bench/gpu_check.py's flex_training section says whether it does).
+    # contexts apply), on a CPU reading grouped KV heads in place (jf_core/decoding/grouped_attention.py). sdpa is
+    # transformers' SDPA as it comes; on CUDA the dense-mask path: the way back when FlexAttention's compile fails on
+    # a GPU (bench/gpu_check.py's flex_training section says whether it does).
     attention: Literal["auto", "sdpa", "flex_attention"] = "auto"
     # The round's greedy answers (its trajectories' fixed points, not reference text) kept beside the trained model
     # as its draft corpus (draft_corpus.npy), which suffix drafts copy from when the decode config turns them on

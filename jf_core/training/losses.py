@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Literal
 import torch
 import torch.nn.functional as F
 
-from jf_core.decoding.kv import attention_implementation
+from jf_core.decoding.backends import attention_implementation
 from jf_core.draft_adapter.adapter import gated
 from jf_core.training import context_cache as two_passes
 from jf_core.training.context_store import ContextStore

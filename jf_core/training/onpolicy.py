@@ -19,8 +19,8 @@ from collections.abc import Sequence
 import torch
 
 from jf_core.decoding import JacobiConfig, StopTokens
+from jf_core.decoding.backends import decoding_attention
 from jf_core.decoding.jacobi import BlockStates, JacobiDecoder
-from jf_core.decoding.kv import decoding_attention
 from jf_core.training.packing import PackedExample
 
 

@@ -194,8 +194,8 @@ def test_a_model_that_trains_on_flex_attention_decodes_on_sdpa(monkeypatch):
     run), the tokens equal the SDPA model's, and the model trains on FlexAttention again afterwards."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+    from jf_core.decoding.backends import decoding_attention
     from jf_core.decoding.jacobi import JacobiConfig, jacobi_decode
-    from jf_core.decoding.kv import decoding_attention
     from tests.conftest import _qwen2
 
     def refuse(*_a, **_k):
