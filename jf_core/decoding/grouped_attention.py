@@ -9,10 +9,10 @@ heads itself (`enable_gqa=True`): no copy, half the attention time at that shape
 copied heads (tests/jf_core/decoding/test_grouped_attention.py), so a decoder's output does not change.
 
 transformers uses `enable_gqa` only where there is no mask (a CUDA kernel falls back to its slow path with one);
-the exact decoders always pass a 4D mask, and training on a CPU its dense noise-aware one. So this is a backend of its
-own, registered with transformers' attention interface, that the Jacobi decoders switch a model to for a decode and
-training for its run (`jf_core.decoding.backends.grouped_attention`): every other call (one query token, a GPU, no grouped
-heads, position biases or soft-capping) goes to transformers' own SDPA unchanged.
+the exact decoders always pass a 4D mask, and training on a CPU its dense noise-aware one. So this is a backend of
+its own, registered with transformers' attention interface, that the Jacobi decoders switch a model to for a decode
+and training for its run (`jf_core.decoding.backends.grouped_attention`): every other call (one query token, a GPU,
+no grouped heads, position biases or soft-capping) goes to transformers' own SDPA unchanged.
 """
 
 from __future__ import annotations
