@@ -10,14 +10,15 @@ run on the same trajectories, through the round's own packing and driver (`pack_
         --option 'one_thread:{"threads": 1}'
 
 Each `--option NAME:JSON` is a set of `training` overrides (plus `threads`, torch's intra-op threads; default
-`--threads`). A step's time is the median of steps 1 to `--steps` - 1 from the training history's `elapsed_s`
-(step 0 pays for first-touch allocations); its tokens are the tokens the trainer counted in those steps' batches
-(`tokens_seen`), padding not counted, every noisy copy a visit draws counted (`training.noisy_copies`), in the
-option's layout (`training.packing`); "students" are the consistency loss's positions, what a step trains whatever
-the layout packs around them (the layouts are compared by these and by the step, not by tokens: spans pack fewer
-tokens for the same students). The table gives the median over `--repeats` and the
-ratio to the first option. Trajectories are synthetic (greedy AR + corrupted tails): the same packed shapes as
-Jacobi's at a fraction of the cost. Run it alone: a neighbour's time slices land in whichever option is running.
+`--threads`; and `off`, a list of the library's switches turned off for the option's runs, `SWITCHES`: a step as it
+ran before a change, beside it). A step's time is the median of steps 1 to `--steps` - 1 from the training history's
+`elapsed_s` (step 0 pays for first-touch allocations); its tokens are the tokens the trainer counted in those steps'
+batches (`tokens_seen`), padding not counted, every noisy copy a visit draws counted (`training.noisy_copies`), in
+the option's layout (`training.packing`); "students" are the consistency loss's positions, what a step trains
+whatever the layout packs around them (the layouts are compared by these and by the step, not by tokens: spans pack
+fewer tokens for the same students). The table gives the median over `--repeats` and the ratio to the first option.
+Trajectories are synthetic (greedy AR + corrupted tails): the same packed shapes as Jacobi's at a fraction of the
+cost. Run it alone: a neighbour's time slices land in whichever option is running.
 
 `--flops`: each option against this machine's limit. Its step's FLOPs are counted by torch's FlopCounterMode over
 one more run of the same steps (the matmuls and attention, forward and backward, as autograd dispatches them; the
@@ -34,6 +35,7 @@ the trajectories (all at once by default, slow past about a hundred).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import shutil
@@ -47,11 +49,34 @@ import torch
 
 from jf_cli.common import named_overrides
 from jf_core.config import load_profile, parse_overrides
+from jf_core.decoding.grouped_attention import kernel_backward
 from jf_core.experiments.variants import variant_profile
+from jf_core.layers.heads import uncast_head
+from jf_core.layers.packed import uncached_casts
+from jf_core.layers.siblings import ungrouped
 from jf_core.model_ref import resolve_model
 from jf_core.models import load_model
 from jf_core.trajectory.collect import collect
 from jf_core.trajectory.prompts import load_prompts
+
+# What an option's `off` may name: each a change the step runs with, switched off to measure what it saves.
+SWITCHES = {
+    "eager_backward": kernel_backward,  # bf16 attention's gradient by the eager form (grouped_attention.py)
+    "head_cast": uncast_head,  # the LM head's frozen weight cast once (layers/heads.py)
+    "casts": uncached_casts,  # every frozen projection's weight cast once (layers/packed.py)
+    "grouped": ungrouped,  # a layer's projections of one input as one product (layers/siblings.py)
+}
+NOT_TRAINING = ("threads", "off")
+
+
+def switched(overrides: dict) -> contextlib.ExitStack:
+    """The option's `off` switches turned off while the stack is open."""
+    stack = contextlib.ExitStack()
+    for name in overrides.get("off", ()):
+        if name not in SWITCHES:
+            raise ValueError(f"--option off: unknown switch {name!r} (known: {', '.join(SWITCHES)})")
+        stack.enter_context(SWITCHES[name]())
+    return stack
 
 
 def step_seconds(history: list[dict]) -> float:
@@ -178,9 +203,10 @@ def main() -> int:
     try:
         for r in range(args.repeats):
             for name, overrides in options.items():  # taking turns: a slow minute of the machine hits every option
-                training = {k: v for k, v in overrides.items() if k != "threads"}
+                training = {k: v for k, v in overrides.items() if k not in NOT_TRAINING}
                 torch.set_num_threads(overrides.get("threads", args.threads))
-                row = measure(profile, model_dir, records, training, args.steps, scratch / f"{name}-{r}")
+                with switched(overrides):
+                    row = measure(profile, model_dir, records, training, args.steps, scratch / f"{name}-{r}")
                 shutil.rmtree(scratch / f"{name}-{r}")  # a SmolLM2 model directory is 540 MB
                 rows[name].append(row)
                 speed = f"{row['tokens_per_s']:.1f} tokens/s, {row['step_seconds']:.2f} s a step"
@@ -224,9 +250,10 @@ def main() -> int:
 
 def against_limit(profile, model_dir: str, records: list[dict], overrides: dict, args, where: Path) -> dict:
     """An option's FLOPs a step and this machine's matmul GFLOP/s in the dtype it computes in, on its threads."""
-    training = {k: v for k, v in overrides.items() if k != "threads"}
+    training = {k: v for k, v in overrides.items() if k not in NOT_TRAINING}
     torch.set_num_threads(overrides.get("threads", args.threads))
-    per_step, dtype = counted_flops(profile, model_dir, records, training, args.steps, where)
+    with switched(overrides):
+        per_step, dtype = counted_flops(profile, model_dir, records, training, args.steps, where)
     shutil.rmtree(where, ignore_errors=True)
     return {"gflop_per_step": per_step / 1e9, "dtype": dtype, "peak_gflops": matmul_gflops(getattr(torch, dtype))}
 

@@ -50,7 +50,8 @@ class JFTrainConfig(BaseModel):
     context_memory_mb: int = Field(0, ge=0)
     # The attention kernel training runs: auto is FlexAttention's block masks on CUDA (no dense L x L mask; one
     # packed forward) and SDPA with the dense mask elsewhere (where context_cache's two passes and the kept
-    # contexts apply), on a CPU reading grouped KV heads in place (jf_core/decoding/grouped_attention.py). sdpa is
+    # contexts apply), on a CPU reading grouped KV heads in place, in bf16 by the eager form where a gradient is
+    # wanted (jf_core/decoding/grouped_attention.py: its backward 1.1-2x torch's kernel's). sdpa is
     # transformers' SDPA as it comes; on CUDA the dense-mask path: the way back when FlexAttention's compile fails on
     # a GPU (bench/gpu_check.py's flex_training section says whether it does).
     attention: Literal["auto", "sdpa", "flex_attention"] = "auto"

@@ -83,3 +83,15 @@ def test_an_options_flops_a_step_are_counted_and_the_machine_measured(profile, t
     two, _ = counted_flops(profile, profile.model.path, records, {"batch_size": 1, "grad_accum": 2}, 4, tmp_path / "b")
     assert 1.4 * one < two < 2.2 * one and dtype == "float32"
     assert matmul_gflops(torch.float32, repeats=2) > 0 and matmul_gflops(torch.bfloat16, repeats=2) > 0
+
+
+def test_an_option_s_off_switches_are_off_for_its_runs_only():
+    from bench.train_throughput import switched
+    from jf_core.decoding import grouped_attention
+    from jf_core.layers import heads
+
+    with switched({"off": ["head_cast", "eager_backward"], "threads": 1}):
+        assert not heads._switch["cast"] and not grouped_attention._switch["eager"]
+    assert heads._switch["cast"] and grouped_attention._switch["eager"]
+    with pytest.raises(ValueError, match="unknown switch 'heads'"), switched({"off": ["heads"]}):
+        pass

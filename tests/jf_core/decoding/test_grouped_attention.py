@@ -73,9 +73,10 @@ def test_a_jacobi_decode_runs_on_grouped_sdpa_where_heads_are_grouped_and_gives_
 
 @pytest.mark.parametrize("compute", [torch.float32, torch.bfloat16])
 def test_training_through_grouped_heads_gives_transformers_sdpa_loss_and_gradients(compute):
-    """Training on a CPU runs on it too (jf_core/round/training.py): the same loss bit for bit, the same gradients
-    to rounding (the KV heads' gradients are summed over their query heads in another order), fp32 and bf16
-    autocast."""
+    """Training on a CPU runs on it too (jf_core/round/training.py): in fp32 on torch's kernel, the same loss bit for
+    bit and the same gradients to rounding (the KV heads' gradients are summed over their query heads in another
+    order); in bf16 autocast on the eager form (`eager_grouped`), the loss and gradients to bf16's rounding, and on
+    the kernel again where the bench switches the eager form off (`kernel_backward`), the loss bit for bit."""
     model = _qwen2().train()
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(3, VOCAB, (2, 12), generator=g)
@@ -97,8 +98,65 @@ def test_training_through_grouped_heads_gives_transformers_sdpa_loss_and_gradien
     copied, copied_grads = loss_and_gradients()
     with grouped_attention_on(model):
         loss, grads = loss_and_gradients()
+        with grouped.kernel_backward():
+            kernel_loss, _ = loss_and_gradients()
     assert seen == {"sdpa", grouped.GROUPED_SDPA}
-    assert torch.equal(loss, copied)
-    tolerance = {"rtol": 1e-5, "atol": 1e-6} if compute == torch.float32 else {"rtol": 2e-2, "atol": 1e-3}
+    assert torch.equal(kernel_loss, copied)
+    if compute == torch.float32:
+        assert torch.equal(loss, copied)
+        tolerance = {"rtol": 1e-5, "atol": 1e-6}
+    else:
+        torch.testing.assert_close(loss, copied, rtol=1e-2, atol=0)
+        tolerance = {"rtol": 5e-2, "atol": 2e-3}
     for got, want in zip(grads, copied_grads, strict=True):
         torch.testing.assert_close(got, want, **tolerance)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_eager_form_is_sdpa_s_attention_and_gradients_to_rounding(dtype):
+    """`eager_grouped` (scores in the compute dtype, softmax in fp32, query heads folded onto their KV head) against
+    transformers' SDPA over copied heads: outputs and the gradients of query, key and value to the dtype's rounding,
+    with dead slots in the cache; a query that sees no key gets uniform weights, not NaN."""
+    module, query, key, value, mask = attention_inputs(5, dtype)
+    results = []
+    for form in ("sdpa", "eager"):
+        leaves = [t.detach().clone().requires_grad_(True) for t in (query, key, value)]
+        if form == "sdpa":
+            out, _ = sdpa_attention_forward(module, *leaves, mask, scaling=module.scaling)
+        else:
+            out = grouped.eager_grouped(*leaves, mask, module.scaling)
+        out.float().square().sum().backward()
+        results.append([out.detach(), *(t.grad for t in leaves)])
+    tolerance = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 3e-2, "atol": 3e-2}
+    for got, want in zip(results[1], results[0], strict=True):
+        assert got.dtype == want.dtype == dtype
+        torch.testing.assert_close(got, want, **tolerance)
+    blind = mask.clone()
+    blind[1, :, 2] = False  # the second row's third query sees nothing
+    out = grouped.eager_grouped(query, key, value, blind, module.scaling)
+    assert not out.isnan().any()
+    torch.testing.assert_close(out[1, 2].float(), value[1].float().mean(1).repeat_interleave(2, 0), **tolerance)
+
+
+def test_only_a_bf16_training_attention_takes_the_eager_form(monkeypatch):
+    """The eager form where a gradient is wanted in bf16 (autocast's or the tensors' own); torch's kernel for a
+    no-gradient call (training's context pass, decoding) and for fp32 training."""
+    module, query, key, value, mask = attention_inputs(5, torch.float32)
+    calls = []
+    monkeypatch.setattr(grouped, "eager_grouped", lambda *a: calls.append("eager") or query.transpose(1, 2))
+    kernel = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda *a, **k: calls.append("kernel") or kernel(*a, **k))  # fmt: skip
+
+    def run(grad: bool, bf16: bool) -> str:
+        calls.clear()
+        q = query.detach().clone().requires_grad_(grad)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            grouped.grouped_sdpa_forward(module, q, key, value, mask, scaling=module.scaling)
+        return calls[0]
+
+    assert run(grad=True, bf16=True) == "eager"
+    assert run(grad=False, bf16=True) == "kernel"
+    assert run(grad=True, bf16=False) == "kernel"
+    with torch.no_grad():
+        assert run(grad=True, bf16=True) == "kernel"

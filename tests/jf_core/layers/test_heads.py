@@ -71,3 +71,45 @@ def test_fp32_lm_head_gives_fp32_logits_of_the_same_weights(tmp_path):
     assert low.dtype == torch.bfloat16 and high.dtype == torch.float32
     assert next(upcast.model.parameters()).dtype == torch.bfloat16  # only the head is fp32
     torch.testing.assert_close(high.to(torch.bfloat16), low, rtol=0.02, atol=0.02)
+
+
+def test_under_autocast_a_frozen_head_is_cast_once_and_gives_autocast_s_logits_and_gradient():
+    """A draft adapter's training reads the frozen head several times a step under CPU autocast, which casts a weight
+    that needs no gradient on every call: the head keeps one bf16 copy instead. Its logits and the hidden state's
+    gradient are autocast's whole-head product's bit for bit, at a few rows and at many; the copy is made once and
+    remade when the weight is written in place; a head that trains is left to autocast."""
+    import torch
+
+    from jf_core.layers.heads import SlicedLMHead, uncast_head
+
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 5000, bias=False).requires_grad_(False)
+    head = SlicedLMHead(linear)
+    for rows in (11, 200):
+        results = []
+        for kept in (True, False):
+            hidden = torch.randn(rows, 64, generator=torch.Generator().manual_seed(rows)).requires_grad_(True)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                logits = head(hidden) if kept else torch.nn.functional.linear(hidden, linear.weight)
+            logits.float().square().sum().backward()
+            results.append((logits.detach(), hidden.grad))
+        (got, got_grad), (want, want_grad) = results
+        assert got.dtype == torch.bfloat16 and torch.equal(got, want) and torch.equal(got_grad, want_grad), rows
+    kept = head.cast_weight._cast
+    assert kept is not None and kept.dtype == torch.bfloat16
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        head(torch.randn(3, 64))
+    assert head.cast_weight._cast is kept  # not cast again
+    with torch.no_grad():
+        linear.weight.mul_(2.0)  # a loaded state dict
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        head(torch.randn(3, 64))
+    assert head.cast_weight._cast is not kept
+    before = SlicedLMHead(linear)
+    with uncast_head(), torch.autocast("cpu", dtype=torch.bfloat16):  # the bench's "before": autocast casts
+        before(torch.randn(3, 64))
+    assert before.cast_weight._cast is None
+    trained = SlicedLMHead(torch.nn.Linear(64, 5000))  # requires grad: autocast's cast and the weight's gradient
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        trained(torch.randn(3, 64)).float().sum().backward()
+    assert trained.cast_weight._cast is None and trained.weight.grad is not None
