@@ -27,6 +27,10 @@ fastest matmul this process measures in the dtype the option computes in (`train
 resolved it), at a SmolLM2 MLP's shape and at 1024 cubed, on the same threads: "of peak" is the step's FLOPs a
 second over that.
 
+`--ops K`: where each option's step goes: one more run of its steps under torch's profiler, and the K ops with the
+most self CPU time, in ms a step (the run's setup is in it too: the lean head's check forward and step 0's first
+touches), by op and by op and input shapes.
+
 `--stretch N`: each run's steps also in stretches of N (the step, the kept contexts' passes, the rest, hits a step):
 whether a long run slows as it goes, and in which part. `--collect-batch-size`: questions decoded together for
 the trajectories (all at once by default, slow past about a hundred).
@@ -183,6 +187,9 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", help="JSON with every measurement (each run's training history, a row a step)")
     ap.add_argument("--flops", action="store_true", help="each option's FLOPs a step against this machine's matmuls")
+    ap.add_argument(
+        "--ops", type=int, metavar="K", help="each option's K ops of most self time, under torch's profiler"
+    )
     ap.add_argument("--stretch", type=int, metavar="N", help="also print each run's steps in stretches of N")
     ap.add_argument("--collect-batch-size", type=int, help="questions decoded together (default: all at once)")
     args = ap.parse_args()
@@ -219,6 +226,10 @@ def main() -> int:
         if args.flops:
             flops = {name: against_limit(profile, model_dir, records, overrides, args, scratch / f"{name}-flops")
                      for name, overrides in options.items()}  # fmt: skip
+        ops = {}
+        if args.ops:
+            ops = {name: top_ops(profile, model_dir, records, overrides, args, scratch / f"{name}-ops")
+                   for name, overrides in options.items()}  # fmt: skip
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     first = rows[next(iter(options))]
@@ -243,8 +254,12 @@ def main() -> int:
             f.update(gflops=achieved, of_peak=achieved / f["peak_gflops"])
             print(f"| {name} | {f['gflop_per_step']:.1f} | {achieved:.1f} | {f['of_peak']:.0%} "
                   f"| {f['peak_gflops']:.1f} ({f['dtype']}) |")  # fmt: skip
+    for name, found in ops.items():
+        print(f"\n| {name}: op | calls | ms a step |\n|---|---|---|")
+        for op in found["by_op"]:
+            print(f"| {op['op']} | {op['calls']} | {op['ms_a_step']:.1f} |")
     if args.out:
-        Path(args.out).write_text(json.dumps({"options": options, "rows": rows, "flops": flops}, indent=2))
+        Path(args.out).write_text(json.dumps({"options": options, "rows": rows, "flops": flops, "ops": ops}, indent=2))
     return 0
 
 
@@ -256,6 +271,26 @@ def against_limit(profile, model_dir: str, records: list[dict], overrides: dict,
         per_step, dtype = counted_flops(profile, model_dir, records, training, args.steps, where)
     shutil.rmtree(where, ignore_errors=True)
     return {"gflop_per_step": per_step / 1e9, "dtype": dtype, "peak_gflops": matmul_gflops(getattr(torch, dtype))}
+
+
+def top_ops(profile, model_dir: str, records: list[dict], overrides: dict, args, where: Path) -> dict:
+    """An option's `args.ops` ops of most self CPU time over one run of its steps under torch's profiler, in ms a
+    step: by op, and by op and input shapes."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    training = {k: v for k, v in overrides.items() if k not in NOT_TRAINING}
+    torch.set_num_threads(overrides.get("threads", args.threads))
+    with switched(overrides), torch_profile(activities=[ProfilerActivity.CPU], record_shapes=True) as run:
+        measure(profile, model_dir, records, training, args.steps, where)
+    shutil.rmtree(where, ignore_errors=True)
+
+    def top(events) -> list[dict]:
+        ranked = sorted(events, key=lambda e: -e.self_cpu_time_total)[: args.ops]
+        return [{"op": e.key, "shapes": str(e.input_shapes), "calls": e.count,
+                 "ms_a_step": e.self_cpu_time_total / 1e3 / args.steps} for e in ranked]  # fmt: skip
+
+    return {"by_op": top(run.key_averages()), "by_shape": top(run.key_averages(group_by_input_shape=True))}
 
 
 if __name__ == "__main__":

@@ -16,10 +16,12 @@ no grouped heads, position biases or soft-capping) goes to transformers' own SDP
 
 Training on a CPU in bf16 takes one more form here: where a gradient is wanted, the scores as transformers' eager
 attention computes them (products in the compute dtype, the softmax in fp32), the query heads folded onto their KV
-head so nothing is copied. torch's CPU flash-attention backward in bf16 runs slower than its fp32 one (6.4 against
-3.5 ms at a spans step's 128 queries over 526 keys, 9 heads on 3), and the eager form's forward and backward took
-1.1-2x less than the kernel's at every training shape measured (2026-12-06, 2 threads); the kernel's forward alone
-stays the faster, so no-gradient calls (the context pass, decoding) keep it.
+head so nothing is copied. torch's CPU flash-attention backward in bf16 runs slower than its fp32 one (4.4-6.4
+against 2.8-3.5 ms at a spans step's 128 queries over 526 keys, 9 heads on 3), and at a draft adapter's training
+shapes (a few dozen to about 140 queries over their context) the eager form's forward and backward took 1.07-1.75x
+less time than the kernel's; at 600 queries over 1,024 keys, where its fp32 softmax streams 5.5 M scores, 0.66-0.70x
+(2026-12-06, 2 threads, `bench/training_attention.py`). So it takes an attention of at most `EAGER_MAX_SCORES` scores
+a sequence; the kernel's forward alone stays the faster, so no-gradient calls (the context pass, decoding) keep it.
 """
 
 from __future__ import annotations
@@ -37,6 +39,10 @@ from jf_core.layers.packed import switched_off
 pins.require("transformers-model")  # the attention interface's call signature and the config's backend name
 
 GROUPED_SDPA = "jf_grouped_sdpa"
+# Heads x queries x keys of a sequence past which the eager form's memory traffic costs more than the kernel's slow
+# backward: between the 0.6 M scores it won at (1.07-1.19x) and the 5.5 M it lost at (0.66-0.70x); at 1.4 M (398
+# queries over 398 keys) the two ran 0.86x and 1.35x in two runs.
+EAGER_MAX_SCORES = 2**20
 _switch = {"eager": True}
 
 
@@ -66,7 +72,8 @@ def grouped_sdpa_forward(
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
         )
-    if _switch["eager"] and attention_mask.shape[1] == 1 and low_precision_training(query, key, value):
+    small = query.shape[1] * query.shape[2] * key.shape[2] <= EAGER_MAX_SCORES
+    if _switch["eager"] and small and attention_mask.shape[1] == 1 and low_precision_training(query, key, value):
         return eager_grouped(query, key, value, attention_mask, scaling), None
     # With a mask transformers' SDPA never sets is_causal: the mask says everything.
     out = torch.nn.functional.scaled_dot_product_attention(
@@ -94,17 +101,20 @@ def eager_grouped(
     dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else query.dtype
     batch, heads, length, dim = query.shape
     kv_heads = key.shape[1]
+    scale = dim**-0.5 if scaling is None else scaling
     with torch.autocast("cpu", enabled=False):
-        # Query heads h * g .. h * g + g - 1 read KV head h (repeat_kv's order): fold them onto it as more rows.
-        folded = query.to(dtype).reshape(batch, kv_heads, heads // kv_heads * length, dim)
-        scores = folded @ key.to(dtype).transpose(-1, -2) * (dim**-0.5 if scaling is None else scaling)
-        scores = scores.float().view(batch, kv_heads, heads // kv_heads, length, -1)
+        # Query heads h * g .. h * g + g - 1 read KV head h (repeat_kv's order): fold them onto it as more rows. The
+        # scale goes on the query ([Q, D], not the scores' [Q, K]); at a power of two (1/8 for 64-wide heads) that is
+        # exact, the same scores as scaling them.
+        folded = (query.to(dtype) * scale).reshape(batch, kv_heads, heads // kv_heads * length, dim)
+        scores = (folded @ key.to(dtype).transpose(-1, -2)).view(batch, kv_heads, heads // kv_heads, length, -1)
         mask = mask[..., : key.shape[-2]].unsqueeze(2)  # [B, 1, 1, Q, K] against the folded query heads
         if mask.dtype == torch.bool:
-            scores = scores.masked_fill(~mask, torch.finfo(torch.float32).min)
+            scores = scores.masked_fill(~mask, torch.finfo(dtype).min)
         else:
             scores = scores + mask
-        weights = scores.softmax(-1).to(dtype).view(batch, kv_heads, -1, scores.shape[-1])
+        # softmax reads the compute dtype and computes in fp32 (no fp32 copy of the scores first), as eager does.
+        weights = scores.softmax(-1, dtype=torch.float32).to(dtype).view(batch, kv_heads, -1, scores.shape[-1])
         out = (weights @ value.to(dtype)).view(batch, heads, length, dim)
     return out.transpose(1, 2).contiguous()
 

@@ -74,7 +74,7 @@ def train_round(
     # Under `auto`, training's forwards and backwards read grouped KV heads in place on a CPU
     # (jf_core/decoding/grouped_attention.py): SmolLM2-135M trained 1.02-1.16x the packed tokens a second that
     # way, faster in each of six pairs (2026-12-06, docs/real-models.md), and in bf16 the attention's gradient by the
-    # eager form with the LM head's cast kept, 1.20x more (docs/training.md); `sdpa` keeps transformers' own.
+    # eager form with the LM head's cast kept, 1.17x more (docs/training.md); `sdpa` keeps transformers' own.
     with grouped_attention(model) if t.attention == "auto" else contextlib.nullcontext():
         result = train(
             wrapped,

@@ -51,7 +51,7 @@ class JFTrainConfig(BaseModel):
     # The attention kernel training runs: auto is FlexAttention's block masks on CUDA (no dense L x L mask; one
     # packed forward) and SDPA with the dense mask elsewhere (where context_cache's two passes and the kept
     # contexts apply), on a CPU reading grouped KV heads in place, in bf16 by the eager form where a gradient is
-    # wanted (jf_core/decoding/grouped_attention.py: its backward 1.1-2x torch's kernel's). sdpa is
+    # wanted (jf_core/decoding/grouped_attention.py: 1.07-1.75x the kernel at a draft adapter's shapes). sdpa is
     # transformers' SDPA as it comes; on CUDA the dense-mask path: the way back when FlexAttention's compile fails on
     # a GPU (bench/gpu_check.py's flex_training section says whether it does).
     attention: Literal["auto", "sdpa", "flex_attention"] = "auto"

@@ -95,3 +95,24 @@ def test_an_option_s_off_switches_are_off_for_its_runs_only():
     assert heads._switch["cast"] and grouped_attention._switch["eager"]
     with pytest.raises(ValueError, match="unknown switch 'heads'"), switched({"off": ["heads"]}):
         pass
+
+
+def test_an_options_ops_are_ranked_by_their_self_time_a_step(profile, tmp_path):
+    """`--ops`: the ops of most self time over a run of the option's steps, in ms a step, ranked, the matrix
+    products among them; by op and by op and shapes."""
+    from types import SimpleNamespace
+
+    from bench.train_throughput import top_ops
+
+    model, tok = load_model(profile.model.path)
+    items = load_prompts(profile.prompts.model_copy(update={"limit": 2}), tok).items
+    cfg = profile.trajectory.model_copy(update={"kind": "synthetic"}).collect_config()
+    records = collect(model, tok, items, cfg, model_hash="t").records
+    args = SimpleNamespace(ops=12, steps=3, threads=1)
+    found = top_ops(profile, profile.model.path, records, {"off": ["head_cast"]}, args, tmp_path / "ops")
+    for ranking in (found["by_op"], found["by_shape"]):
+        assert len(ranking) == 12
+        times = [op["ms_a_step"] for op in ranking]
+        assert times == sorted(times, reverse=True) and times[-1] > 0
+    assert any(op["op"] in ("aten::mm", "aten::addmm", "aten::bmm") for op in found["by_op"])
+    assert not (tmp_path / "ops").exists()

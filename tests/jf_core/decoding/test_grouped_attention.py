@@ -139,8 +139,9 @@ def test_the_eager_form_is_sdpa_s_attention_and_gradients_to_rounding(dtype):
 
 
 def test_only_a_bf16_training_attention_takes_the_eager_form(monkeypatch):
-    """The eager form where a gradient is wanted in bf16 (autocast's or the tensors' own); torch's kernel for a
-    no-gradient call (training's context pass, decoding) and for fp32 training."""
+    """The eager form where a gradient is wanted in bf16 (autocast's or the tensors' own) of an attention of at most
+    `EAGER_MAX_SCORES` scores a sequence; torch's kernel for a no-gradient call (training's context pass, decoding),
+    for fp32 training and for a larger attention."""
     module, query, key, value, mask = attention_inputs(5, torch.float32)
     calls = []
     monkeypatch.setattr(grouped, "eager_grouped", lambda *a: calls.append("eager") or query.transpose(1, 2))
@@ -160,3 +161,8 @@ def test_only_a_bf16_training_attention_takes_the_eager_form(monkeypatch):
     assert run(grad=True, bf16=False) == "kernel"
     with torch.no_grad():
         assert run(grad=True, bf16=True) == "kernel"
+    scores = query.shape[1] * query.shape[2] * key.shape[2]  # heads x queries x keys of a sequence
+    monkeypatch.setattr(grouped, "EAGER_MAX_SCORES", scores)
+    assert run(grad=True, bf16=True) == "eager"
+    monkeypatch.setattr(grouped, "EAGER_MAX_SCORES", scores - 1)  # a larger attention: the kernel's
+    assert run(grad=True, bf16=True) == "kernel"
