@@ -335,6 +335,20 @@ HOW = {
                      "layout runs in tests/jf_core/experiments/test_run.py, the span's losses in "
                      "tests/jf_core/training/test_context_cache.py"),
     ".venv/bin/python bench/train_throughput.py --profile smollm2-135m --set "
+    "prompts.source=../shared/benchmarks/gsm8k_train.jsonl --questions 8 --steps 6 --repeats 5 --flops --option "
+    "'before:{\"off\": [\"eager_backward\", \"head_cast\"]}' --option 'after:{}' --out throughput.json": (
+        "not in CI", "a benchmark of the real model (timing only); its `off` switches and FLOP counts are tested in "
+                     "tests/bench/test_train_throughput.py, the two changes in "
+                     "tests/jf_core/decoding/test_grouped_attention.py and tests/jf_core/layers/test_heads.py"),
+    ".venv/bin/python bench/train_throughput.py --profile smollm2-135m --set "
+    "prompts.source=../shared/benchmarks/gsm8k_train.jsonl --questions 8 --steps 8 --repeats 1 --ops 25 --option "
+    "'before:{\"off\": [\"eager_backward\", \"head_cast\"]}' --option 'after:{}' --out ops.json": (
+        "not in CI", "a profile of the real model's step (timing only); `--ops`' ranking is tested in "
+                     "tests/bench/test_train_throughput.py"),
+    ".venv/bin/python bench/training_attention.py --out attention.json": (
+        "not in CI", "a timing of the attention's two forms at the real model's shapes; the bench runs both forms "
+                     "on tiny shapes and checks they agree in tests/bench/test_training_attention_bench.py"),
+    ".venv/bin/python bench/train_throughput.py --profile smollm2-135m --set "
     "prompts.source=../shared/benchmarks/gsm8k_train.jsonl --questions 8 --steps 8 --repeats 2 --option "
     "'profile:{\"draft_span\": 0}' --option 'span3:{}' --option 'span1:{\"draft_span\": 1}'": (
         "not in CI", "a benchmark of the real model (timing only); its token counting is tested in "
