@@ -83,6 +83,12 @@ def switched(overrides: dict) -> contextlib.ExitStack:
     return stack
 
 
+def training_overrides(overrides: dict, args) -> dict:
+    """An option's `training` overrides, its torch threads set for the run that follows."""
+    torch.set_num_threads(overrides.get("threads", args.threads))
+    return {k: v for k, v in overrides.items() if k not in NOT_TRAINING}
+
+
 def step_seconds(history: list[dict]) -> float:
     """Median seconds a step from consecutive logged rows (log every step), leaving step 0 out."""
     rows = [h for h in history if "elapsed_s" in h]
@@ -210,8 +216,7 @@ def main() -> int:
     try:
         for r in range(args.repeats):
             for name, overrides in options.items():  # taking turns: a slow minute of the machine hits every option
-                training = {k: v for k, v in overrides.items() if k not in NOT_TRAINING}
-                torch.set_num_threads(overrides.get("threads", args.threads))
+                training = training_overrides(overrides, args)
                 with switched(overrides):
                     row = measure(profile, model_dir, records, training, args.steps, scratch / f"{name}-{r}")
                 shutil.rmtree(scratch / f"{name}-{r}")  # a SmolLM2 model directory is 540 MB
@@ -265,8 +270,7 @@ def main() -> int:
 
 def against_limit(profile, model_dir: str, records: list[dict], overrides: dict, args, where: Path) -> dict:
     """An option's FLOPs a step and this machine's matmul GFLOP/s in the dtype it computes in, on its threads."""
-    training = {k: v for k, v in overrides.items() if k not in NOT_TRAINING}
-    torch.set_num_threads(overrides.get("threads", args.threads))
+    training = training_overrides(overrides, args)
     with switched(overrides):
         per_step, dtype = counted_flops(profile, model_dir, records, training, args.steps, where)
     shutil.rmtree(where, ignore_errors=True)
@@ -279,8 +283,7 @@ def top_ops(profile, model_dir: str, records: list[dict], overrides: dict, args,
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    training = {k: v for k, v in overrides.items() if k not in NOT_TRAINING}
-    torch.set_num_threads(overrides.get("threads", args.threads))
+    training = training_overrides(overrides, args)
     with switched(overrides), torch_profile(activities=[ProfilerActivity.CPU], record_shapes=True) as run:
         measure(profile, model_dir, records, training, args.steps, where)
     shutil.rmtree(where, ignore_errors=True)
