@@ -32,7 +32,9 @@ most self CPU time, in ms a step (the run's setup is in it too: the lean head's 
 touches), by op and by op and input shapes.
 
 `--stretch N`: each run's steps also in stretches of N (the step, the kept contexts' passes, the rest, hits a step):
-whether a long run slows as it goes, and in which part. `--collect-batch-size`: questions decoded together for
+whether a long run slows as it goes, and in which part. The run ends with the oneDNN primitive cache it ran under
+(jf_core/onednn.py; `ONEDNN_PRIMITIVE_CACHE_CAPACITY=1024` in the environment runs oneDNN's default) and the
+process's peak RSS. `--collect-batch-size`: questions decoded together for
 the trajectories (all at once by default, slow past about a hundred).
 """
 
@@ -42,6 +44,8 @@ import argparse
 import contextlib
 import itertools
 import json
+import os
+import resource
 import shutil
 import statistics
 import sys
@@ -60,6 +64,7 @@ from jf_core.layers.packed import uncached_casts
 from jf_core.layers.siblings import ungrouped
 from jf_core.model_ref import resolve_model
 from jf_core.models import load_model
+from jf_core.onednn import CACHE_ENV, size_primitive_cache
 from jf_core.trajectory.collect import collect
 from jf_core.trajectory.prompts import load_prompts
 
@@ -199,6 +204,7 @@ def main() -> int:
     ap.add_argument("--stretch", type=int, metavar="N", help="also print each run's steps in stretches of N")
     ap.add_argument("--collect-batch-size", type=int, help="questions decoded together (default: all at once)")
     args = ap.parse_args()
+    size_primitive_cache()
     torch.set_num_threads(args.threads)
     profile = load_profile(args.profile, **parse_overrides(args.set or []))
     model_dir = resolve_model(profile.model.path)
@@ -263,8 +269,14 @@ def main() -> int:
         print(f"\n| {name}: op | calls | ms a step |\n|---|---|---|")
         for op in found["by_op"]:
             print(f"| {op['op']} | {op['calls']} | {op['ms_a_step']:.1f} |")
+    # What the process ran under: oneDNN's cache as jf sizes it, or as ONEDNN_PRIMITIVE_CACHE_CAPACITY named it (a
+    # run under oneDNN's default sets 1024), and the memory the cached primitives and the run took at their peak.
+    process = {"onednn_cache_capacity": int(os.environ[CACHE_ENV]),
+               "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}  # fmt: skip
+    print(f"\noneDNN primitive cache: {process['onednn_cache_capacity']}; peak RSS {process['max_rss_mb']:.0f} MB")
     if args.out:
-        Path(args.out).write_text(json.dumps({"options": options, "rows": rows, "flops": flops, "ops": ops}, indent=2))
+        Path(args.out).write_text(json.dumps({"options": options, "rows": rows, "flops": flops, "ops": ops,
+                                              "process": process}, indent=2))  # fmt: skip
     return 0
 
 

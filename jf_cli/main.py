@@ -175,9 +175,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from jf_core.onednn import size_primitive_cache
     from jf_core.threads import cap_default_threads
 
     cap_default_threads()  # before torch's first import, here or in a process this one starts
+    size_primitive_cache()  # before the first bf16 product, here or in a process this one starts
     from jf_core.models import ModelLoadError
 
     parser = build_parser()

@@ -15,6 +15,8 @@ import time
 import torch
 import torch.nn.functional as F
 
+from jf_core.onednn import size_primitive_cache
+
 CHOICES = (torch.float32, torch.bfloat16)
 
 
@@ -27,6 +29,7 @@ def resolve_compute_dtype(setting: str, model_dtype: torch.dtype, device: torch.
         return getattr(torch, setting)
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+    size_primitive_cache()  # the measurement's bf16 products may be the process's first: the capacity is read then
     return faster(linear_seconds(width, device))
 
 

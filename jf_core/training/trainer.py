@@ -32,6 +32,7 @@ import torch
 from pydantic import BaseModel, ConfigDict
 from tqdm.auto import tqdm
 
+from jf_core.onednn import size_primitive_cache
 from jf_core.threads import ThreadGovernor, ThreadRecord
 from jf_core.training.config import JFTrainConfig
 from jf_core.training.parallel import Parallel
@@ -245,6 +246,7 @@ def train(
     the checkpoint that keeps its row). `threads`: a governor that sets torch's CPU threads to the CPUs other
     processes leave free, re-measured while the run goes (jf_core/threads.py); without one the count is left alone.
     `on_log(step, row)`: every logged row and every hook's figures."""
+    size_primitive_cache()  # where no entry point did, and no bf16 product has run yet (jf_core/onednn.py)
     loop = Loop(model, _optimizer(model, cfg), parallel or Parallel(), batches, cfg)
     torch.manual_seed(cfg.seed)
     model.train()
