@@ -345,6 +345,15 @@ HOW = {
     "'before:{\"off\": [\"eager_backward\", \"head_cast\"]}' --option 'after:{}' --out ops.json": (
         "not in CI", "a profile of the real model's step (timing only); `--ops`' ranking is tested in "
                      "tests/bench/test_train_throughput.py"),
+    "ONEDNN_PRIMITIVE_CACHE_CAPACITY=1024 .venv/bin/python bench/train_throughput.py --profile smollm2-135m "
+    "--set prompts.source=../shared/benchmarks/gsm8k_train.jsonl --questions 64 --collect-batch-size 32 --steps 150 "
+    "--repeats 1 --stretch 50 --option 'default_cache:{\"context_memory_mb\": 0}' --out default_cache.json": (
+        "not in CI", "a long timing of the real model under oneDNN's default cache; the cache jf sets is tested in "
+                     "tests/jf_core/test_onednn.py, the bench's stretches in tests/bench/test_train_throughput.py"),
+    ".venv/bin/python bench/train_throughput.py --profile smollm2-135m --set "
+    "prompts.source=../shared/benchmarks/gsm8k_train.jsonl --questions 64 --collect-batch-size 32 --steps 150 "
+    "--repeats 1 --stretch 50 --option 'jf_cache:{\"context_memory_mb\": 0}' --out jf_cache.json": (
+        "not in CI", "a long timing of the real model under the cache jf sets (tests/jf_core/test_onednn.py)"),
     ".venv/bin/python bench/training_attention.py --out attention.json": (
         "not in CI", "a timing of the attention's two forms at the real model's shapes; the bench runs both forms "
                      "on tiny shapes and checks they agree in tests/bench/test_training_attention_bench.py"),
