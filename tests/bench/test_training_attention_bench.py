@@ -27,7 +27,9 @@ def test_each_shape_and_dtype_gets_both_forms_times_and_the_forms_agree(monkeypa
     for row in rows:
         for name in bench.FORMS:
             forward, backward, both = row[f"{name}_ms"]
-            assert forward > 0 and backward > 0 and both <= forward + backward + 1e-3
+            # `both` is the fastest call's forward and backward together: never under the fastest of each apart
+            # (the three rounded to the microsecond).
+            assert forward > 0 and backward > 0 and both >= forward + backward - 2e-3
     assert len(outputs["kernel"]) == len(outputs["eager"]) == 4  # 2 shapes x 2 repeats, taking turns
     for kernel, eager in zip(outputs["kernel"], outputs["eager"], strict=True):
         torch.testing.assert_close(eager, kernel, rtol=1e-5, atol=1e-5)
