@@ -98,13 +98,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     reg, dtype = summary.registry, summary.dtype
     print()
     print(markdown_table(summary.metrics))
+    versus = against_untrained(
+        summary.speedup_vs_untrained, summary.best_untrained, summary.timing_spread, summary.untrained_interval
+    )
     print(
         f"\naccuracy {summary.accuracy:.3f} (input model {summary.base_accuracy:.3f}); "
         f"TPF {summary.headline_tpf:.2f} ({_decode_label(summary.decode_config)}); "
         f"speedup vs our AR {summary.speedup_vs_ar:.2f}x; trained {summary.train_seconds:.0f} s"
         f"{resumed_note(summary.resumed_from_step)}\n"
         f"{stage_times(summary.stage_seconds)}\n"
-        f"{against_untrained(summary.speedup_vs_untrained, summary.best_untrained, summary.timing_spread)}\n"
+        f"{versus}\n"
         f"{adapter_part(summary.speedup_vs_no_adapter)}"
         f"identical to greedy AR: {summary.identical_fraction:.3f} of the evaluation prompts ({dtype}"
         + ("; fp32 promises 1.000)" if dtype == "float32" else "; measured, see docs/decoding.md, 'numerics')")

@@ -293,12 +293,7 @@ def evaluate(
     logger.info("%s: accuracy %.3f, TPF %s", label, result.accuracy, tpf)
     if (best := result.best_untrained) is not None:
         logger.info(
-            "%s: %.2fx the best untrained decoding (%s, %.2fx AR); timing spread %s",
-            label,
-            result.speedup_vs_untrained,
-            best.name,
-            best.speedup_vs_ar,
-            "unmeasured" if result.timing_spread is None else f"{result.timing_spread:.3f}",
+            "%s: %s (that anchor %.2fx AR)", label, result.versus().line(result.timing_spread), best.speedup_vs_ar
         )
     if (adapter := result.speedup_vs_no_adapter) is not None:
         logger.info("%s: %.2fx the same decoding without its draft adapter (no_adapter_tuned)", label, adapter)

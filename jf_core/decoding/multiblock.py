@@ -73,6 +73,11 @@ class JFDecodeConfig(JacobiConfig):
     suffix_ngram: int = 8
     suffix_share: float = 0.3
     suffix_factor: float = 1.0
+    # The corpus's continuations as a tree (SuffixDecoding's speculation tree) of at most this many tokens instead of
+    # one chain (0: the chain), taken best-first by the share of the tail's matches that reach each, while that share
+    # is at least `suffix_tree_prob` (vLLM's `min_token_prob`); `suffix_factor` and `suffix` bound its depth.
+    suffix_tree: int = 0
+    suffix_tree_prob: float = 0.1
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -90,6 +95,10 @@ class JFDecodeConfig(JacobiConfig):
             raise ValueError(f"suffix_share must be in (0, 1], got {self.suffix_share}")
         if self.suffix_factor < 0:
             raise ValueError(f"suffix_factor must be >= 0 (0: no bound), got {self.suffix_factor}")
+        if self.suffix_tree < 0:
+            raise ValueError(f"suffix_tree must be >= 0 (0: one chain), got {self.suffix_tree}")
+        if not 0.0 < self.suffix_tree_prob <= 1.0:
+            raise ValueError(f"suffix_tree_prob must be in (0, 1], got {self.suffix_tree_prob}")
         if not 0.0 < self.spawn_ratio <= 1.0:
             raise ValueError(f"spawn_ratio (r) must be in (0, 1], got {self.spawn_ratio}")
         self.width_policy()  # its own checks
@@ -112,6 +121,8 @@ class JFDecodeConfig(JacobiConfig):
             parts.append(f"lookup={self.lookup}")
         if self.suffix:
             parts.append(f"suffix={self.suffix}")
+            if self.suffix_tree:
+                parts.append(f"tree={self.suffix_tree}@{self.suffix_tree_prob}")
         return " ".join(parts)
 
     @classmethod
@@ -143,7 +154,11 @@ class JFDecodeConfig(JacobiConfig):
         if not self.lookup:
             unused.append("lookup_ngram")
         if not self.suffix or not corpus:
-            unused += ["suffix", "suffix_ngram", "suffix_share", "suffix_factor"]
+            unused += ["suffix", "suffix_ngram", "suffix_share", "suffix_factor", "suffix_tree", "suffix_tree_prob"]
+        elif self.suffix_tree:
+            unused.append("suffix_share")  # the chain's rule: a tree keeps a token by `suffix_tree_prob`
+        else:
+            unused.append("suffix_tree_prob")
         if not adapter:
             unused.append("adapter")
         if not adapter or not self.adapter or self.draft_span >= self.block_size - 2:  # the chain stops at n - 2

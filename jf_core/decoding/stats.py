@@ -41,6 +41,9 @@ class DecodeStats:
     # Sequences our AR decoded (ar.py), whatever was asked: a dispatch that sent a batch to AR says so here, where a
     # TPF of 1.0 would also fit a Jacobi decoder that accepted nothing.
     ar_sequences: int = 0
+    # Each batch's seconds, where these stats merge several (common.py `concat_outputs`): a comparison of two
+    # decoders batch by batch (evaluation/speed.py `ratio_interval`) needs them apart.
+    batch_seconds: list[float] = field(default_factory=list)
 
     @property
     def new_tokens(self) -> int:
@@ -82,7 +85,12 @@ class DecodeStats:
             batch_forwards=self.batch_forwards + other.batch_forwards,
             prefill_timed=self.prefill_timed and other.prefill_timed,
             ar_sequences=self.ar_sequences + other.ar_sequences,
+            batch_seconds=self.batches() + other.batches(),
         )
+
+    def batches(self) -> list[float]:
+        """Each batch's seconds: those merged here, or these stats' own as one batch (none before any sequence)."""
+        return list(self.batch_seconds) or ([self.seconds] if self.sequences else [])
 
     def summary(self) -> dict[str, float]:
         return {

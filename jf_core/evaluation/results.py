@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict
 
 from jf_core.decoding import DecodeConfig, JacobiConfig
 from jf_core.evaluation.method import ANCHOR_KINDS, AR, AR_CONTROL, NO_ADAPTER, TUNED, UNTRAINED, Method, jacobi
-from jf_core.evaluation.speed import MethodResult
+from jf_core.evaluation.speed import MethodResult, ratio_interval
 
 
 @dataclass(frozen=True)
@@ -20,10 +20,19 @@ class Versus:
 
     best: MethodResult | None
     speedup: float | None
+    subject: MethodResult | None = None  # the row held to `best`
+
+    @property
+    def interval(self) -> tuple[float, float] | None:
+        """The speedup's 95% paired bootstrap over the prompts' batches (speed.py `ratio_interval`), made only where
+        it is read; None: not known."""
+        if self.best is None or self.subject is None:
+            return None
+        return ratio_interval(self.subject, self.best)
 
     def line(self, spread: float | None) -> str:
         """What every report prints beside the headline (`against_untrained`)."""
-        return against_untrained(self.speedup, self.best and self.best.name, spread)
+        return against_untrained(self.speedup, self.best and self.best.name, spread, self.interval)
 
 
 class JsonModel(BaseModel):
@@ -127,7 +136,9 @@ class Evaluation(JsonModel):
         rows = self.untrained_rows if labels is None else [r for k, r in self.methods.items() if k in labels]
         best = max(rows, key=lambda r: r.tps, default=None)
         row = self.headline if subject is None else self.row(subject)
-        return Versus(best, None if best is None else row.tps / best.tps)
+        if best is None:
+            return Versus(None, None)
+        return Versus(best, row.tps / best.tps, row)
 
     @property
     def best_untrained(self) -> MethodResult | None:
@@ -176,13 +187,14 @@ class Evaluation(JsonModel):
 
     def metrics(self) -> dict[str, float]:
         """The headline, plain Jacobi's TPF per block size and every method's TPS, as flat MLflow metrics."""
-        spread, untrained, adapter = self.timing_spread, self.speedup_vs_untrained, self.speedup_vs_no_adapter
+        spread, versus, adapter = self.timing_spread, self.versus(), self.speedup_vs_no_adapter
         return {
             "accuracy": self.accuracy,
             "headline_tpf": self.headline.tpf,
             "speedup_vs_ar": self.headline.speedup_vs_ar,  # against our own AR on the same model
             **({} if spread is None else {"timing_spread": spread}),
-            **({} if untrained is None else {"speedup_vs_untrained": untrained}),
+            **({} if versus.speedup is None else {"speedup_vs_untrained": versus.speedup}),
+            **interval_metrics(versus.interval),
             **({} if adapter is None else {"speedup_vs_no_adapter": adapter}),
             **{f"tpf_n{n}": v for n, v in self.tpf.items()},
             **{f"tps_{name}": v for name, v in self.tps.items()},
@@ -193,13 +205,24 @@ class Evaluation(JsonModel):
         return list(self.methods.values())
 
 
-def against_untrained(speedup: float | None, best: str | None, spread: float | None) -> str:
+def against_untrained(
+    speedup: float | None, best: str | None, spread: float | None, interval: tuple[float, float] | None = None
+) -> str:
     """The line every report prints beside the headline: the trained model against the best untrained decoding of
-    its input model, measured in the same run, and the run's AR-against-AR spread."""
+    its input model, measured in the same run, how far it could land on other such prompts (`interval`), and the
+    run's AR-against-AR spread."""
     control = "" if spread is None else f"; timing spread (AR against AR in this run) {spread:.3f}"
     if speedup is None:
         return f"no untrained anchor in this run{control}"
-    return f"{speedup:.2f}x the best untrained decoding of the input model ({best}){control}"
+    over = "" if interval is None else f"; {interval[0]:.2f}-{interval[1]:.2f} over resampled prompts (95%)"
+    return f"{speedup:.2f}x the best untrained decoding of the input model ({best}{over}){control}"
+
+
+def interval_metrics(interval: tuple[float, float] | None) -> dict[str, float]:
+    """The speedup over the best untrained decoding's 95% bounds as MLflow metrics (none where not known)."""
+    if interval is None:
+        return {}
+    return {"speedup_vs_untrained_low": interval[0], "speedup_vs_untrained_high": interval[1]}
 
 
 def adapter_part(speedup: float | None) -> str:

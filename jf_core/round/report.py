@@ -12,7 +12,7 @@ from jf_core.config import Profile
 from jf_core.decoding import DecodeConfig
 from jf_core.evaluation.gate import Figures
 from jf_core.evaluation.method import AR, AR_CONTROL, Method, jacobi
-from jf_core.evaluation.results import Evaluation, JsonModel
+from jf_core.evaluation.results import Evaluation, JsonModel, interval_metrics
 from jf_core.evaluation.speed import MethodResult
 from jf_core.round.paths import RoundPaths, eval_key
 from jf_core.round.results import PackResult, Registration, TrainResult, TrajectoriesResult, TuneResult
@@ -53,6 +53,7 @@ class RoundSummary(BaseModel):
     # the best untrained anchor's, which anchor that was, and the run's AR-against-AR control |x - 1|.
     speedup_vs_untrained: float | None = None
     best_untrained: str | None = None
+    untrained_interval: tuple[float, float] | None = None  # its 95% over resampled prompts (speed.ratio_interval)
     timing_spread: float | None = None
     # The headline over the same decoding without the draft adapter (its corpus and config kept): the adapter's part.
     speedup_vs_no_adapter: float | None = None
@@ -244,8 +245,9 @@ class RoundReport(JsonModel):
         }
         if (tuned := self.tuned) is not None:
             m.update(tuned_tpf=tuned.tpf, tuned_tps=tuned.tps, tuned_speedup_vs_ar=tuned.speedup_vs_ar)
-        if (best := self.eval.best_untrained) is not None:
-            m.update(speedup_vs_untrained=self.eval.speedup_vs_untrained, untrained_speedup_vs_ar=best.speedup_vs_ar)
+        if (best := (versus := self.eval.versus()).best) is not None:
+            m.update(speedup_vs_untrained=versus.speedup, untrained_speedup_vs_ar=best.speedup_vs_ar)
+            m.update(interval_metrics(versus.interval))
         if (spread := self.eval.timing_spread) is not None:
             m.update(timing_spread=spread)
         if (adapter := self.eval.speedup_vs_no_adapter) is not None:
@@ -257,6 +259,7 @@ class RoundReport(JsonModel):
 
     def summary(self) -> RoundSummary:
         """The headline figures (`RoundSummary`), before registration."""
+        versus = self.eval.versus()
         return RoundSummary(
             profile=self.profile,
             model_in=self.model_in,
@@ -272,8 +275,9 @@ class RoundReport(JsonModel):
             speedup_vs_ar=self.headline.speedup_vs_ar,
             identical_fraction=self.identical_fraction,
             decode_config=self.eval.decode_config,
-            speedup_vs_untrained=self.eval.speedup_vs_untrained,
-            best_untrained=best.name if (best := self.eval.best_untrained) is not None else None,
+            speedup_vs_untrained=versus.speedup,
+            best_untrained=versus.best and versus.best.name,
+            untrained_interval=versus.interval,
             timing_spread=self.eval.timing_spread,
             speedup_vs_no_adapter=self.eval.speedup_vs_no_adapter,
             train_seconds=self.train.train_seconds,

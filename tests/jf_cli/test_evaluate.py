@@ -100,7 +100,8 @@ def test_bench_decode_per_batch_size_with_a_sampling_jf_model(profile, profile_y
     # does not tune, so the base's anchor is HF prompt lookup alone).
     x = one["methods"]["jf_autotuned"]["tps"] / one["methods"]["hf_prompt_lookup"]["tps"]
     assert one["meta"]["best_untrained"] == "hf_prompt_lookup" and one["meta"]["speedup_vs_untrained"] == x
-    assert f"jf_autotuned: {x:.2f}x the best untrained decoding of the input model (hf_prompt_lookup)" in printed
+    line = f"jf_autotuned: {x:.2f}x the best untrained decoding of the input model (hf_prompt_lookup; "
+    assert line in printed and " over resampled prompts (95%))" in printed.split(line)[1].splitlines()[0]
     assert (out / "speed_against_batch_size.png").stat().st_size > 1000  # the batch sizes' one figure
 
 

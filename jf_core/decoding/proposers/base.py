@@ -70,10 +70,16 @@ class TextGuess(Proposer):
     def guess(self, context: list[int], length: int) -> list[int]:
         raise NotImplementedError
 
+    def paths(self, context: list[int], length: int) -> list[list[int]]:
+        """The guesses laid out, each a branch (a tree's root-to-leaf paths, sharing their common prefixes' slots):
+        by default the one `guess`."""
+        return [self.guess(context, length)]
+
     def extend(self, seq, lay: Layout, room: Room) -> Layout:
         if room.run <= 1:
             return lay
         # The guess is not held to the run (it earns by its own length), only to the block's end.
         far = min(room.window, room.block_left) - 1
-        guess = self.guess(seq.prompt + seq.committed + seq.window[:1], min(far, self.length))
-        return with_guess(lay, seq.window, room.run, guess, self.name)
+        for guess in self.paths(seq.prompt + seq.committed + seq.window[:1], min(far, self.length)):
+            lay = with_guess(lay, seq.window, room.run, guess, self.name)
+        return lay

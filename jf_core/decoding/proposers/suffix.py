@@ -13,6 +13,7 @@ proposer.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -119,6 +120,43 @@ class SuffixIndex:
             places = places[following == values[best]]
         return guess
 
+    def tree(
+        self, context: Sequence[int], max_ngram: int, length: int, nodes: int, prob: float, factor: float = 0.0
+    ) -> list[list[int]]:
+        """SuffixDecoding's speculation tree (its paper's section 4.2; vLLM's `suffix` with a tree): up to `nodes`
+        continuations of `context`'s longest matched tail, taken best-first by the share of its latest
+        `MAX_MATCHES` places that go on through them, while that share is at least `prob` (vLLM's
+        `min_token_prob`), none deeper than `length` nor `factor` times the tail (0: no such bound). Returned as
+        its root-to-leaf paths, the likeliest first; [] when no bigram matches.
+
+        Where the corpus forks (a number, a name, one phrasing or another) the chain (`guess`) stops or bets on one
+        side; the tree lays out both, and verification keeps whichever the model wrote. Every node costs a slot."""
+        n, places = self.tail(context, max_ngram, latest=MAX_MATCHES)
+        if factor:
+            length = min(length, int(factor * n))
+        if not places.size or length < 1 or nodes < 1:
+            return []
+        total = places.size
+        kept: list[tuple[int, ...]] = []
+        # (-share, order, path, places that go on through it): heapq pops the likeliest, ties in the order found.
+        frontier = [(-1.0, 0, (), places)]
+        order = 0
+        while frontier and len(kept) < nodes:
+            _, _, path, reached = heapq.heappop(frontier)
+            if path:
+                kept.append(path)
+            if len(path) == length:
+                continue
+            following = self.tokens[reached + len(path) + 1]
+            values, counts = np.unique(following, return_counts=True)
+            for value, count in zip(values.tolist(), counts.tolist(), strict=True):
+                if value != SEPARATOR and count >= prob * total:
+                    order += 1
+                    heapq.heappush(frontier, (-count / total, order, (*path, value), reached[following == value]))
+        # A path is a leaf unless a longer kept path runs through it.
+        inner = {path[:depth] for path in kept for depth in range(1, len(path))}
+        return [list(path) for path in kept if path not in inner]
+
 
 def save_corpus(documents: Iterable[Sequence[int]], model_dir: str | Path) -> Path:
     """The documents as the model directory's draft corpus (written under a temporary name, then renamed)."""
@@ -151,19 +189,44 @@ def draft_corpus(model) -> SuffixIndex | None:
 class SuffixDraft(TextGuess):
     name = "suffix"
 
-    def __init__(self, index: SuffixIndex, length: int, ngram: int, share: float, factor: float = 0.0) -> None:
+    def __init__(
+        self,
+        index: SuffixIndex,
+        length: int,
+        ngram: int,
+        share: float,
+        factor: float = 0.0,
+        tree: int = 0,
+        tree_prob: float = 0.1,
+    ) -> None:
         self.index, self.length, self.ngram, self.share, self.factor = index, length, ngram, share, factor
+        self.tree, self.tree_prob = tree, tree_prob
 
     @classmethod
     def from_config(cls, model, config) -> SuffixDraft | None:
         """`config.suffix`: the longest guess (0: off), when the model keeps a corpus; `config.suffix_ngram`: the
         longest tail matched; `config.suffix_share`: how sure each guessed token must be; `config.suffix_factor`:
-        the longest guess as a multiple of the tail matched."""
+        the longest guess as a multiple of the tail matched; `config.suffix_tree`: a tree of at most this many
+        tokens instead of one chain (0: the chain), each reached by at least `config.suffix_tree_prob` of the
+        matches."""
         length = getattr(config, "suffix", 0)
         index = draft_corpus(model)
         if not length or index is None or not len(index):
             return None
-        return cls(index, length, config.suffix_ngram, config.suffix_share, config.suffix_factor)
+        return cls(
+            index,
+            length,
+            config.suffix_ngram,
+            config.suffix_share,
+            config.suffix_factor,
+            config.suffix_tree,
+            config.suffix_tree_prob,
+        )
 
     def guess(self, context: list[int], length: int) -> list[int]:
         return self.index.guess(context, self.ngram, length, self.share, self.factor)
+
+    def paths(self, context: list[int], length: int) -> list[list[int]]:
+        if not self.tree:
+            return super().paths(context, length)
+        return self.index.tree(context, self.ngram, length, self.tree, self.tree_prob, self.factor)

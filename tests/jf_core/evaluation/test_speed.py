@@ -233,6 +233,48 @@ def test_interleaved_runs_take_turns_and_keep_each_batchs_fastest_run():
     assert out["a"].stats.decode_seconds == 2 * 1.0 and out["b"].stats.decode_seconds == 2 * 2.0
 
 
+def test_each_rows_batches_are_kept_and_the_ratios_interval_resamples_them_in_pairs():
+    """A row keeps each batch's fastest seconds and its tokens (the same batches in every row), and the ratio of two
+    rows' tokens/s gets a paired bootstrap interval over those batches: exact where every batch agrees, around the
+    pooled ratio and within the batches' own ratios where they differ, and none where the batches cannot pair."""
+    from dataclasses import replace
+
+    from jf_core.decoding.common import DecodeOutput
+    from jf_core.decoding.stats import DecodeStats, SequenceStats
+    from jf_core.evaluation.speed import ratio_interval
+
+    # Seconds per (decoder, first prompt of the batch); the warmup decodes the first batch once more.
+    seconds = {"fast": {10: 1.0, 12: 1.0, 14: 2.0}, "slow": {10: 2.0, 12: 3.0, 14: 3.0}}
+
+    def decoder(name: str):
+        def run(prompts: list[list[int]]) -> DecodeOutput:
+            stats = [SequenceStats(new_tokens=p[0] // 2, forwards=1) for p in prompts]
+            return DecodeOutput(
+                [[p[0]] for p in prompts], DecodeStats(stats, decode_seconds=seconds[name][prompts[0][0]])
+            )
+
+        return run
+
+    prompts = [[10], [11], [12], [13], [14]]
+    fast_m, slow_m = Method("ar", model="fast"), Method("ar", model="slow")
+    decoders = {fast_m: decoder("fast"), slow_m: decoder("slow")}
+    rows = {r.method: r for r in bench(decoders, prompts, batch_size=2, reference=None, baseline_ar=slow_m)}
+    fast, slow = rows[fast_m], rows[slow_m]
+    assert fast.batch_seconds == [1.0, 1.0, 2.0] and slow.batch_seconds == [2.0, 3.0, 3.0]
+    assert fast.batch_tokens == [5 + 5, 6 + 6, 7] == slow.batch_tokens
+    point = fast.tps / slow.tps
+    low, high = ratio_interval(fast, slow)
+    assert 1.5 <= low < point < high <= 3.0  # the batches' own ratios: 2, 3 and 1.5
+    low, high = ratio_interval(fast, slow, level=0.5)  # resampled, not read off the batches' extremes
+    assert 1.5 < low <= point <= high < 3.0
+    assert ratio_interval(fast, fast) == (1.0, 1.0)
+    doubled = replace(fast, batch_seconds=[2 * x for x in fast.batch_seconds])
+    assert ratio_interval(fast, doubled) == pytest.approx((2.0, 2.0))
+    assert ratio_interval(fast, replace(slow, batch_seconds=slow.batch_seconds[:2])) is None  # not the same batches
+    one = {"batch_seconds": [1.0], "batch_tokens": [5]}
+    assert ratio_interval(replace(fast, **one), replace(slow, **one)) is None  # one batch: nothing to resample
+
+
 def test_interleaved_runs_go_on_until_every_decoder_has_min_seconds_timed_and_stop_at_the_cap():
     """A pass of short batches runs again (the turns still rotating) until the slowest-to-fill decoder has spent
     `min_seconds` timed; a decoder that takes no time stops at `MAX_RUNS`, not never."""

@@ -6,6 +6,7 @@ a store of its own."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from functools import partial
 
 from jf_core.config import JFTrainConfig, TuneConfig
@@ -355,6 +356,13 @@ def test_a_trained_models_evaluation_carries_its_input_models_untrained_anchors(
     best = max((result.row(Method(k, model=UNTRAINED)) for k in ANCHOR_KINDS), key=lambda r: r.tps)
     assert result.best_untrained == best and result.speedup_vs_untrained == result.headline.tps / best.tps
     assert result.metrics()["speedup_vs_untrained"] == result.speedup_vs_untrained
+    # How far the ratio could land on other prompts: a paired bootstrap over the batches both rows decoded, kept
+    # through the evaluation's JSON, logged and printed with the ratio.
+    low, high = result.versus().interval
+    assert low <= high and len(result.headline.batch_seconds) == len(best.batch_seconds) == 2
+    assert (result.metrics()["speedup_vs_untrained_low"], result.metrics()["speedup_vs_untrained_high"]) == (low, high)
+    assert type(result).model_validate(result.model_dump(mode="json")).versus().interval == (low, high)
+    assert f"{low:.2f}-{high:.2f} over resampled prompts (95%)" in result.versus().line(None)
     # The spread: the widest AR-against-AR pair of the run: the control, the input model's AR (same shapes), and its
     # tuned row where the tune's crossover sent every batch to AR (the random base accepts next to nothing).
     tuned = result.row(Method("tuned", model=UNTRAINED))
@@ -473,6 +481,11 @@ def test_an_adapter_models_evaluation_times_its_decoding_without_the_adapter(pro
     assert row.tpf > without.stats.tpf, (row.tpf, without.stats.tpf)
     alone = evaluate_profile(base, p, untrained=Untrained(base), tuning=(config, None))
     assert alone.speedup_vs_no_adapter is None and not [r for r in alone.rows() if r.method.model == NO_ADAPTER]
+    # A tuned config that leaves the adapter out decodes as the row would: the same decoding is not timed twice.
+    left_out = evaluate_profile(
+        str(drafted), p, untrained=Untrained(base), tuning=(replace(config, adapter=False), None)
+    )
+    assert left_out.speedup_vs_no_adapter is None and not [r for r in left_out.rows() if r.method.model == NO_ADAPTER]
 
 
 def test_an_evaluation_in_a_fresh_process_measures_what_it_measures_here(profile, tmp_path):

@@ -4,6 +4,8 @@ is verified and accepted where the corpus holds what the model writes; the corpu
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -74,6 +76,21 @@ def test_a_continuation_shared_by_less_than_half_of_the_matches_ends_the_guess()
     assert index.guess([1, 2], max_ngram=2, length=3, share=0.3) == [5]  # ... unless a third is asked
 
 
+def test_the_tree_lays_out_each_fork_the_matches_take_often_enough_likeliest_first():
+    index = SuffixIndex.of([[1, 2, 3, 4, 5], [9, 2, 3, 7, 8], [9, 2, 3, 7, 8], [6, 2, 3, 4, 6]])
+    # After [2, 3]: 7 and 4 at half each, then 8 (half), 5 and 6 (a quarter each): every node, as leaf paths.
+    assert index.tree([0, 2, 3], max_ngram=3, length=4, nodes=8, prob=0.1) == [[7, 8], [4, 5], [4, 6]]
+    # Best-first: the three likeliest nodes are 7, 4 and 8 (half each); 4's forks, a quarter each, are left out.
+    assert index.tree([0, 2, 3], max_ngram=3, length=4, nodes=3, prob=0.1) == [[4], [7, 8]]
+    assert index.tree([0, 2, 3], max_ngram=3, length=4, nodes=8, prob=0.3) == [[4], [7, 8]]
+    # A longer tail narrows the matches (and the tree) as it narrows the chain; depth bounds hold as the chain's.
+    assert index.tree([9, 2, 3], max_ngram=3, length=4, nodes=8, prob=0.1) == [[7, 8]]
+    assert index.tree([0, 2, 3], max_ngram=3, length=1, nodes=8, prob=0.1) == [[4], [7]]
+    assert index.tree([0, 2, 3], max_ngram=3, length=4, nodes=8, prob=0.1, factor=0.5) == [[4], [7]]
+    assert index.tree([3, 9], max_ngram=2, length=3, nodes=8, prob=0.1) == []
+    assert index.tree([0, 2, 3], max_ngram=3, length=4, nodes=0, prob=0.1) == []
+
+
 def test_the_corpus_round_trips_through_the_model_directory_and_bad_ones_are_named(tmp_path):
     assert load_corpus(tmp_path) is None
     save_corpus([[5, 6, 7], [5, 6, 8, 9]], tmp_path)
@@ -115,6 +132,15 @@ def test_bad_suffix_configs_are_named():
         JFDecodeConfig(suffix=4, suffix_factor=-1.0)
     with pytest.raises(ValueError, match="suffix_share"):
         JFDecodeConfig(suffix=4, suffix_share=0.0)
+    with pytest.raises(ValueError, match="suffix_tree"):
+        JFDecodeConfig(suffix=4, suffix_tree=-1)
+    with pytest.raises(ValueError, match="suffix_tree_prob"):
+        JFDecodeConfig(suffix=4, suffix_tree=4, suffix_tree_prob=0.0)
+    assert "tree=10@0.1" in JFDecodeConfig(suffix=8, suffix_tree=10).describe()
+    # A chain reads no tree floor, a tree no chain share: configs differing only there decode alike.
+    assert JFDecodeConfig(suffix=8, suffix_tree_prob=0.5).canonical() == JFDecodeConfig(suffix=8).canonical()
+    tree = JFDecodeConfig(suffix=8, suffix_tree=10)
+    assert replace(tree, suffix_share=0.9).canonical() == tree.canonical() != JFDecodeConfig(suffix=8).canonical()
 
 
 def _decode_with(model, corpus, cfg, ps, batch):
@@ -132,19 +158,44 @@ def _decode_with(model, corpus, cfg, ps, batch):
         attach_corpus(model, None)
 
 
-@pytest.mark.parametrize(("n", "k", "pool", "lookup"), [(4, 1, 0, 0), (8, 2, 2, 8), (16, 1, 0, 16)])
+@pytest.mark.parametrize(
+    ("n", "k", "pool", "lookup", "tree"), [(4, 1, 0, 0, 0), (8, 2, 2, 8, 0), (16, 1, 0, 16, 0), (8, 2, 2, 8, 6)]
+)
 @pytest.mark.parametrize("batch", [1, 4])
 def test_suffix_drafts_are_lossless_and_won_where_the_corpus_holds_the_models_text(
-    tiny_model, n, k, pool, lookup, batch
+    tiny_model, n, k, pool, lookup, tree, batch
 ):
     """The corpus holds the model's own answers to these prompts (the best case: its guesses are right) and random
     text (the worst: they are wrong); the outputs are greedy AR's either way, and the first corpus's branch wins."""
     ps = prompts(4, seed=11)
     want = [reference(tiny_model, p, MAX_NEW, None) for p in ps]
-    cfg = JFDecodeConfig(block_size=n, num_blocks=k, pool_size=pool, lookup=lookup, suffix=n, max_new_tokens=MAX_NEW)
+    cfg = JFDecodeConfig(
+        block_size=n, num_blocks=k, pool_size=pool, lookup=lookup, suffix=n, suffix_tree=tree, max_new_tokens=MAX_NEW
+    )
     outputs, seqs = _decode_with(tiny_model, SuffixIndex.of(want), cfg, ps, batch)
     assert outputs == want
     assert sum(s.wins["suffix"] for s in seqs) > 0
     noise = np.random.default_rng(0).integers(3, VOCAB, size=(64, 16)).tolist()
     outputs, _ = _decode_with(tiny_model, SuffixIndex.of(noise), cfg, ps, batch)
     assert outputs == want
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_where_the_corpus_forks_away_from_the_models_text_the_tree_still_lays_it_out(tiny_model, batch):
+    """Each of the model's answers is in the corpus once, beside two copies of it that fork after its tenth token
+    into text of their own: there the chain follows the copies (two of the three matches) and is wrong, while the
+    tree lays out the model's side too (a third of them) and verification accepts it. Wherever one match is left
+    the two lay out the same path. Lossless either way, and more tokens a forward with the tree."""
+    ps = prompts(3, seed=5)
+    want = [reference(tiny_model, p, MAX_NEW, None) for p in ps]
+    rng = np.random.default_rng(1)
+    forked = [a[:10] + rng.integers(3, VOCAB, size=len(a) - 10).tolist() for a in want]
+    corpus = SuffixIndex.of([*want, *forked, *forked])
+    tpf = {}
+    for tree in (0, 64):
+        cfg = JFDecodeConfig(block_size=16, num_blocks=1, pool_size=0, suffix=16, suffix_tree=tree,
+                             suffix_factor=0.0, max_new_tokens=MAX_NEW)  # fmt: skip
+        outputs, seqs = _decode_with(tiny_model, corpus, cfg, ps, batch)
+        assert outputs == want
+        tpf[tree] = sum(len(o) for o in outputs) / sum(s.stats.forwards for s in seqs)
+    assert tpf[64] > tpf[0], tpf
