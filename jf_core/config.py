@@ -197,8 +197,9 @@ class GateConfig(StrictModel):
     min_speedup_vs_ar: float | None = Field(0.9, gt=0)
     # The headline's tokens/s over the best untrained anchor's (evaluation.untrained), in the same run: a trained
     # model must be faster than what a user gets without training by more than the timing's spread, the larger of
-    # this floor and the widest |x - 1| of the run's AR-against-AR pairs (Evaluation.timing_spread). None, or a
-    # profile whose evaluation.untrained is off: not checked (`Profile.gate`).
+    # this floor and the widest |x - 1| of the run's AR-against-AR pairs (Evaluation.timing_spread), and with the
+    # lower end of its 95% interval over resampled prompts above 1 where known (gate.py). None, or a profile whose
+    # evaluation.untrained is off: not checked (`Profile.gate`).
     untrained_margin: float | None = Field(0.03, ge=0)
     max_repetition_increase: float = Field(0.05, ge=0)  # repeated-n-gram fraction of the outputs, over the input's
     max_length_change: float = Field(0.25, ge=0)  # |mean output length / the input model's - 1|

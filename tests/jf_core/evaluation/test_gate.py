@@ -8,13 +8,23 @@ from dataclasses import replace
 
 from jf_core.config import GateConfig
 from jf_core.evaluation.gate import Figures, decide
+from jf_core.evaluation.speed import ratio_interval
 
 CLEAN = {"repetition": 0.05, "mean_length": 74.0, "truncated": 0.0}
 CFG = GateConfig()
 
 
 def fig(
-    accuracy=1.0, tpf=None, headline=3.0, decode="d16", key="e1", output=None, speedup=2.0, untrained=1.5, spread=0.01
+    accuracy=1.0,
+    tpf=None,
+    headline=3.0,
+    decode="d16",
+    key="e1",
+    output=None,
+    speedup=2.0,
+    untrained=1.5,
+    spread=0.01,
+    low=None,
 ) -> Figures:
     return Figures(
         accuracy,
@@ -27,6 +37,7 @@ def fig(
         untrained,
         "base_tuned",
         spread,
+        low,
     )
 
 
@@ -154,6 +165,33 @@ def test_a_model_no_faster_than_the_best_untrained_decoding_beyond_the_spread_is
         assert not d.passed and "was not measured beside this model" in check(d, "speed_vs_untrained").reason
     off = gate(fig(untrained=None), cfg=GateConfig(untrained_margin=None))
     assert off.passed and "speed_vs_untrained" not in {c.name for c in off.checks}
+
+
+def test_a_speedup_that_resampled_prompts_take_below_one_is_refused():
+    """Beyond the timer's spread on these prompts is not enough where the prompts drawn decide it: the lower end of
+    the 95% interval over resampled prompts must clear 1 too (where the rows kept their batches)."""
+    drawn = check(gate(fig(untrained=1.10, low=0.98)), "speed_vs_untrained")
+    assert not drawn.passed and drawn.value == 1.10
+    assert "as low as 0.98x (95%)" in drawn.reason
+    held = check(gate(fig(untrained=1.16, low=1.11)), "speed_vs_untrained")
+    assert held.passed and "at least 1.11x over resampled prompts" in held.reason
+    assert gate(fig(untrained=1.10)).passed  # no interval known (figures kept before rows kept their batches)
+    assert not gate(fig(untrained=1.02, low=1.01)).passed  # the spread's rule still holds on its own
+
+
+def test_the_gate_reads_the_interval_from_an_evaluation():
+    """`Figures.of` takes the interval's lower end from the rows' batches (speed.py `ratio_interval`), and knows
+    none where the rows kept no batches."""
+    from tests.reports import evaluation
+
+    ev = evaluation({16: 2.0}, {"ar": 10.0, "jacobi_n16": 12.0}, tuned={"tpf": 2.5, "tps": 20.0, "config": {}},
+                    untrained={"tuned": (1.8, 16.0)})  # fmt: skip
+    assert Figures.of(ev, "e1").untrained_low is None
+    timed = {"tuned": [1.0, 0.8, 1.2, 0.9], "base_tuned": [1.3, 1.0, 1.3, 1.2]}
+    for name, seconds in timed.items():
+        ev.methods[name] = replace(ev.methods[name], batch_seconds=seconds, batch_tokens=[10] * 4)
+    low = Figures.of(ev, "e1").untrained_low
+    assert low == ratio_interval(ev.methods["tuned"], ev.methods["base_tuned"])[0] and 1.0 < low < 1.3
 
 
 def test_figures_round_trip_through_a_version_tag():
