@@ -42,7 +42,7 @@ def config_item(text: str) -> tuple[str, str | None, dict]:
 
 def cmd_bench_cycle(args: argparse.Namespace) -> int:
     from jf_core.decoding import JFDecodeConfig, load_serving_spec
-    from jf_core.evaluation.cycle_cost import cost_table, measure_cycles, summary
+    from jf_core.evaluation.cycle_cost import cost_table, measure_cycles, slot_table, summary
     from jf_core.evaluation.evaluate import eval_set
     from jf_core.evaluation.tables import markdown
     from jf_core.models import load_model, stop_tokens
@@ -79,6 +79,8 @@ def cmd_bench_cycle(args: argparse.Namespace) -> int:
     )
     print(f"{path}: {len(data.prompts)} {data.benchmark} prompts, batch 1, {args.max_new_tokens} new tokens at most")
     print(markdown(*cost_table(costs)))
+    print("\nWhat each slot earns (by who laid it out):")
+    print(markdown(*slot_table(costs)))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"model": path, "prompts": len(data.prompts), "methods": summary(costs)}, fh, indent=2)

@@ -10,7 +10,11 @@ their positions and tree mask as tensors), `forward` (the model's forward over t
 contexts included; its LM head is also timed apart as `head` when the clock watches the model), `pick` (the token
 after each slot), `verify` (each row's branches against its picks, the proposers' guesses and learning, the
 settling into the next window), `keep` (the cache's slots kept), and outside the step `drop+compact` (finished rows
-dropped, the cache compacted)."""
+dropped, the cache compacted).
+
+A `CycleClock` also counts what each slot earned (`outcomes`: by who laid it out and its depth, the slots laid out
+and those accepted; layout.py `slot_outcomes`), keeping its own counting time apart (`bookkeeping`) so that it is
+not charged to the decode."""
 
 from __future__ import annotations
 
@@ -20,6 +24,8 @@ from collections import defaultdict
 from collections.abc import Iterator
 
 import torch
+
+from jf_core.decoding.layout import Layout, slot_outcomes
 
 _NOTHING = contextlib.nullcontext()
 
@@ -32,6 +38,9 @@ class NoClock:
 
     def cycle(self, slots: int) -> None:
         """One cycle ended, its forward having run `slots` tokens over all rows."""
+
+    def outcome(self, layouts: list[Layout], picks: list[list[int]]) -> None:
+        """A cycle's layouts and the picks after each of their slots, once verified."""
 
 
 NO_CLOCK = NoClock()
@@ -46,6 +55,9 @@ class CycleClock(NoClock):
         self.seconds: dict[str, float] = defaultdict(float)
         self.cycles = 0
         self.slots = 0
+        # (owner, depth) -> [slots laid out, slots accepted]
+        self.outcomes: dict[tuple[str, int], list[int]] = defaultdict(lambda: [0, 0])
+        self.bookkeeping = 0.0  # seconds spent counting `outcomes`, inside the decode's wall time
 
     def _now(self) -> float:
         if self.cuda:
@@ -63,6 +75,15 @@ class CycleClock(NoClock):
     def cycle(self, slots: int) -> None:
         self.cycles += 1
         self.slots += slots
+
+    def outcome(self, layouts: list[Layout], picks: list[list[int]]) -> None:
+        start = time.perf_counter()
+        for lay, row in zip(layouts, picks, strict=True):
+            for owner, depth, accepted in slot_outcomes(lay, row):
+                count = self.outcomes[owner, depth]
+                count[0] += 1
+                count[1] += accepted
+        self.bookkeeping += time.perf_counter() - start
 
     @contextlib.contextmanager
     def watching_head(self, model: torch.nn.Module) -> Iterator[None]:

@@ -243,6 +243,7 @@ class JacobiDecoder:
         with clock.part("keep"):
             kv.keep(torch.tensor(live, device=device), kept)
         clock.cycle(tokens.numel())
+        clock.outcome(layouts, greedy)
 
     def _verify(
         self, active: list[SequenceState], layouts: list[Layout], greedy: list[list[int]], width: int

@@ -4,6 +4,7 @@ never verified (a draft adapter's); and the relative positions and ancestor mask
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import torch
@@ -45,6 +46,30 @@ def with_guess(lay: Layout, window: list[int], run: int, guess: list[int], owner
     start = len(lay.tokens)
     branch = [*lay.branches[host][: 1 + shared], *range(start, start + len(guess) - shared)]
     return Layout(lay.tokens + guess[shared:], [*lay.branches, branch], lay.drafts, [*lay.owners, owner])
+
+
+DRAFT_CHAIN = "draft chain"  # `slot_outcomes`' owner of a draft adapter's chain slots (computed, never verified)
+
+
+def slot_outcomes(lay: Layout, picks: list[int]) -> list[tuple[str, int, bool]]:
+    """Each slot of `lay` past its root, in slot order: who laid it out (the first branch through it: "window" or a
+    proposer's name; `DRAFT_CHAIN` for a draft adapter's chain), its depth in that chain, and whether verification
+    accepted it: it lies on the winning branch's accepted prefix (each branch's tokens against the picks after its
+    slots, the longest prefix winning and ties keeping the earlier branch, as the decoder verifies). A slot that
+    duplicates the winner's token on another branch earns nothing: the accepted slots are a forward's accepted
+    tokens past its known-correct first, what each slot earned for `jf bench cycle`."""
+    laid: dict[int, tuple[str, int]] = {}
+    for owner, chain in [*zip(lay.owners, lay.branches, strict=True), *((DRAFT_CHAIN, c) for c in lay.drafts)]:
+        for depth, slot in enumerate(chain):
+            laid.setdefault(slot, (owner, depth))
+    won: list[int] = []
+    for branch in lay.branches:
+        run = next((i for i, (a, b) in enumerate(itertools.pairwise(branch)) if picks[a] != lay.tokens[b]), None)
+        path = branch[1:] if run is None else branch[1 : 1 + run]
+        if len(path) > len(won):
+            won = path
+    accepted = set(won)
+    return [(*laid[slot], slot in accepted) for slot in sorted(laid) if slot]
 
 
 def tree_positions_and_mask(layouts: list[Layout], width: int, device) -> tuple[torch.Tensor, torch.Tensor]:

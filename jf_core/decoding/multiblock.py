@@ -39,6 +39,7 @@ from jf_core.decoding.layout import Layout
 from jf_core.decoding.proposers import Room
 from jf_core.decoding.proposers.suffix import MAX_NGRAM
 from jf_core.decoding.sampling import Sampling
+from jf_core.decoding.slot_budget import SlotBudget
 from jf_core.decoding.verify import accepted_length
 from jf_core.decoding.width import RowWidth, WidthPolicy
 
@@ -78,6 +79,10 @@ class JFDecodeConfig(JacobiConfig):
     # is at least `suffix_tree_prob` (vLLM's `min_token_prob`); `suffix_factor` and `suffix` bound its depth.
     suffix_tree: int = 0
     suffix_tree_prob: float = 0.1
+    # At most this many slots a sequence's forward, the root included, the likeliest kept by what such slots were
+    # accepted so far in the decode (slot_budget.py: past about six slots each costs this CPU ~0.036 AR steps); 0: no
+    # cap. Layouts with a draft adapter's chains are left whole.
+    max_slots: int = 0
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -101,6 +106,8 @@ class JFDecodeConfig(JacobiConfig):
             raise ValueError(f"suffix_tree_prob must be in (0, 1], got {self.suffix_tree_prob}")
         if not 0.0 < self.spawn_ratio <= 1.0:
             raise ValueError(f"spawn_ratio (r) must be in (0, 1], got {self.spawn_ratio}")
+        if self.max_slots < 0 or self.max_slots == 1:
+            raise ValueError(f"max_slots must be 0 (no cap) or >= 2, got {self.max_slots}")
         self.width_policy()  # its own checks
 
     def describe(self) -> str:
@@ -123,6 +130,8 @@ class JFDecodeConfig(JacobiConfig):
             parts.append(f"suffix={self.suffix}")
             if self.suffix_tree:
                 parts.append(f"tree={self.suffix_tree}@{self.suffix_tree_prob}")
+        if self.max_slots:
+            parts.append(f"slots<={self.max_slots}")
         return " ".join(parts)
 
     @classmethod
@@ -200,6 +209,8 @@ class JFDecoder(JacobiDecoder):
         self.spawn_at = math.ceil(config.spawn_ratio * config.block_size)
         self.policy = config.width_policy()
         self.limit = 0  # the slots every row may run in the next forward (adaptive width); 0: no limit
+        # One budget for the decode: every row's slots teach it what such slots earn on this text.
+        self.budget = SlotBudget(config.max_slots) if config.max_slots else None
 
     def new_sequence(self, index: int, prompt: list[int]) -> _JFSequence:
         seq = super().new_sequence(index, prompt)
@@ -215,6 +226,10 @@ class JFDecoder(JacobiDecoder):
             wanted = [seq.width.wanted(self.policy) for seq in active]
             self.limit = math.ceil(sum(wanted) / len(wanted))
 
+    def _proposed(self, seq: SequenceState) -> Layout:
+        lay = super()._proposed(seq)
+        return lay if self.budget is None else self.budget.cut(lay)
+
     def room(self, seq: _JFSequence) -> Room:
         """The next forward runs the whole window, or through the first EOS of its draft, and no more than the
         batch's slot limit; branches cover the real-active block's remaining positions at most (beyond it they would
@@ -226,6 +241,8 @@ class JFDecoder(JacobiDecoder):
         return Room(run=run, window=len(window), block_left=self._block_end(seq) - seq.origin)
 
     def settle(self, seq: _JFSequence, layout: Layout, greedy: list[int], branch: int, accepted: int) -> None:
+        if self.budget is not None:
+            self.budget.observe(layout, greedy)
         main = layout.branches[0]
         win = layout.branches[branch]
         window = seq.window  # its first len(main) tokens were run, as the row's first slots

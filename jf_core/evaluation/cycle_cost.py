@@ -5,7 +5,12 @@ costs about one step, on this CPU it does not, and the accepted tokens a propose
 Here our AR and each decode config decode the same prompts at batch 1 with a `CycleClock` (decoding/clock.py), taking
 turns prompt by prompt (the order rotated each prompt, so no method is always first), and every part of a cycle is
 reported per cycle: in ms and in AR steps (that part's ms over AR's whole cycle, wall time). `unattributed` is the
-decode loop's wall time no part claims (streaming, the loop itself). Every output is checked against AR's."""
+decode loop's wall time no part claims (streaming, the loop itself). Every output is checked against AR's.
+
+What each slot earns (`slot_table`): by who laid it out (the window, each proposer, a draft adapter's chain) and its
+depth, the slots laid out a cycle and the tokens they had accepted; beside it a slot's cost (the method's cycle over
+AR's, less one AR step, per slot past the first) and the break-even acceptance a slot needs to pay for itself (a slot
+accepted with probability p adds p tokens to TPF for its cost c, so it pays where p / TPF > c / cycle)."""
 
 from __future__ import annotations
 
@@ -36,6 +41,8 @@ class CycleCost:
     new_tokens: int = 0
     forwards: int = 0  # per sequence, prefill included (stats.py's TPF)
     slots: int = 0  # tokens run by the cycles' forwards (batch 1: the window, its branches and chains)
+    # (owner, depth) -> [slots laid out, slots accepted] (clock.py `CycleClock.outcomes`)
+    outcomes: dict[tuple[str, int], list[int]] = field(default_factory=lambda: defaultdict(lambda: [0, 0]))
 
     @property
     def tpf(self) -> float:
@@ -99,11 +106,14 @@ def _decode(model, prompt, config: JacobiConfig | None, *, max_new_tokens: int, 
 def _add(cost: CycleCost, clock: CycleClock, out) -> None:
     for part, seconds in clock.seconds.items():
         cost.seconds[part] += seconds
-    cost.wall += out.stats.decode_seconds
+    cost.wall += out.stats.decode_seconds - clock.bookkeeping  # the slots' counting is the bench's, not the decode's
     cost.cycles += clock.cycles
     cost.new_tokens += out.stats.new_tokens
     cost.forwards += out.stats.forwards
     cost.slots += clock.slots
+    for key, (laid, accepted) in clock.outcomes.items():
+        cost.outcomes[key][0] += laid
+        cost.outcomes[key][1] += accepted
 
 
 def cost_table(costs: dict[str, CycleCost]) -> tuple[list[str], list[list[str]]]:
@@ -141,6 +151,49 @@ def summary(costs: dict[str, CycleCost]) -> dict[str, dict]:
             "ms_per_cycle": {p: c.ms(p) for p in [*c.seconds, "unattributed", "cycle"]},
             "ar_steps_per_cycle": c.ms("cycle") / step,
             "speedup_vs_ar": costs[AR_NAME].wall / c.wall,
+            # By who laid each slot out, then its depth: [slots laid out, slots accepted] over the whole run.
+            "slots": {
+                owner: {str(d): list(v) for (o, d), v in sorted(c.outcomes.items()) if o == owner}
+                for owner in sorted({o for o, _ in c.outcomes})
+            },
         }
         for name, c in costs.items()
     }
+
+
+def slot_cost(cost: CycleCost, ar: CycleCost) -> tuple[float, float] | None:
+    """(a slot's cost in AR steps, the acceptance a slot needs to pay for it): the method's cycle over AR's, less
+    the one AR step its first slot costs, per slot past the first (the mean slot: Python and the head included);
+    break-even where p / TPF = c / cycle. None where the method runs one slot a cycle."""
+    per_cycle = cost.slots / cost.cycles
+    if per_cycle <= 1 or not ar.cycles:
+        return None
+    cycle = cost.ms("cycle") / ar.ms("cycle")
+    c = (cycle - 1) / (per_cycle - 1)
+    return c, c * cost.tpf / cycle
+
+
+def slot_table(costs: dict[str, CycleCost]) -> tuple[list[str], list[list[str]]]:
+    """(header, rows): per method and per who laid its slots out, the slots a cycle, the tokens they had accepted
+    a cycle, the share accepted, and how many of those slots a cycle were laid at a depth whose acceptance is below
+    the break-even (`slot_cost`) with the tokens they earned: what a cut of them would save and lose."""
+    ar = costs[AR_NAME]
+    head = ["method", "laid out by", "slots / cycle", "accepted / cycle", "accepted / slot"]
+    head.append("below break-even: slots (accepted) / cycle")
+    rows = []
+    for name, c in costs.items():
+        priced = slot_cost(c, ar)
+        if priced is None or not c.outcomes:
+            continue
+        rows.append(
+            [name, f"(a slot costs {priced[0]:.3f} AR steps; pays above {priced[1]:.3f} accepted)", "", "", "", ""]
+        )
+        for owner in sorted({o for o, _ in c.outcomes}):
+            mine = {d: v for (o, d), v in c.outcomes.items() if o == owner}
+            laid, accepted = (sum(v[i] for v in mine.values()) for i in (0, 1))
+            low = [v for v in mine.values() if v[1] < priced[1] * v[0]]
+            cut = f"{sum(v[0] for v in low) / c.cycles:.2f} ({sum(v[1] for v in low) / c.cycles:.3f})"
+            rows.append(
+                ["", owner, f"{laid / c.cycles:.2f}", f"{accepted / c.cycles:.3f}", f"{accepted / laid:.3f}", cut]
+            )
+    return head, rows

@@ -26,6 +26,11 @@ def test_a_clocked_decode_is_the_same_decode_and_its_parts_fit_inside_its_wall_t
     assert 0 < clock.seconds["head"] < clock.seconds["forward"]
     assert parts <= timed.stats.decode_seconds
     assert clock.slots >= clock.cycles  # every forward runs at least the window's first token
+    # What each slot earned: every slot past a forward's root counted once, and the accepted ones are exactly the
+    # tokens each forward committed past its known-correct first.
+    assert sum(laid for laid, _ in clock.outcomes.values()) == clock.slots - clock.cycles
+    assert sum(ok for _, ok in clock.outcomes.values()) == sum(a - 1 for s in timed.stats.sequences for a in s.accepted)
+    assert {"window", "lookup"} <= {owner for owner, _ in clock.outcomes} and clock.bookkeeping >= 0
 
 
 def test_ar_counts_one_slot_a_cycle_and_the_head_is_unhooked_afterwards(embedded):

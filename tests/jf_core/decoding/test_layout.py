@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from jf_core.decoding.layout import Layout, tree_positions_and_mask, with_guess
+from jf_core.decoding.layout import DRAFT_CHAIN, Layout, slot_outcomes, tree_positions_and_mask, with_guess
 from tests.jf_core.decoding.test_kv import build
 
 
@@ -53,3 +53,25 @@ def test_a_branch_through_shared_slots_gets_the_logits_it_gets_laid_out_alone(ti
         torch.testing.assert_close(got[a], want[b], rtol=1e-5, atol=1e-5)
     for i in first.branches[1]:
         torch.testing.assert_close(got[i], want[i], rtol=1e-5, atol=1e-5)
+
+
+def test_each_slot_is_credited_to_who_laid_it_out_and_accepted_only_on_the_greedy_path():
+    """`slot_outcomes`: the window's slots are the window's, a guess's own slots its proposer's (a shared prefix
+    stays with the branch that laid it first), a draft chain's are never accepted; a slot is accepted where it lies
+    on the winning branch's accepted prefix, so a wrong token stops its branch and everything under it."""
+    window = [10, 11, 12, 13]
+    lay = with_guess(_window(window), window, 4, [11, 20, 21], "lookup")  # slots 4, 5 through window slot 1
+    lay = with_guess(lay, window, 4, [30, 31], "suffix")  # slots 6, 7 from the root
+    lay = Layout([*lay.tokens, 99], lay.branches, [[3, 8]], lay.owners)  # a draft chain off window slot 3
+    picks = [0] * len(lay.tokens)
+    picks[0], picks[1], picks[4] = 11, 20, 77  # root -> 11 (window) -> 20 (lookup) -> not 21
+    picks[6] = 31  # the suffix's 30 was never the pick after the root: its 31 is not accepted either
+    assert slot_outcomes(lay, picks) == [
+        ("window", 1, True), ("window", 2, False), ("window", 3, False),
+        ("lookup", 2, True), ("lookup", 3, False),
+        ("suffix", 1, False), ("suffix", 2, False),
+        (DRAFT_CHAIN, 1, False),
+    ]  # fmt: skip
+    # A recycled candidate repeating the window's accepted token in a slot of its own earns nothing: the window won.
+    twin = Layout([*lay.tokens, 11], [*lay.branches, [0, 9]], lay.drafts, [*lay.owners, "recycling"])
+    assert slot_outcomes(twin, [*picks, 0])[-1] == ("recycling", 1, False)

@@ -6,7 +6,7 @@ import pytest
 
 from jf_cli.main import main
 from jf_core.decoding import JFDecodeConfig
-from jf_core.evaluation.cycle_cost import AR_NAME, cost_table, measure_cycles, summary
+from jf_core.evaluation.cycle_cost import AR_NAME, cost_table, measure_cycles, slot_table, summary
 from jf_core.evaluation.evaluate import LosslessnessError
 from jf_core.models import stop_tokens
 
@@ -34,6 +34,15 @@ def test_cycles_in_ar_steps_for_each_config(embedded):
     assert [r[0] for r in rows][-5:] == [
         "**cycle**", "slots per cycle", "TPF", "x AR predicted (TPF / cycle)", "x AR measured (decode time)"
     ]  # fmt: skip
+    # What each slot earned: the lookup config's slots by who laid them out, its lookup's among them; AR runs one
+    # slot a cycle and has no row.
+    head, rows = slot_table(costs)
+    assert head[:2] == ["method", "laid out by"] and AR_NAME not in [r[0] for r in rows]
+    owners = [r[1] for r in rows[rows.index(next(r for r in rows if r[0] == "lookup")) + 1 :]]
+    assert "window" in owners and "lookup" in owners
+    slots = figures["lookup"]["slots"]
+    laid = sum(v[0] for depths in slots.values() for v in depths.values())
+    assert laid == costs["lookup"].slots - costs["lookup"].cycles  # every slot past each root, counted once
 
 
 def test_a_config_whose_output_is_not_ars_is_refused(embedded, monkeypatch):
