@@ -1,8 +1,8 @@
 """A cap on the slots one sequence's layout runs, the likeliest kept.
 
 On a CPU a forward's cost is not linear in its width: SmolLM2-135M at batch 1 with 300 tokens of context cost 41.7
-ms for 1 slot, 43.5 for 6, 48.0 for 8, 53 for 12 and 59.4 for 16 (2026-12-06, 2-core Xeon, fp32): up to about six
-slots the weights' streaming hides the extra work, past it every slot costs about 1.5 ms, 0.036 of an AR step. The
+ms for 1 slot, 43.5 for 6, 48.0 for 8, 53 for 12 and 59.4 for 16 (2026-12-06, a 2-core AMD EPYC, fp32): up to about
+six slots the weights' streaming hides the extra work, past it every slot costs about 1.5 ms, 0.036 of an AR step. The
 proposers lay out what each finds worth trying (the window, a lookup's guess, the corpus's tree), and together they
 ran 12.8 slots a forward where a slot past the ninth was accepted 3-5% of the time, below what it costs
 (`jf bench cycle`'s slot table). The budget keeps at most `max_slots` slots (the root included) and drops the least
