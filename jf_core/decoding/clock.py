@@ -25,7 +25,7 @@ from collections.abc import Iterator
 
 import torch
 
-from jf_core.decoding.layout import Layout, slot_outcomes
+from jf_core.decoding.layout import Layout, tally_outcomes
 
 _NOTHING = contextlib.nullcontext()
 
@@ -79,10 +79,7 @@ class CycleClock(NoClock):
     def outcome(self, layouts: list[Layout], picks: list[list[int]]) -> None:
         start = time.perf_counter()
         for lay, row in zip(layouts, picks, strict=True):
-            for owner, depth, accepted in slot_outcomes(lay, row):
-                count = self.outcomes[owner, depth]
-                count[0] += 1
-                count[1] += accepted
+            tally_outcomes(self.outcomes, lay, row)
         self.bookkeeping += time.perf_counter() - start
 
     @contextlib.contextmanager

@@ -72,6 +72,15 @@ def slot_outcomes(lay: Layout, picks: list[int]) -> list[tuple[str, int, bool]]:
     return [(*laid[slot], slot in accepted) for slot in sorted(laid) if slot]
 
 
+def tally_outcomes(counts: dict[tuple[str, int], list[int]], lay: Layout, picks: list[int]) -> None:
+    """Add `lay`'s `slot_outcomes` to `counts` ((owner, depth) -> [slots laid out, slots accepted], a defaultdict):
+    the one count the cycle clock reports and the slot budget learns from."""
+    for owner, depth, accepted in slot_outcomes(lay, picks):
+        count = counts[owner, depth]
+        count[0] += 1
+        count[1] += accepted
+
+
 def tree_positions_and_mask(layouts: list[Layout], width: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """Relative positions (depth in the chain) and the [B, W, W] ancestor mask of tree-shaped layouts; padding
     slots get neither (KVState lets them see themselves)."""

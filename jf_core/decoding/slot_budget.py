@@ -9,10 +9,10 @@ ran 12.8 slots a forward where a slot past the ninth was accepted 3-5% of the ti
 likely, learning how likely each is from the decode itself.
 
 A slot's worth is how often slots laid out by the same owner at the same depth were accepted so far in this decode
-(layout.py `slot_outcomes`), starting from a prior that halves with depth; a slot shared by several branches is worth
-its best. Slots are kept in the order of their worth, each with its ancestors (a branch is a chain from the root), so
-what remains is a tree; dropping a slot drops what hangs below it. Verification is unchanged, so the output is too:
-the budget trades only speed.
+(layout.py `slot_outcomes`, counted by `tally_outcomes`), starting from a prior that halves with depth; a slot
+shared by several branches is worth its best. Slots are kept in the order of their worth, each with its ancestors (a
+branch is a chain from the root), so what remains is a tree; dropping a slot drops what hangs below it. Verification
+is unchanged, so the output is too: the budget trades only speed.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from jf_core.decoding.layout import Layout, slot_outcomes
+from jf_core.decoding.layout import Layout, tally_outcomes
 
 
 @dataclass
@@ -43,10 +43,7 @@ class SlotBudget:
 
     def observe(self, lay: Layout, picks: list[int]) -> None:
         """A verified forward's layout and the picks after its slots."""
-        for owner, depth, accepted in slot_outcomes(lay, picks):
-            count = self.seen[owner, depth]
-            count[0] += 1
-            count[1] += accepted
+        tally_outcomes(self.seen, lay, picks)
 
     def cut(self, lay: Layout) -> Layout:
         """`lay` with at most `max_slots` slots, the likeliest with their ancestors; `lay` itself where it fits or
