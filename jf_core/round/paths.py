@@ -68,14 +68,15 @@ def prompts_identity(profile: Profile) -> dict:
 
 def training_identity(profile: Profile) -> dict:
     """The training config as round keys see it: every field but the TPF probe's, which reads the model and changes
-    nothing in it, and how many checkpoints are kept; `compute_dtype`, `packing`, `attention` and `draft_corpus`
-    only where they are not their defaults (rounds trained before they existed keep their keys)."""
+    nothing in it, and how many checkpoints are kept; `compute_dtype`, `packing`, `attention`, `draft_corpus` and
+    `guessed_weight` only where they are not their defaults (rounds trained before they existed keep their keys)."""
     probe = {"tpf_probe_every", "tpf_probe_questions", "tpf_probe_prompts", "tpf_probe_tokens", "tpf_probe_block_sizes"}
     t = profile.training
     unset = {"compute_dtype"} if t.compute_dtype == "model" else set()
     unset |= {"packing"} if t.packing == "blocks" else set()
     unset |= {"attention"} if t.attention == "auto" else set()
     unset |= {"draft_corpus"} if t.draft_corpus else set()
+    unset |= {"guessed_weight"} if t.guessed_weight == 1 else set()
     return profile.training.model_dump(exclude=probe | unset | {"keep_checkpoints"})
 
 

@@ -127,7 +127,18 @@ def _batches(profile: Profile, examples, tok, rank: int, *, dense_mask: bool):
         copies=t.noisy_copies,
         span=t.draft_span,
         packing=t.packing,
+        **_guessed(t, examples),
     )
+
+
+def _guessed(t, examples) -> dict:
+    """jf_batches' `guessed` and `guessed_weight` where training.guessed_weight < 1: the text proposers' guesses
+    over these examples (the round's draft corpus among them where the round keeps one)."""
+    if t.guessed_weight == 1:
+        return {}
+    from jf_core.training.guessed import TextGuesses
+
+    return {"guessed": TextGuesses(examples, corpus=t.draft_corpus).depth, "guessed_weight": t.guessed_weight}
 
 
 def _save(model, tok, out: Path, *, state, adapter: bool, dtype: torch.dtype, model_in: str) -> None:

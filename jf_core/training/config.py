@@ -108,6 +108,11 @@ class JFTrainConfig(BaseModel):
     # (JacobiConfig.draft_span); 0, the whole rest of the block. A draft adapter's step then computes only those
     # positions with autograd (context_cache.py drops the ones no loss reads).
     draft_span: int = Field(0, ge=0)
+    # The consistency loss's weight at a student the text proposers already guess (jf_core/training/guessed.py):
+    # prompt lookup, and suffix drafts from the other half of the round's answers, hold its target within their
+    # guess from the same root, so at decode time their branch wins whatever the adapter drafts there; 1: every
+    # student alike; 0: such students are left out (and a span with no other student is not packed).
+    guessed_weight: float = Field(1.0, ge=0, le=1)
     # How a packed example lays out its noisy blocks (jf_core/training/spans.py): blocks, the paper's
     # [prompt][N_0][C_0][N_1][C_1]..., every noisy block whole beside its clean copy; spans, the prompt and the clean
     # answer as one causal text, then each noisy block from its first departure to its last student only, seeing the
@@ -207,6 +212,18 @@ class JFTrainConfig(BaseModel):
                 f"clean_context's context, not {self.mask}'s (its noisy blocks see the earlier noisy ones): set "
                 "training.mask clean_context, or packing blocks"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _guessed(self) -> JFTrainConfig:
+        if self.guessed_weight < 1:
+            needs = {
+                "packing": (self.packing == "spans", "spans (each span's root is where the text's guess starts)"),
+                "strategy": (self.strategy == "single", "single (the guesses are made over all the examples)"),
+            }
+            for name, (holds, want) in needs.items():
+                if not holds:
+                    raise ValueError(f"training.guessed_weight < 1 weighs the spans' students: training.{name} {want}")
         return self
 
     @model_validator(mode="after")

@@ -8,6 +8,7 @@ share of the examples (`read_packed_share`), can be replayed as one process on t
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -54,23 +55,31 @@ def jf_batches(
     copies: int = 1,
     span: int = 0,
     packing: str = "blocks",
+    guessed: Callable[[PackedExample, int], int] | None = None,
+    guessed_weight: float = 1.0,
 ) -> Iterator[dict[str, torch.Tensor]]:
     """Endless collated batches; with `ar_batches` and `ar_every` = k, every k-th batch is a plain AR batch. With
     `redraw` (training.state_pick: each_visit), every block's noisy copy is drawn again from all its states each time
     its example is seen, instead of the one packing fixed (`packing.redrawn`); the pool is read at collation, so
     states added to an example while training (on-policy) are drawn from the next time it is seen. `copies` (> 1
     needs `redraw`): each block's noisy copies a visit (training.noisy_copies), drawn the same way. `span`
-    (training.draft_span): `collate`'s; `packing` (training.packing): the layout, a key of `ROWS`."""
+    (training.draft_span): `collate`'s; `packing` (training.packing): the layout, a key of `ROWS`. `guessed` and
+    `guessed_weight` (training.guessed_weight, spans only): `spans_row`'s."""
     if copies > 1 and redraw is None:
         raise ValueError(
             "training.noisy_copies > 1 draws the copies from each block's states: set state_pick: each_visit"
         )
+    row = ROWS[packing]
+    if guessed is not None:
+        if packing != "spans":
+            raise ValueError(f"training.guessed_weight weighs the spans layout's students, not {packing}'s")
+        row = functools.partial(spans_row, guessed=guessed, guessed_weight=guessed_weight)
     visits = [0] * len(examples)
     for count, idx in enumerate(batch_orders(examples, batch_size, seed), start=1):
         if ar_batches is not None and ar_every and count % ar_every == 0:
             yield next(ar_batches)
         batch = [_visit(examples, i, visits, redraw, copies) for i in idx]
-        out = collate(batch, pad_token_id, variant, dense_mask=dense_mask, span=span, row=ROWS[packing])
+        out = collate(batch, pad_token_id, variant, dense_mask=dense_mask, span=span, row=row)
         yield {**out, "example": torch.tensor(idx)}  # whose rows they are: a context kept between visits
 
 

@@ -27,6 +27,9 @@ input (head.py: a pre-hook that hands the model's own head call zero positions),
 the whole wrapped model (DDP, FSDP2) and only the head moves out; the logits post-processing some architectures
 apply after the head (Gemma2's final softcapping, Granite's scaling) is applied the same way, and
 `check_lean_head` compares against the model's own logits once.
+
+Why these in one module: the terms share the head's chunked rows, the per-position weights and the step's
+normaliser, and the objective that runs them on a model (with the adapter's two passes) is their one caller.
 """
 
 from __future__ import annotations
@@ -78,25 +81,41 @@ def _pick(hidden: torch.Tensor, index: torch.Tensor, valid: torch.Tensor) -> tor
     return rows[valid]
 
 
-def _cross_entropy_sum(hidden, head, index: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor, chunk: int):
-    """Summed cross entropy of the head's logits at `index`'s valid positions against `targets`, chunked."""
+def _cross_entropy_sum(
+    hidden, head, index: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor, chunk: int, weight=None
+):
+    """Summed cross entropy of the head's logits at `index`'s valid positions against `targets`, chunked; each
+    position's term times its `weight` ([B, K], where given)."""
+    return _weighed_sum(
+        lambda rows, wanted: F.cross_entropy(head(rows), wanted, reduction="none"),
+        (_pick(hidden, index, valid), targets[valid]),
+        None if weight is None else weight[valid],
+        chunk,
+        frozen(head),
+    )
+
+
+def _weighed_sum(per_row: Callable[..., torch.Tensor], tensors: tuple, weight, chunk: int, frozen_head: bool):
+    """`chunked_sum` of `per_row`'s [N] terms over `tensors`' rows, each times its `weight` ([N], where given)."""
+    if weight is None:
+        return chunked_sum(lambda *rows: per_row(*rows).sum(), *tensors, chunk=chunk, frozen_head=frozen_head)
     return chunked_sum(
-        lambda rows, wanted: F.cross_entropy(head(rows), wanted, reduction="sum"),
-        _pick(hidden, index, valid),
-        targets[valid],
-        chunk=chunk,
-        frozen_head=frozen(head),
+        lambda *rows: (per_row(*rows[:-1]) * rows[-1]).sum(), *tensors, weight, chunk=chunk, frozen_head=frozen_head
     )
 
 
 # ---- the losses ------------------------------------------------------------------------------------------------
 
 
-def loss_counts(batch: Batch, cfg: JFLossConfig) -> dict[str, int]:
-    """Positions each loss term is averaged over: the step's normaliser sums these over micro-batches and workers."""
+def loss_counts(batch: Batch, cfg: JFLossConfig) -> dict[str, float]:
+    """Positions each loss term is averaged over: the step's normaliser sums these over micro-batches and workers.
+    Where the batch weighs its consistency students (`cons_weight`), that term's count is their summed weight, so
+    the term stays a weighted mean."""
     hard = cfg.consistency == "fixed_point"
     cons = batch["cons_valid"] & (batch["cons_hard"] != -100) if hard else batch["cons_valid"]
-    return {"ar": int((batch["ar_tgt"] != -100).sum()), "consistency": int(cons.sum())}
+    weight = batch.get("cons_weight")
+    count = int(cons.sum()) if weight is None else float(weight[cons].sum())
+    return {"ar": int((batch["ar_tgt"] != -100).sum()), "consistency": count}
 
 
 def jf_losses(
@@ -118,26 +137,27 @@ def jf_losses(
     ar_valid = batch["ar_tgt"] != -100
     ar = _cross_entropy_sum(hidden, head, batch["ar_src"], batch["ar_tgt"], ar_valid, cfg.chunk) if ar_gradient else (
         hidden.new_zeros((), dtype=torch.float32))  # fmt: skip
-    valid = batch["cons_valid"]
+    valid, weight = batch["cons_valid"], batch.get("cons_weight")
     if cfg.consistency == "fixed_point":
         valid = valid & (batch["cons_hard"] != -100)
-        cons = _cross_entropy_sum(hidden, head, batch["cons_student"], batch["cons_hard"], valid, cfg.chunk)
+        cons = _cross_entropy_sum(hidden, head, batch["cons_student"], batch["cons_hard"], valid, cfg.chunk, weight)
     else:
         tau, tv = cfg.temperature, cfg.consistency == "tv"
 
-        def divergence_sum(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
+        def divergence(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
+            """Each row's divergence [N]."""
             log_teacher = F.log_softmax(head(teacher).detach() / tau, dim=-1)  # the model is its own fixed teacher
             log_student = F.log_softmax(head(student) / tau, dim=-1)
             if tv:
-                return 0.5 * (log_student.exp() - log_teacher.exp()).abs().sum()
-            return F.kl_div(log_student, log_teacher, log_target=True, reduction="sum") * tau * tau
+                return 0.5 * (log_student.exp() - log_teacher.exp()).abs().sum(dim=-1)
+            return F.kl_div(log_student, log_teacher, log_target=True, reduction="none").sum(dim=-1) * tau * tau
 
-        cons = chunked_sum(
-            divergence_sum,
-            _pick(hidden, batch["cons_student"], valid),
-            _pick(hidden, batch["cons_teacher"], valid).detach(),
-            chunk=cfg.chunk,
-            frozen_head=frozen(head),
+        cons = _weighed_sum(
+            divergence,
+            (_pick(hidden, batch["cons_student"], valid), _pick(hidden, batch["cons_teacher"], valid).detach()),
+            None if weight is None else weight[valid],
+            cfg.chunk,
+            frozen(head),
         )
     ar_mean = ar / max(norm["ar"], 1)
     cons_mean = cons / max(norm["consistency"], 1)

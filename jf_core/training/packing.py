@@ -245,6 +245,8 @@ class PackedRow:
     ar: list[tuple[int, int]]
     cons: list[tuple[int, int, int]]
     drafted: list[int]
+    # Each consistency student's weight, in `cons`' order (training.guessed_weight); None: every student weighs 1.
+    cons_weight: list[float] | None = None
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -296,6 +298,8 @@ def collate(
     teacher = torch.zeros((batch, k_cons), dtype=torch.long)
     hard = torch.full((batch, k_cons), -100, dtype=torch.long)
     cons_valid = torch.zeros((batch, k_cons), dtype=torch.bool)
+    weighed = any(r.cons_weight is not None for r in rows)
+    cons_weight = torch.ones((batch, k_cons), dtype=torch.float32)
     for b, r in enumerate(rows):
         if r.ar:
             ar_src[b, : len(r.ar)] = torch.tensor([s for s, _ in r.ar])
@@ -305,6 +309,8 @@ def collate(
             teacher[b, : len(r.cons)] = torch.tensor([t for _, t, _ in r.cons])
             hard[b, : len(r.cons)] = torch.tensor([h for _, _, h in r.cons])
             cons_valid[b, : len(r.cons)] = True
+            if r.cons_weight is not None:
+                cons_weight[b, : len(r.cons)] = torch.tensor(r.cons_weight)
     out = {
         "input_ids": ids,
         "position_ids": pos,
@@ -322,6 +328,8 @@ def collate(
         "packed_tokens": (kind != PAD).sum(),  # what a step trained on: the rows' tokens, padding left out
         "draft_gate": draft_gate([r.drafted for r in rows], width),  # read only by an adapter
     }
+    if weighed:
+        out["cons_weight"] = cons_weight  # read by the consistency loss (losses.py); absent, every student weighs 1
     if dense_mask:
         out["attention_mask"] = build_mask(kind, block, variant, copy, anchor)
     return out

@@ -17,6 +17,8 @@ mask keeps the blocks layout (the config refuses the pair).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from jf_core.draft_adapter.adapter import drafted_slots
@@ -24,9 +26,17 @@ from jf_core.training.mask import CLEAN, PROMPT, SPAN
 from jf_core.training.packing import PackedExample, PackedRow, consistency_targets, first_departure
 
 
-def spans_row(ex: PackedExample, span: int = 0) -> PackedRow:
+def spans_row(
+    ex: PackedExample,
+    span: int = 0,
+    guessed: Callable[[PackedExample, int], int] | None = None,
+    guessed_weight: float = 1.0,
+) -> PackedRow:
     """`ex` (every noisy copy a visit drew) in the spans layout, with `span` (training.draft_span) positions a
-    span at most (0: to the block's end)."""
+    span at most (0: to the block's end). `guessed` (guessed.py's `TextGuesses.depth`): how deep the text
+    proposers guess the answer from a root; a student within that depth of its span's root weighs `guessed_weight`
+    in the consistency loss (training.guessed_weight), the others 1, and a span whose students all weigh 0 is not
+    packed."""
     p, n = len(ex.prompt), ex.n
     ids = list(ex.prompt) + [t for clean in ex.clean for t in clean]
     context = len(ids)
@@ -37,13 +47,20 @@ def spans_row(ex: PackedExample, span: int = 0) -> PackedRow:
     anchor = list(positions)  # a context key is seen by the spans anchored past it
     # AR: each clean token from the one before it, the prompt's last for C_0[0]: the context is one causal text.
     ar = [(p + j * n + t - 1, ex.clean[j][t]) for j in range(ex.num_blocks) for t in range(ex.lengths[j])]
-    cons, drafted = [], []
+    cons, drafted, weights = [], [], []
     for c, noisy_blocks in enumerate([ex.noisy, *ex.extra_noisy]):
         for j, noisy in enumerate(noisy_blocks):
             first = first_departure(ex, j, ex.lengths[j], noisy)
             targets = [] if first is None else consistency_targets(ex, j, first, span)
+            if guessed is not None and targets:
+                # The span's root is the token this forward fixes at the departure; a student at offset t drafts
+                # the answer's token t - first + 1 places past it, as the next forward's window would hold it.
+                depth = guessed(ex, j * n + first)
+                weighed = [(t, hard, guessed_weight if t - first + 1 <= depth else 1.0) for t, hard in targets]
+                targets = [(t, hard) for t, hard, w in weighed if w > 0]
+                weights += [w for _, _, w in weighed if w > 0]
             if not targets:
-                continue  # at its fixed point, or departing only past EOS: no student, nothing packed
+                continue  # at its fixed point, departing only past EOS, or all guessed at weight 0: nothing packed
             end, start, at = targets[-1][0] + 1, len(ids), p + j * n + first
             ids += noisy[first:end]
             positions += range(at, at + end - first)
@@ -55,4 +72,7 @@ def spans_row(ex: PackedExample, span: int = 0) -> PackedRow:
             # The decoder's rule: never the root slot 0, which the base computes (draft_adapter/adapter.py).
             drafted += [start + t - first for t in drafted_slots(range(end), first)]
     tensor = torch.tensor
-    return PackedRow(ids, positions, tensor(kind), tensor(block), tensor(copy), tensor(anchor), ar, cons, drafted)
+    return PackedRow(
+        ids, positions, tensor(kind), tensor(block), tensor(copy), tensor(anchor), ar, cons, drafted,
+        None if guessed is None else weights,
+    )  # fmt: skip

@@ -510,3 +510,31 @@ def test_an_evaluation_in_a_fresh_process_measures_what_it_measures_here(profile
         k: (m.tpf, m.identical_fraction) for k, m in here.methods.items()
     }
     assert len(said[True]) == len(said[False]) > 0
+
+
+def test_a_round_weighs_the_students_its_text_proposers_guess(profile, tmp_path):
+    """`training.guessed_weight` < 1 reaches the round's batches (jf_core/round/training.py): from the same draws
+    and batches, the first step's consistency count is the students' summed weight, below the unweighted count,
+    and the field joins the round's key only where it is set."""
+    from jf_core.draft_adapter.config import DraftLora
+    from jf_core.round.collection import collect_in_process
+    from jf_core.round.paths import training_identity
+    from jf_core.round.stages import stage_pack, stage_train, stage_trajectories
+
+    storage = profile.storage.model_copy(update={"runs_dir": str(tmp_path)})
+    training = JFTrainConfig(
+        steps=1, warmup_steps=0, batch_size=2, checkpoint_every=100, draft_lora=DraftLora(rank=2, alpha=4),
+        packing="spans", mask="clean_context", draft_span=3, state_pick="each_visit",
+    )  # fmt: skip
+    plain = profile.model_copy(update={"training": training, "storage": storage})
+    weighed = plain.model_copy(update={"training": training.model_copy(update={"guessed_weight": 0.25})})
+    assert "guessed_weight" not in training_identity(plain) and training_identity(weighed)["guessed_weight"] == 0.25
+
+    def first_step(prof) -> dict:
+        paths = round_paths(prof, prof.model.path)
+        packed = stage_pack(prof, paths, stage_trajectories(prof, prof.model.path, paths, collect=collect_in_process))
+        return stage_train(prof, prof.model.path, paths, packed, progress=False).history[0]
+
+    want, got = first_step(plain), first_step(weighed)
+    # Each student weighs 1 or 0.25: the sum lies between a quarter of the count and the count.
+    assert 0.25 * want["consistency_positions"] <= got["consistency_positions"] < want["consistency_positions"]
