@@ -81,7 +81,8 @@ class JFDecodeConfig(JacobiConfig):
     suffix_tree_prob: float = 0.1
     # At most this many slots a sequence's forward, the root included, the likeliest kept by what such slots were
     # accepted so far in the decode (slot_budget.py: past about six slots each costs this CPU ~0.036 AR steps); 0: no
-    # cap. Layouts with a draft adapter's chains are left whole.
+    # cap. A draft adapter's chain is kept first (nothing verifies it, so nothing counts what it earns), cut only to
+    # the window the budget keeps.
     max_slots: int = 0
 
     def __post_init__(self) -> None:

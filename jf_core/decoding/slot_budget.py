@@ -46,10 +46,17 @@ class SlotBudget:
         tally_outcomes(self.seen, lay, picks)
 
     def cut(self, lay: Layout) -> Layout:
-        """`lay` with at most `max_slots` slots, the likeliest with their ancestors; `lay` itself where it fits or
-        where it carries a draft adapter's chains (their slots feed the next window, not verification)."""
-        if len(lay.tokens) <= self.max_slots or lay.drafts:
+        """`lay` with at most `max_slots` slots, the likeliest with their ancestors; `lay` itself where it fits.
+
+        A draft adapter's chain (`lay.drafts`) is never verified, so no count says what its slots earn: it keeps
+        its slots first (all but the root and one verified slot at most), and the verified slots share what is
+        left. The chain's slot j reads window slot j's token and its pick becomes that slot's next guess
+        (adapter_chain.py), so where the window is cut short the chain is cut to it."""
+        if len(lay.tokens) <= self.max_slots:
             return lay
+        span = max((len(draft) - 1 for draft in lay.drafts), default=0)
+        span = min(span, (self.max_slots - 2) // max(len(lay.drafts), 1))
+        room = self.max_slots - span * len(lay.drafts)
         parent: dict[int, int] = {}
         worth: dict[int, float] = {}
         for owner, branch in zip(lay.owners, lay.branches, strict=True):
@@ -58,26 +65,34 @@ class SlotBudget:
                 worth[slot] = max(worth.get(slot, 0.0), self.worth(owner, depth))
         kept = {0}
         for slot in sorted(worth, key=lambda s: (-worth[s], s)):
-            chain = []
+            path = []
             while slot not in kept:
-                chain.append(slot)
+                path.append(slot)
                 slot = parent[slot]
-            if len(kept) + len(chain) <= self.max_slots:
-                kept.update(chain)
-            if len(kept) == self.max_slots:
+            if len(kept) + len(path) <= room:
+                kept.update(path)
+            if len(kept) == room:
                 break
-        return kept_only(lay, kept)
+        end = min(kept_prefix(lay.branches[0], kept), 1 + span)
+        return kept_only(lay, kept | {slot for draft in lay.drafts for slot in draft[1:end]})
 
 
 def kept_only(lay: Layout, kept: set[int]) -> Layout:
-    """`lay` with only the `kept` slots (a tree: each with its parent), in their order: every branch cut at its first
-    slot not kept, a proposer's branch left with its root alone dropped (the window's stays)."""
+    """`lay` with only the `kept` slots (a tree: each with its parent), in their order: every branch and draft chain
+    cut at its first slot not kept, a proposer's branch left with its root alone dropped (the window's stays), a
+    chain left with its root alone dropped."""
     order = sorted(kept)
     index = {slot: i for i, slot in enumerate(order)}
     branches, owners = [], []
     for b, (owner, branch) in enumerate(zip(lay.owners, lay.branches, strict=True)):
-        end = next((d for d, slot in enumerate(branch) if slot not in kept), len(branch))
+        end = kept_prefix(branch, kept)
         if b == 0 or end > 1:
             branches.append([index[slot] for slot in branch[:end]])
             owners.append(owner)
-    return Layout([lay.tokens[slot] for slot in order], branches, [], owners)
+    drafts = [[index[slot] for slot in draft[:end]] for draft in lay.drafts if (end := kept_prefix(draft, kept)) > 1]
+    return Layout([lay.tokens[slot] for slot in order], branches, drafts, owners)
+
+
+def kept_prefix(chain: list[int], kept: set[int]) -> int:
+    """How many of `chain`'s first slots are `kept`."""
+    return next((d for d, slot in enumerate(chain) if slot not in kept), len(chain))

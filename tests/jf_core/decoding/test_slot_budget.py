@@ -37,6 +37,26 @@ def test_the_budget_keeps_the_likeliest_slots_with_their_ancestors():
     assert budget.cut(cut) is cut  # within the budget: unchanged
 
 
+def test_a_draft_adapters_chain_is_kept_and_cut_to_the_window_kept():
+    """The chain (never verified, so never counted) takes its slots first; the verified slots share the rest, and
+    the chain is cut where the window is: its slot j reads window slot j."""
+    lay = _layout()
+    lay = Layout([*lay.tokens, 11, 12], lay.branches, [[0, 10, 11]], lay.owners)  # a 2-slot chain: window slots 1, 2
+    budget = SlotBudget(max_slots=6)
+    budget.seen.update({("lookup", 2): [10, 9], ("lookup", 3): [10, 8], ("window", 2): [10, 0], ("suffix", 1): [10, 1]})
+    cut = budget.cut(lay)
+    # Room for 4 verified slots: the lookup's 20 and 21 with window slot 1 under them. The window is cut to its root
+    # and slot 1, so the chain keeps its first slot (window slot 1's copy) and drops the second.
+    assert cut.tokens == [10, 11, 20, 21, 11]
+    assert cut.branches == [[0, 1], [0, 1, 2, 3]] and cut.owners == ["window", "lookup"]
+    assert cut.drafts == [[0, 4]]
+    # Three slots: the chain keeps one at most, so that one verified slot fits: the likeliest slot that fits alone,
+    # the window's slot 1 (never counted: its prior, 0.5; the lookup's 20 would need it too), and the chain's copy
+    # of it. (The lookup's branch, cut to the window's slot 1, stays: it costs no slot.)
+    tight = SlotBudget(max_slots=3, seen=budget.seen).cut(lay)
+    assert tight.tokens == [10, 11, 11] and tight.branches == [[0, 1], [0, 1]] and tight.drafts == [[0, 2]]
+
+
 def test_kept_only_cuts_every_branch_at_its_first_dropped_slot():
     lay = _layout()
     cut = kept_only(lay, {0, 1, 2, 5, 8})
@@ -84,3 +104,26 @@ def test_a_budgeted_decode_is_greedy_ar_token_for_token(embedded, max_slots):
             )
             assert decoder.decode(prompts).sequences == reference, config.describe()
             assert max(widths) <= max_slots
+
+
+@pytest.mark.parametrize("max_slots", [3, 5])
+def test_a_budgeted_decode_with_a_draft_adapter_is_greedy_ar_token_for_token(tiny_model, max_slots):
+    """A chain beside prompt lookup's branch under a budget smaller than their layouts, the adapter far from zero
+    (its drafts are not the base's): the output is the base's greedy AR, at batch 1 and 3, and no forward ran
+    past the budget."""
+    from tests.jf_core.test_draft_adapter import STOP, _prompts, _with_random_adapter
+
+    drafted = _with_random_adapter(tiny_model)
+    prompts = _prompts()
+    for draft_span in (1, 2):
+        config = JFDecodeConfig(block_size=8, num_blocks=1, pool_size=0, lookup=8, draft_span=draft_span,
+                                max_new_tokens=40, max_slots=max_slots)  # fmt: skip
+        for batch in (prompts[:1], prompts):
+            reference = ar_decode(tiny_model, batch, max_new_tokens=40, stop=STOP).sequences
+            decoder = JFDecoder(drafted, config, stop=STOP)
+            laid: list[Layout] = []
+            real = decoder._proposed
+            decoder._proposed = lambda seq, real=real, laid=laid: laid.append(lay := real(seq)) or lay
+            assert decoder.decode(batch).sequences == reference, config.describe()
+            assert max(len(lay.tokens) for lay in laid) <= max_slots
+            assert any(lay.drafts for lay in laid)  # the chain ran under the budget
