@@ -160,7 +160,7 @@ def jf_losses(
             frozen(head),
         )
     ar_mean = ar / max(norm["ar"], 1)
-    cons_mean = cons / max(norm["consistency"], 1)
+    cons_mean = cons / (norm["consistency"] or 1)  # a count, or a summed weight that may be below 1
     loss = cfg.ar_weight * ar_mean + cfg.consistency_weight * cons_mean
     extra = {}
     if cfg.base_kl_weight:
@@ -263,7 +263,7 @@ class JacobiForcingObjective:
     def summarize(self, totals: dict[str, float]) -> dict[str, float]:
         """A step's metrics from its summed per-batch metrics (all micro-batches, all workers): token-weighted."""
         ar = totals.get("ar_loss_sum", 0.0) / max(totals.get("ar_positions", 0.0), 1.0)
-        cons = totals.get("consistency_loss_sum", 0.0) / max(totals.get("consistency_positions", 0.0), 1.0)
+        cons = totals.get("consistency_loss_sum", 0.0) / (totals.get("consistency_positions", 0.0) or 1.0)
         out = {
             "loss": self.cfg.ar_weight * ar + self.cfg.consistency_weight * cons,
             "consistency_loss": cons,

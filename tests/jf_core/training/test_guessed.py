@@ -92,13 +92,18 @@ def test_the_loss_weighs_each_guessed_student(consistency):
     s1, n1 = alone["consistency_loss_sum"], alone["consistency_positions"]
     s2, n2 = rest["consistency_loss_sum"], rest["consistency_positions"]
 
-    def weighed(w: float) -> dict:
-        row = functools.partial(spans_row, guessed=lambda ex, root: 1, guessed_weight=w)
+    def weighed(w: float, depth: int = 1) -> dict:
+        row = functools.partial(spans_row, guessed=lambda ex, root: depth, guessed_weight=w)
         return collate(examples, PAD, "clean_context", span=3, row=row)
 
     _, got, _ = _step(model, weighed(0.25), cfg)
     assert got["consistency_positions"] == pytest.approx(0.25 * n1 + n2)
     assert got["consistency_loss"] == pytest.approx((0.25 * s1 + s2) / (0.25 * n1 + n2), rel=1e-5)
+    # Every student guessed, each at 0.01: their summed weight is below 1, and the term is still their mean.
+    _, everyone, _ = _step(model, plain, cfg)
+    _, got, _ = _step(model, weighed(0.01, depth=3), cfg)
+    assert got["consistency_positions"] < 1
+    assert got["consistency_loss"] == pytest.approx(everyone["consistency_loss"], rel=1e-5)
     dropped = weighed(0.0)
     assert int(dropped["packed_tokens"]) < int(plain["packed_tokens"])
     _, got, grads = _step(model, dropped, cfg)
