@@ -20,6 +20,7 @@ from jf_core.atomic import write_json_atomic
 from jf_core.training.guessed import TextGuesses
 from jf_core.training.jf_data import read_packed_share
 from jf_core.training.packing import consistency_targets, first_departure
+from jf_core.training.spans import guessed_students
 
 
 def shares(packed: str, examples: int, span: int, corpus: bool) -> dict:
@@ -33,10 +34,10 @@ def shares(packed: str, examples: int, span: int, corpus: bool) -> dict:
             targets = [] if first is None else consistency_targets(ex, j, first, span)
             if not targets:
                 continue
-            depth, roots = guesses.depth(ex, j * ex.n + first), roots + 1
-            for t, _ in targets:
+            roots += 1
+            for (t, _), held in zip(targets, guessed_students(guesses.depth, ex, j, first, targets), strict=True):
                 students[t - first + 1] += 1
-                guessed[t - first + 1] += t - first + 1 <= depth
+                guessed[t - first + 1] += held
     return {
         "packed_examples": len(every),
         "examples": min(examples, len(every)),

@@ -53,10 +53,8 @@ def spans_row(
             first = first_departure(ex, j, ex.lengths[j], noisy)
             targets = [] if first is None else consistency_targets(ex, j, first, span)
             if guessed is not None and targets:
-                # The span's root is the token this forward fixes at the departure; a student at offset t drafts
-                # the answer's token t - first + 1 places past it, as the next forward's window would hold it.
-                depth = guessed(ex, j * n + first)
-                weighed = [(t, hard, guessed_weight if t - first + 1 <= depth else 1.0) for t, hard in targets]
+                held = guessed_students(guessed, ex, j, first, targets)
+                weighed = [(t, hard, guessed_weight if g else 1.0) for (t, hard), g in zip(targets, held, strict=True)]
                 targets = [(t, hard) for t, hard, w in weighed if w > 0]
                 weights += [w for _, _, w in weighed if w > 0]
             if not targets:
@@ -76,3 +74,15 @@ def spans_row(
         ids, positions, tensor(kind), tensor(block), tensor(copy), tensor(anchor), ar, cons, drafted,
         None if guessed is None else weights,
     )  # fmt: skip
+
+
+def guessed_students(
+    guessed: Callable[[PackedExample, int], int], ex: PackedExample, j: int, first: int, targets: list[tuple[int, int]]
+) -> list[bool]:
+    """Whether the text already guesses each of block j's students (`consistency_targets`' (offset, target) pairs
+    from its first departure `first`): the span's root is the token this forward fixes at the departure, and a
+    student at offset t drafts the answer's token t - first + 1 places past it, as the next forward's window would
+    hold it; `guessed(ex, root)` (guessed.py's `TextGuesses.depth`) says how deep the text's guess from there is
+    right."""
+    depth = guessed(ex, j * ex.n + first)
+    return [t - first + 1 <= depth for t, _ in targets]
