@@ -45,8 +45,9 @@ class JFTrainConfig(BaseModel):
     # forward through every position. The same losses and gradients either way.
     context_cache: bool = True
     # ...and with training.packing spans, each example's context (its prompt and clean answer, the same on every
-    # visit) kept from one visit to the next, up to this many MB, the least recently seen dropped past it
-    # (context_store.py); 0: computed on every visit. A whole model (no draft_lora) computes it every visit.
+    # visit) kept from one visit to the next, up to this many MB: the first that fit are kept, the others computed
+    # on each visit (context_store.py); 0: computed on every visit. A whole model (no draft_lora) computes it every
+    # visit.
     context_memory_mb: int = Field(0, ge=0)
     # The attention kernel training runs: auto is FlexAttention's block masks on CUDA (no dense L x L mask; one
     # packed forward) and SDPA with the dense mask elsewhere (where context_cache's two passes and the kept

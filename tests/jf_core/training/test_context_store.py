@@ -56,17 +56,24 @@ def test_a_kept_context_gives_the_losses_and_gradients_of_one_computed_again(arc
     assert not tiny.store.entries and tiny.store.bytes == 0
 
 
-def test_the_store_drops_the_examples_seen_longest_ago_past_its_limit():
+def test_a_full_store_keeps_what_it_has_and_computes_the_rest_on_each_visit():
+    """Room for two of four examples over two shuffled epochs: the first two visited are kept and never dropped, so
+    every later visit to them hits and every visit to the other two computes its context (a store that dropped the
+    least recently seen would keep the last two of the first epoch instead, and a new order reaches them late)."""
     model, _ = adapter_model("qwen2")
     objective = JacobiForcingObjective(JFLossConfig(), "clean_context", context_memory_mb=1)
     batches = _visits(1, 8)
     objective(model, batches[0])
     one = objective.store.bytes
     objective.store.limit_bytes = 2 * one + one // 2  # room for two of these contexts (they differ a little)
+    visited = [int(batch["example"][0]) for batch in batches]
+    kept = list(dict.fromkeys(visited))[:2]
+    assert sorted(set(visited[:4])) == sorted(set(visited[4:])) == [0, 1, 2, 3]  # two epochs of the four
     for batch in batches[1:]:
         objective(model, batch)
-        assert objective.store.bytes <= objective.store.limit_bytes
-    assert len(objective.store.entries) <= 2 and objective.store.hits + objective.store.misses == 8
+        assert list(objective.store.entries) == kept and objective.store.bytes <= objective.store.limit_bytes
+    assert objective.store.hits == sum(i in kept for i in visited[4:]) == 2
+    assert objective.store.misses == 6
 
 
 def test_a_kept_context_is_one_block_of_memory_of_its_own():
