@@ -392,6 +392,14 @@ HOW = {
         "not in CI", "a study of the real model (about 2 hours); `jf experiment`, which bench/mechanism.py is, runs "
                      "in tests/jf_core/experiments, the copies' and kept contexts' losses in "
                      "tests/jf_core/training/test_spans.py and test_context_store.py"),
+    ".venv/bin/python bench/context_store_hits.py --packed RUN/packed/examples.parquet --memory-mb 8192 "
+    "--steps 2680": (
+        "not in CI", "a replay of a real run's packed examples; the replay and the store's rule are tested in "
+                     "tests/bench/test_context_store_hits.py and tests/jf_core/training/test_context_store.py"),
+    SCALE_2048 + "'copies5_2048_spans:{\"training\": {\"seed\": 0, "
+    "\"packing\": \"spans\", \"context_memory_mb\": 8192, \"noisy_copies\": 5}}' --out rows.jsonl --plot curve.png": (
+        "not in CI", "a study of the real model (about 100 minutes); the same command as the three copies' above "
+                     "with five, tested where that one is"),
     ".venv/bin/jf experiment --profile smollm2-135m --set prompts.source=../shared/benchmarks/gsm8k_train.jsonl "
     "--set evaluation.source=../shared/benchmarks/gsm8k_test.jsonl --train 64 --held-out 8 --measure-trained 8 "
     "--seeds 0,1 --variant 'spans3:{\"training\": {\"steps\": 200, \"tpf_probe_every\": 1000, \"noisy_copies\": 1}}' "
