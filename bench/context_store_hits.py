@@ -13,13 +13,15 @@ logged `context_hits` are the same count.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import time
 from collections import OrderedDict
 
 import torch
 
 from jf_core.atomic import write_json_atomic
-from jf_core.training.context_store import Context, ContextStore
+from jf_core.training.context_store import Context, ContextStore, in_own_mapping
 from jf_core.training.jf_data import batch_orders, read_packed_share
 from jf_core.training.packing import PackedExample
 
@@ -37,9 +39,19 @@ def meta_context(length: int, layers: int, kv_heads: int, head_dim: int, hidden:
     )
 
 
-def context_length(ex: PackedExample) -> int:
-    """The spans layout's context: the prompt and every clean block (spans.spans_row)."""
-    return len(ex.prompt) + ex.num_blocks * ex.n
+def churn_ms(length: int, kept: int, misses: int, shape: dict) -> float:
+    """Milliseconds a miss spent under the replaced rule's eviction beside `kept` contexts of `length` positions (real
+    tensors now): one mapping dropped and a new one mapped, faulted in and filled (`in_own_mapping`), the only work
+    the old rule did that the new one does not besides the passes its lost hits ran."""
+    shaped = meta_context(length, **shape)
+    real = [torch.zeros(t.shape, dtype=t.dtype) for t in (*shaped.keys, *shaped.values, shaped.hidden)]
+    layers = len(shaped.keys)
+    src = Context(keys=tuple(real[:layers]), values=tuple(real[layers:-1]), hidden=real[-1])
+    store = [in_own_mapping(src) for _ in range(kept)]
+    start = time.perf_counter()
+    for i in range(misses):
+        store[i % kept] = in_own_mapping(src)
+    return (time.perf_counter() - start) / misses * 1e3
 
 
 def replay(examples: list[PackedExample], limit_bytes: int, visits: int, seed: int, shape: dict) -> dict:
@@ -48,19 +60,23 @@ def replay(examples: list[PackedExample], limit_bytes: int, visits: int, seed: i
     recent: OrderedDict[int, int] = OrderedDict()  # the replaced rule: example -> bytes, oldest first
     recent_bytes = hits_kept = hits_recent = 0
     order = batch_orders(examples, 1, seed)
+
+    @functools.cache
+    def context(i: int) -> Context:  # built on a miss only, as the step runs the base's pass on a miss only
+        return meta_context(examples[i].context_length, **shape)
+
     for _ in range(visits):
         (i,) = next(order)
-        context = meta_context(context_length(examples[i]), **shape)
         if i in store.entries:
             hits_kept += 1
         else:
-            store.keep(i, context)
+            store.keep(i, context(i))
         if i in recent:
             hits_recent += 1
             recent.move_to_end(i)
-        elif context.nbytes <= limit_bytes:
-            recent[i] = context.nbytes
-            recent_bytes += context.nbytes
+        elif (nbytes := context(i).nbytes) <= limit_bytes:
+            recent[i] = nbytes
+            recent_bytes += nbytes
             while recent_bytes > limit_bytes:
                 recent_bytes -= recent.popitem(last=False)[1]
     return {
@@ -90,18 +106,27 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--hidden", type=int, default=576)
     for part, dtype in (("keys", "float32"), ("values", "bfloat16"), ("hidden", "float32")):
         ap.add_argument(f"--{part}-dtype", default=dtype, choices=["bfloat16", "float32"])
+    ap.add_argument("--churn", type=int, default=0, metavar="MISSES",
+                    help="also time the old rule's eviction over this many misses, its store full of real contexts "
+                         "of the examples' median length (--memory-mb of them: it allocates that much)")  # fmt: skip
     ap.add_argument("--json", help="also write the figures here")
     args = ap.parse_args(argv)
     dtypes = {"keys": args.keys_dtype, "values": args.values_dtype, "hidden": args.hidden_dtype}
     shape = {"layers": args.layers, "kv_heads": args.kv_heads, "head_dim": args.head_dim, "hidden": args.hidden,
              "dtypes": dtypes}  # fmt: skip
-    out = replay(read_packed_share(args.packed, 0, 1), args.memory_mb * 2**20, args.steps * args.grad_accum,
+    examples = read_packed_share(args.packed, 0, 1)
+    out = replay(examples, args.memory_mb * 2**20, args.steps * args.grad_accum,
                  args.seed, shape)  # fmt: skip
     print(
         f"{out['examples']} examples, {out['visits']} visits, {out['limit_mb']:.0f} MB: "
         f"{out['kept_examples']} kept ({out['kept_share']:.0%}); hits {out['hits_kept']} kept, "
         f"{out['hits_least_recent_dropped']} with the least recently seen dropped"
     )
+    if args.churn:
+        length = sorted(ex.context_length for ex in examples)[len(examples) // 2]
+        one = meta_context(length, **shape).nbytes
+        out["churn_ms_a_miss"] = churn_ms(length, max(1, args.memory_mb * 2**20 // one), args.churn, shape)
+        print(f"the old rule's eviction: {out['churn_ms_a_miss']:.2f} ms a miss ({length} positions, a full store)")
     if args.json:
         write_json_atomic(args.json, out)
     print(json.dumps(out))

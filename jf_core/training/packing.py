@@ -56,10 +56,16 @@ class PackedExample:
     def total_length(self) -> int:
         return self.length_with(self.copies)
 
+    @property
+    def context_length(self) -> int:
+        """The clean text: the prompt and every clean block (spans.py's causal context, what the kept-context store
+        holds)."""
+        return len(self.prompt) + self.num_blocks * self.n
+
     def length_with(self, copies: int) -> int:
         """The packed length with `copies` noisy copies of every block (stored examples hold one; a visit draws the
         rest: what training goes through)."""
-        return len(self.prompt) + (1 + copies) * self.num_blocks * self.n
+        return self.context_length + copies * self.num_blocks * self.n
 
     def input_ids(self) -> list[int]:
         ids = list(self.prompt)

@@ -39,7 +39,7 @@ def spans_row(
     packed."""
     p, n = len(ex.prompt), ex.n
     ids = list(ex.prompt) + [t for clean in ex.clean for t in clean]
-    context = len(ids)
+    context = ex.context_length
     positions = list(range(context))
     kind = [PROMPT] * p + [CLEAN] * (context - p)
     block = [-1] * p + [j for j in range(ex.num_blocks) for _ in range(n)]

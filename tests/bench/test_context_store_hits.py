@@ -24,9 +24,9 @@ def _examples(count: int) -> list[PackedExample]:
 
 
 def test_a_context_is_the_size_the_base_pass_leaves_it():
-    from bench.context_store_hits import context_length, meta_context
+    from bench.context_store_hits import meta_context
 
-    context = meta_context(context_length(_examples(1)[0]), **SHAPE)
+    context = meta_context(_examples(1)[0].context_length, **SHAPE)
     assert len(context) == 8 and context.nbytes == ONE and context.keys[0].dtype == torch.float32
     assert context.values[0].dtype == torch.bfloat16 and context.hidden.device.type == "meta"
 
@@ -48,14 +48,27 @@ def test_the_store_keeps_a_fixed_share_where_the_old_rule_thrashed():
     assert third["hits_least_recent_dropped"] < third["hits_kept"]
 
 
+def _packed(tmp_path) -> str:
+    """Three examples written as a run's packed/examples.parquet (the stored fields; the extra copies are drawn)."""
+    records = [{k: v for k, v in asdict(ex).items() if k != "extra_noisy"} for ex in _examples(3)]
+    pq.write_table(pa.Table.from_pylist(records), tmp_path / "examples.parquet")
+    return str(tmp_path / "examples.parquet")
+
+
 def test_it_reads_a_runs_packed_examples(tmp_path, capsys):
     from bench.context_store_hits import main
 
-    records = [{k: v for k, v in asdict(ex).items() if k != "extra_noisy"} for ex in _examples(3)]
-    pq.write_table(pa.Table.from_pylist(records), tmp_path / "examples.parquet")
     out = tmp_path / "hits.json"
-    main(["--packed", str(tmp_path / "examples.parquet"), "--memory-mb", "1", "--steps", "3", "--grad-accum", "2",
-          "--json", str(out)])  # fmt: skip
+    main(["--packed", _packed(tmp_path), "--memory-mb", "1", "--steps", "3", "--grad-accum", "2", "--json", str(out)])
     rows = json.loads(out.read_text())
     assert rows["visits"] == 6 and rows["hits_kept"] == rows["hits_least_recent_dropped"] == 3
     assert "3 examples, 6 visits" in capsys.readouterr().out
+
+
+def test_it_times_the_old_rules_eviction_on_real_mappings(tmp_path, capsys):
+    from bench.context_store_hits import main
+
+    out = tmp_path / "hits.json"
+    main(["--packed", _packed(tmp_path), "--memory-mb", "1", "--steps", "3", "--churn", "5", "--json", str(out)])
+    assert json.loads(out.read_text())["churn_ms_a_miss"] > 0
+    assert "(8 positions, a full store)" in capsys.readouterr().out
