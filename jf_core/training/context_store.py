@@ -11,8 +11,9 @@ a step with the store is the step without it to rounding (tests/jf_core/training
 bounded: contexts are kept as they come until the next one would pass `limit_bytes`; after that an example not kept
 is computed on each visit, and nothing kept is dropped. A SmolLM2-135M position keeps 30 layers of 3 key-value heads
 of 64 and the hidden state: 48 KB in fp32, 36 KB under bf16 autocast (the values bf16, the keys after the rotary
-embedding and the final norm's hidden fp32), so a GSM8K example's context takes about 6.7 MB in bf16 (9 MB in fp32), a
-round's 240 questions about 1.6 GB and 2,048 questions about 14 GB of this machine's 24.
+embedding and the final norm's hidden fp32). In bf16 a GSM8K example's context takes about 6.7 MB at 96-token answers
+(183 positions: 2,048 questions about 14 GB of this machine's 24) and 10.4 MB at the profile's 256 (283 positions: its
+1,024 questions about 11 GB).
 
 Why no eviction: training visits its examples in shuffled epochs (jf_data.batch_orders), so the example seen
 longest ago is no less likely to come next than the one just seen. A store with room for a share s of the examples
