@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import statistics
 import time
 from collections import OrderedDict
 
@@ -26,11 +27,14 @@ from jf_core.training.jf_data import batch_orders, read_packed_share
 from jf_core.training.packing import PackedExample
 
 
-def meta_context(length: int, layers: int, kv_heads: int, head_dim: int, hidden: int, dtypes: dict) -> Context:
-    """A context of `length` positions shaped as the base's pass makes it, on the meta device (no memory)."""
+def shaped_context(
+    length: int, layers: int, kv_heads: int, head_dim: int, hidden: int, dtypes: dict, device: str = "meta"
+) -> Context:
+    """A context of `length` positions shaped as the base's pass makes it: on the meta device (no memory) for the
+    replay, zeros on the CPU for timing real mappings."""
 
     def part(name: str, *shape: int) -> torch.Tensor:
-        return torch.empty(*shape, dtype=getattr(torch, dtypes[name]), device="meta")
+        return torch.zeros(*shape, dtype=getattr(torch, dtypes[name]), device=device)
 
     return Context(
         keys=tuple(part("keys", kv_heads, length, head_dim) for _ in range(layers)),
@@ -39,14 +43,12 @@ def meta_context(length: int, layers: int, kv_heads: int, head_dim: int, hidden:
     )
 
 
-def churn_ms(length: int, kept: int, misses: int, shape: dict) -> float:
-    """Milliseconds a miss spent under the replaced rule's eviction beside `kept` contexts of `length` positions (real
-    tensors now): one mapping dropped and a new one mapped, faulted in and filled (`in_own_mapping`), the only work
-    the old rule did that the new one does not besides the passes its lost hits ran."""
-    shaped = meta_context(length, **shape)
-    real = [torch.zeros(t.shape, dtype=t.dtype) for t in (*shaped.keys, *shaped.values, shaped.hidden)]
-    layers = len(shaped.keys)
-    src = Context(keys=tuple(real[:layers]), values=tuple(real[layers:-1]), hidden=real[-1])
+def churn_ms(length: int, limit_bytes: int, misses: int, shape: dict) -> float:
+    """Milliseconds a miss spent under the replaced rule's eviction, its store full (`limit_bytes` of real contexts
+    of `length` positions): one mapping dropped and a new one mapped, faulted in and filled (`in_own_mapping`), the
+    only work the old rule did that the new one does not besides the passes its lost hits ran."""
+    src = shaped_context(length, **shape, device="cpu")
+    kept = max(1, limit_bytes // src.nbytes)
     store = [in_own_mapping(src) for _ in range(kept)]
     start = time.perf_counter()
     for i in range(misses):
@@ -63,7 +65,7 @@ def replay(examples: list[PackedExample], limit_bytes: int, visits: int, seed: i
 
     @functools.cache
     def context(i: int) -> Context:  # built on a miss only, as the step runs the base's pass on a miss only
-        return meta_context(examples[i].context_length, **shape)
+        return shaped_context(examples[i].context_length, **shape)
 
     for _ in range(visits):
         (i,) = next(order)
@@ -123,9 +125,8 @@ def main(argv: list[str] | None = None) -> None:
         f"{out['hits_least_recent_dropped']} with the least recently seen dropped"
     )
     if args.churn:
-        length = sorted(ex.context_length for ex in examples)[len(examples) // 2]
-        one = meta_context(length, **shape).nbytes
-        out["churn_ms_a_miss"] = churn_ms(length, max(1, args.memory_mb * 2**20 // one), args.churn, shape)
+        length = statistics.median_low(ex.context_length for ex in examples)
+        out["churn_ms_a_miss"] = churn_ms(length, args.memory_mb * 2**20, args.churn, shape)
         print(f"the old rule's eviction: {out['churn_ms_a_miss']:.2f} ms a miss ({length} positions, a full store)")
     if args.json:
         write_json_atomic(args.json, out)

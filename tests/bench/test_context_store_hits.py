@@ -24,9 +24,9 @@ def _examples(count: int) -> list[PackedExample]:
 
 
 def test_a_context_is_the_size_the_base_pass_leaves_it():
-    from bench.context_store_hits import meta_context
+    from bench.context_store_hits import shaped_context
 
-    context = meta_context(_examples(1)[0].context_length, **SHAPE)
+    context = shaped_context(_examples(1)[0].context_length, **SHAPE)
     assert len(context) == 8 and context.nbytes == ONE and context.keys[0].dtype == torch.float32
     assert context.values[0].dtype == torch.bfloat16 and context.hidden.device.type == "meta"
 
