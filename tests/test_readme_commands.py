@@ -400,6 +400,12 @@ HOW = {
     "\"packing\": \"spans\", \"context_memory_mb\": 8192, \"noisy_copies\": 5}}' --out rows.jsonl --plot curve.png": (
         "not in CI", "a study of the real model (about 100 minutes); the same command as the three copies' above "
                      "with five, tested where that one is"),
+    SCALE_2048.replace("training.steps=2680", "training.steps=2870").replace(
+        "training.tpf_probe_every=894", "training.tpf_probe_every=957"
+    ) + "'copies5_2048_spans_1p5e6_seed0:{\"training\": {\"seed\": 0, \"packing\": \"spans\", "
+    "\"context_memory_mb\": 8192, \"noisy_copies\": 5}}' --out rows.jsonl --plot curve.png": (
+        "not in CI", "a study of the real model (about 100 minutes); the five copies' command above on a schedule "
+                     "that ends at 1.5 x 10^6 tokens, tested where that one is"),
     ".venv/bin/jf experiment --profile smollm2-135m --set prompts.source=../shared/benchmarks/gsm8k_train.jsonl "
     "--set evaluation.source=../shared/benchmarks/gsm8k_test.jsonl --train 64 --held-out 8 --measure-trained 8 "
     "--seeds 0,1 --variant 'spans3:{\"training\": {\"steps\": 200, \"tpf_probe_every\": 1000, \"noisy_copies\": 1}}' "
