@@ -142,6 +142,11 @@ SCALE_2048 = (
     "--set training.tpf_probe_tokens=96 --train 2048 --measure-trained 16 --held-out 64 --max-new-tokens 96 "
     "--batch-size 16 --collect-batch-size 64 --threads 2 --variant "
 )
+# The schedule that ends at the goal's budget (1.5 x 10^6 packed tokens), over 2,048 questions and over 4,096.
+SCALE_2048_AT_BUDGET = SCALE_2048.replace("training.steps=2680", "training.steps=2870").replace(
+    "training.tpf_probe_every=894", "training.tpf_probe_every=957"
+)
+SCALE_4096_AT_BUDGET = SCALE_2048_AT_BUDGET.replace("--train 2048", "--train 4096")
 
 # How CI checks each command line of the READMEs: "as written" (a test takes the line from the README and runs it:
 # ports, placeholders and sizes given through documented flags aside), "same command" (a test runs the command with
@@ -400,12 +405,14 @@ HOW = {
     "\"packing\": \"spans\", \"context_memory_mb\": 8192, \"noisy_copies\": 5}}' --out rows.jsonl --plot curve.png": (
         "not in CI", "a study of the real model (about 100 minutes); the same command as the three copies' above "
                      "with five, tested where that one is"),
-    SCALE_2048.replace("training.steps=2680", "training.steps=2870").replace(
-        "training.tpf_probe_every=894", "training.tpf_probe_every=957"
-    ) + "'copies5_2048_spans_1p5e6_seed0:{\"training\": {\"seed\": 0, \"packing\": \"spans\", "
+    SCALE_2048_AT_BUDGET + "'copies5_2048_spans_1p5e6_seed0:{\"training\": {\"seed\": 0, \"packing\": \"spans\", "
     "\"context_memory_mb\": 8192, \"noisy_copies\": 5}}' --out rows.jsonl --plot curve.png": (
         "not in CI", "a study of the real model (about 100 minutes); the five copies' command above on a schedule "
                      "that ends at 1.5 x 10^6 tokens, tested where that one is"),
+    SCALE_4096_AT_BUDGET + "'copies5_4096_spans_1p5e6_seed0:{\"training\": {\"seed\": 0, \"packing\": \"spans\", "
+    "\"context_memory_mb\": 8192, \"noisy_copies\": 5}}' --out rows.jsonl --plot curve.png": (
+        "not in CI", "a study of the real model (about 2 hours); the command above over 4,096 questions, tested "
+                     "where that one is"),
     ".venv/bin/jf experiment --profile smollm2-135m --set prompts.source=../shared/benchmarks/gsm8k_train.jsonl "
     "--set evaluation.source=../shared/benchmarks/gsm8k_test.jsonl --train 64 --held-out 8 --measure-trained 8 "
     "--seeds 0,1 --variant 'spans3:{\"training\": {\"steps\": 200, \"tpf_probe_every\": 1000, \"noisy_copies\": 1}}' "

@@ -80,7 +80,8 @@ def tpf_during_training(history: Sequence[dict]) -> Figure | None:
 def tpf_against_tokens(runs: Sequence[dict]) -> Figure | None:
     """TPF against packed training tokens (log axis), one line per run and probed block size (`probe_curves`).
     None when no run was probed."""
-    fig, ax = plt.subplots(figsize=(7, 4))
+    # Seven or more runs fill the axes: the legend goes beside them, where it hides no point.
+    fig, ax = plt.subplots(figsize=(10, 4), layout="constrained")
     drawn = False
     for run in runs:
         for probe, points in probe_curves(run).items():
@@ -94,8 +95,7 @@ def tpf_against_tokens(runs: Sequence[dict]) -> Figure | None:
     ax.set_xlabel("packed training tokens")
     ax.set_ylabel("tokens per forward (each run's probe prompts)")
     ax.set_title("TPF against training tokens")
-    ax.legend()
-    fig.tight_layout()
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return fig
 
 
