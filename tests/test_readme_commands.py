@@ -148,6 +148,15 @@ SCALE_2048_AT_BUDGET = SCALE_2048.replace("training.steps=2680", "training.steps
 )
 SCALE_4096_AT_BUDGET = SCALE_2048_AT_BUDGET.replace("--train 2048", "--train 4096")
 
+
+def copies5(variant: str) -> str:
+    """The five-noisy-copies variant (seed 0, spans, 8 GB of kept contexts) and the outputs of those runs."""
+    return (
+        f'\'{variant}:{{"training": {{"seed": 0, "packing": "spans", "context_memory_mb": 8192, '
+        '"noisy_copies": 5}}\' --out rows.jsonl --plot curve.png'
+    )
+
+
 # How CI checks each command line of the READMEs: "as written" (a test takes the line from the README and runs it:
 # ports, placeholders and sizes given through documented flags aside), "same command" (a test runs the command with
 # arguments of its own), or "not in CI" (why not; what checks it instead). A line added to a README without a
@@ -401,16 +410,13 @@ HOW = {
     "--steps 2680": (
         "not in CI", "a replay of a real run's packed examples; the replay and the store's rule are tested in "
                      "tests/bench/test_context_store_hits.py and tests/jf_core/training/test_context_store.py"),
-    SCALE_2048 + "'copies5_2048_spans:{\"training\": {\"seed\": 0, "
-    "\"packing\": \"spans\", \"context_memory_mb\": 8192, \"noisy_copies\": 5}}' --out rows.jsonl --plot curve.png": (
+    SCALE_2048 + copies5("copies5_2048_spans"): (
         "not in CI", "a study of the real model (about 100 minutes); the same command as the three copies' above "
                      "with five, tested where that one is"),
-    SCALE_2048_AT_BUDGET + "'copies5_2048_spans_1p5e6_seed0:{\"training\": {\"seed\": 0, \"packing\": \"spans\", "
-    "\"context_memory_mb\": 8192, \"noisy_copies\": 5}}' --out rows.jsonl --plot curve.png": (
+    SCALE_2048_AT_BUDGET + copies5("copies5_2048_spans_1p5e6_seed0"): (
         "not in CI", "a study of the real model (about 100 minutes); the five copies' command above on a schedule "
                      "that ends at 1.5 x 10^6 tokens, tested where that one is"),
-    SCALE_4096_AT_BUDGET + "'copies5_4096_spans_1p5e6_seed0:{\"training\": {\"seed\": 0, \"packing\": \"spans\", "
-    "\"context_memory_mb\": 8192, \"noisy_copies\": 5}}' --out rows.jsonl --plot curve.png": (
+    SCALE_4096_AT_BUDGET + copies5("copies5_4096_spans_1p5e6_seed0"): (
         "not in CI", "a study of the real model (about 2 hours); the command above over 4,096 questions, tested "
                      "where that one is"),
     ".venv/bin/jf experiment --profile smollm2-135m --set prompts.source=../shared/benchmarks/gsm8k_train.jsonl "

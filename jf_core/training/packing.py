@@ -44,6 +44,22 @@ class PackedExample:
     # Further noisy copies of every block, drawn per visit (`redrawn`): [copy][block][token]; never stored.
     extra_noisy: list[list[list[int]]] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        # Every layout puts block j's tokens at p + j * n (each noisy copy at the same positions): a block of another
+        # length would shift every position after it silently, so it is refused where the example is made.
+        held = sum(len(c) for c in self.clean)
+        if held != self.num_blocks * self.n:
+            raise ValueError(
+                f"packed example {self.prompt_id!r}: clean blocks hold {held} tokens, not num_blocks x n = "
+                f"{self.num_blocks} x {self.n}"
+            )
+        for copy, blocks in enumerate([self.noisy, *self.extra_noisy]):
+            if len(blocks) != self.num_blocks or any(len(b) != self.n for b in blocks):
+                raise ValueError(
+                    f"packed example {self.prompt_id!r}: noisy copy {copy} holds blocks of "
+                    f"{[len(b) for b in blocks]} tokens, not {self.num_blocks} blocks of n = {self.n}"
+                )
+
     @property
     def num_blocks(self) -> int:
         return len(self.clean)

@@ -39,11 +39,7 @@ def spans_row(
     packed."""
     p, n = len(ex.prompt), ex.n
     ids = list(ex.prompt) + [t for clean in ex.clean for t in clean]
-    context = ex.context_length
-    if len(ids) != context:  # every position below assumes block j's clean tokens start at p + j * n
-        raise ValueError(
-            f"packed example: clean blocks hold {len(ids) - p} tokens, not num_blocks x n = {ex.num_blocks} x {n}"
-        )
+    context = ex.context_length  # = len(ids): PackedExample refuses a block of other than n tokens
     positions = list(range(context))
     kind = [PROMPT] * p + [CLEAN] * (context - p)
     block = [-1] * p + [j for j in range(ex.num_blocks) for _ in range(n)]

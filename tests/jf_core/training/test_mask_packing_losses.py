@@ -290,7 +290,7 @@ def test_total_variation_is_half_the_l1_distance_between_the_copies_distribution
     teacher = logits[0, batch["cons_teacher"][0][valid]].softmax(-1)
     per_position = 0.5 * (student - teacher).abs().sum(-1)
     assert m["consistency_positions"] == valid.sum() > 0 and (per_position > 0).all() and (per_position <= 1).all()
-    assert m["consistency_loss"] == pytest.approx(float(per_position.mean()), rel=1e-5)
+    assert m["consistency_loss"] == pytest.approx(float(per_position.detach().mean()), rel=1e-5)
     (grad,) = torch.autograd.grad(loss, logits)
     at = grad[0].abs().sum(-1)
     assert (at[batch["cons_student"][0][valid]] > 0).all() and (at[batch["cons_teacher"][0][valid]] == 0).all()
@@ -428,6 +428,27 @@ def test_each_visit_draws_every_state_again_reproducibly():
     assert seen[0] == tuple(ex.noisy[0]) and set(seen) == {tuple(s) for s in states[:3]}
     fixed = jf_batches([ex], 1, PAD, seed=0)
     assert {tuple(next(fixed)["input_ids"][0, p : p + 4].tolist()) for _ in range(10)} == {tuple(ex.noisy[0])}
+
+
+@pytest.mark.parametrize(
+    ("clean", "noisy", "named"),
+    [
+        (
+            [[5, 6, 7, 8], [10, 2]],
+            [[5, 6, 9, 9], [10, 2, 9, 9]],
+            r"'e': clean blocks hold 6 tokens, not num_blocks x n = 2 x 4",
+        ),
+        ([[5, 6, 7, 8], [10, 2, 0, 0]], [[5, 6, 9, 9], [10, 2]], r"'e': noisy copy 0 holds blocks of \[4, 2\] tokens"),
+        ([[5, 6, 7, 8], [10, 2, 0, 0]], [[5, 6, 9, 9]], r"noisy copy 0 holds blocks of \[4\] tokens, not 2 blocks"),
+    ],
+)
+def test_a_block_of_other_than_n_tokens_is_refused_where_the_example_is_made(clean, noisy, named):
+    """Every layout puts block j at p + j * n: a short clean or noisy block would shift every position after it."""
+    with pytest.raises(ValueError, match=named):
+        PackedExample("e", [1, 3], 4, noisy, clean, [4, 2])
+    made = PackedExample("e", [1, 3], 4, [[5, 6, 9, 9], [10, 2, 9, 9]], [[5, 6, 7, 8], [10, 2, 0, 0]], [4, 2])
+    with pytest.raises(ValueError, match=r"noisy copy 1 holds blocks of \[4, 3\] tokens"):
+        PackedExample("e", [1, 3], 4, made.noisy, made.clean, [4, 2], extra_noisy=[[[5, 6, 7, 9], [10, 2, 9]]])
 
 
 def test_each_visit_refuses_examples_packed_without_their_states():

@@ -135,14 +135,6 @@ def test_a_fixed_point_or_post_eos_departure_packs_no_span():
     assert row.drafted == [12, 13, 14, 15] and row.anchor[12:].tolist() == [4, 4, 4, 8]
 
 
-def test_a_clean_block_shorter_than_n_is_refused_by_name():
-    """Every span's position is p + j * n + offset: a clean block of fewer than n tokens would shift them all."""
-    clean = [[5, 6, 7, 8, 9], [10, 11, 2]]
-    ex = PackedExample("e", [1, 3], N, [list(clean[0]), [10, 11, 2, 40, 41]], clean, [5, 3])
-    with pytest.raises(ValueError, match=r"clean blocks hold 8 tokens, not num_blocks x n = 2 x 5"):
-        spans_row(ex, 0)
-
-
 def test_flex_mask_mod_states_the_spans_rule():
     batch = collate(_examples(3, copies=2), PAD, "clean_context", span=3, row=spans_row)
     kind, block, copy, anchor = (batch[f"layout_{k}"] for k in ("kind", "block", "copy", "anchor"))
