@@ -48,10 +48,10 @@ class PackedExample:
         # Every layout puts block j's tokens at p + j * n (each noisy copy at the same positions): a block of another
         # length would shift every position after it silently, so it is refused where the example is made.
         held = sum(len(c) for c in self.clean)
-        if held != self.num_blocks * self.n:
+        if any(len(c) != self.n for c in self.clean):  # per block: a long block and a short one can sum to k x n
             raise ValueError(
                 f"packed example {self.prompt_id!r}: clean blocks hold {held} tokens, not num_blocks x n = "
-                f"{self.num_blocks} x {self.n}"
+                f"{self.num_blocks} x {self.n} (blocks of {[len(c) for c in self.clean]})"
             )
         for copy, blocks in enumerate([self.noisy, *self.extra_noisy]):
             if len(blocks) != self.num_blocks or any(len(b) != self.n for b in blocks):

@@ -438,6 +438,7 @@ def test_each_visit_draws_every_state_again_reproducibly():
             [[5, 6, 9, 9], [10, 2, 9, 9]],
             r"'e': clean blocks hold 6 tokens, not num_blocks x n = 2 x 4",
         ),
+        ([[5, 6, 7, 8, 9], [10, 2, 0]], [[5, 6, 9, 9], [10, 2, 9, 9]], r"hold 8 tokens, .* \(blocks of \[5, 3\]\)"),
         ([[5, 6, 7, 8], [10, 2, 0, 0]], [[5, 6, 9, 9], [10, 2]], r"'e': noisy copy 0 holds blocks of \[4, 2\] tokens"),
         ([[5, 6, 7, 8], [10, 2, 0, 0]], [[5, 6, 9, 9]], r"noisy copy 0 holds blocks of \[4\] tokens, not 2 blocks"),
     ],
