@@ -8,13 +8,11 @@ Both copies of block j share position ids P + j*n + (0..n-1), so the noisy and t
 With `training.noisy_copies` = K > 1, each visit draws K - 1 further noisy copies of every block from its states
 (`redrawn`), packed after the clean blocks (`[noisy'_0][noisy'_1]...` per copy, at the blocks' own positions): they
 see the same prompt and clean blocks, so one context serves K noisy copies. A draft adapter's step computes that
-context once, without autograd (context_cache.py), and it was three quarters of a SmolLM2 GSM8K example's positions
-(207 of 278), 45% of a micro-step's FLOPs (2026-12-02).
+context once, without autograd (context_cache.py): 207 of a SmolLM2 GSM8K example's 278 positions (2026-12-02).
 
 Maximum length policy: whole (noisy, clean) pairs are dropped from the end until the example fits, because a block
 without its predecessors has no clean prefix; an example whose first pair does not fit is skipped. Blocks must be
-contiguous from 0: a gap ends the example there (upstream's cyclic packer leaves gaps, so clean blocks stop being a
-continuation).
+contiguous from 0: a gap ends the example there (upstream's cyclic packer leaves gaps: clean blocks stop continuing).
 """
 
 from __future__ import annotations
@@ -46,18 +44,13 @@ class PackedExample:
 
     def __post_init__(self) -> None:
         # Every layout puts block j's tokens at p + j * n (each noisy copy at the same positions): a block of another
-        # length would shift every position after it silently, so it is refused where the example is made.
-        held = sum(len(c) for c in self.clean)
-        if any(len(c) != self.n for c in self.clean):  # per block: a long block and a short one can sum to k x n
-            raise ValueError(
-                f"packed example {self.prompt_id!r}: clean blocks hold {held} tokens, not num_blocks x n = "
-                f"{self.num_blocks} x {self.n} (blocks of {[len(c) for c in self.clean]})"
-            )
-        for copy, blocks in enumerate([self.noisy, *self.extra_noisy]):
+        # length would shift every later position silently. Per block: a long and a short block can sum to k x n.
+        noisy = [(f"noisy copy {c}", b) for c, b in enumerate([self.noisy, *self.extra_noisy])]
+        for what, blocks in [("clean", self.clean), *noisy]:
             if len(blocks) != self.num_blocks or any(len(b) != self.n for b in blocks):
                 raise ValueError(
-                    f"packed example {self.prompt_id!r}: noisy copy {copy} holds blocks of "
-                    f"{[len(b) for b in blocks]} tokens, not {self.num_blocks} blocks of n = {self.n}"
+                    f"packed example {self.prompt_id!r}: {what} blocks of {[len(b) for b in blocks]} tokens, "
+                    f"not {self.num_blocks} blocks of n = {self.n}"
                 )
 
     @property

@@ -436,11 +436,11 @@ def test_each_visit_draws_every_state_again_reproducibly():
         (
             [[5, 6, 7, 8], [10, 2]],
             [[5, 6, 9, 9], [10, 2, 9, 9]],
-            r"'e': clean blocks hold 6 tokens, not num_blocks x n = 2 x 4",
+            r"'e': clean blocks of \[4, 2\] tokens, not 2 blocks of n = 4",
         ),
-        ([[5, 6, 7, 8, 9], [10, 2, 0]], [[5, 6, 9, 9], [10, 2, 9, 9]], r"hold 8 tokens, .* \(blocks of \[5, 3\]\)"),
-        ([[5, 6, 7, 8], [10, 2, 0, 0]], [[5, 6, 9, 9], [10, 2]], r"'e': noisy copy 0 holds blocks of \[4, 2\] tokens"),
-        ([[5, 6, 7, 8], [10, 2, 0, 0]], [[5, 6, 9, 9]], r"noisy copy 0 holds blocks of \[4\] tokens, not 2 blocks"),
+        ([[5, 6, 7, 8, 9], [10, 2, 0]], [[5, 6, 9, 9], [10, 2, 9, 9]], r"clean blocks of \[5, 3\] tokens"),
+        ([[5, 6, 7, 8], [10, 2, 0, 0]], [[5, 6, 9, 9], [10, 2]], r"'e': noisy copy 0 blocks of \[4, 2\] tokens"),
+        ([[5, 6, 7, 8], [10, 2, 0, 0]], [[5, 6, 9, 9]], r"noisy copy 0 blocks of \[4\] tokens, not 2 blocks"),
     ],
 )
 def test_a_block_of_other_than_n_tokens_is_refused_where_the_example_is_made(clean, noisy, named):
@@ -448,7 +448,7 @@ def test_a_block_of_other_than_n_tokens_is_refused_where_the_example_is_made(cle
     with pytest.raises(ValueError, match=named):
         PackedExample("e", [1, 3], 4, noisy, clean, [4, 2])
     made = PackedExample("e", [1, 3], 4, [[5, 6, 9, 9], [10, 2, 9, 9]], [[5, 6, 7, 8], [10, 2, 0, 0]], [4, 2])
-    with pytest.raises(ValueError, match=r"noisy copy 1 holds blocks of \[4, 3\] tokens"):
+    with pytest.raises(ValueError, match=r"noisy copy 1 blocks of \[4, 3\] tokens"):
         PackedExample("e", [1, 3], 4, made.noisy, made.clean, [4, 2], extra_noisy=[[[5, 6, 7, 9], [10, 2, 9]]])
 
 
