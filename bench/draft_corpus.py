@@ -8,7 +8,8 @@ base model to measure suffix drafts apart from training:
         --num-prompts 1024 --out CORPUS_DIR
 
 then `jf bench cycle --model BASE_DIR --config 'suffix@CORPUS_DIR:{..., "suffix": 16}'`. The answers are also written
-to `CORPUS_DIR/answers.json` (token ids, in the file's order).
+to `CORPUS_DIR/answers.json` (token ids, in the file's order). `--first 1024 2048` also writes `CORPUS_DIR-1024` and
+`CORPUS_DIR-2048`, the first 1,024 and 2,048 answers: smaller corpora from one decode, to measure what size buys.
 """
 
 from __future__ import annotations
@@ -38,10 +39,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", required=True, help="the new model directory (must not exist)")
+    ap.add_argument("--first", type=int, nargs="*", default=[], help="also OUT-N of the first N answers, for each N")
     args = ap.parse_args(argv)
     src, out = Path(args.model).resolve(), Path(args.out)
-    if out.exists():
-        ap.error(f"--out {out} exists")
+    subsets = {n: out.with_name(f"{out.name}-{n}") for n in args.first}
+    for n, path in [(None, out), *subsets.items()]:
+        if path.exists():
+            ap.error(f"--out {path} exists")
+        if n is not None and not 0 < n < args.num_prompts:
+            ap.error(f"--first {n}: not between 0 and --num-prompts {args.num_prompts}")
     torch.set_num_threads(args.threads)
     model, tok = load_model(str(src))
     stop = stop_tokens(model, tok)
@@ -57,6 +63,14 @@ def main(argv: list[str] | None = None) -> int:
         for i, seq in zip(chunk, decoded.sequences, strict=True):
             answers[i] = seq
         print(f"{first + len(chunk)}/{len(order)} answers, {time.time() - start:.0f} s", file=sys.stderr)
+    for path, kept in [(out, answers), *((path, answers[:n]) for n, path in subsets.items())]:
+        write_model_dir(src, kept, path)
+        print(f"{path}: {len(kept)} answers, {sum(map(len, kept))} tokens")
+    return 0
+
+
+def write_model_dir(src: Path, answers: list[list[int]], out: Path) -> None:
+    """`src`'s files linked (its config copied) and `answers` as the draft corpus, written under a temporary name."""
     with atomic_dir(out) as tmp:
         for f in src.iterdir():
             if f.name == "config.json":
@@ -65,8 +79,6 @@ def main(argv: list[str] | None = None) -> int:
                 (tmp / f.name).symlink_to(f)
         save_corpus(answers, tmp)
         write_json_atomic(tmp / "answers.json", answers)
-    print(f"{out}: {len(answers)} answers, {sum(map(len, answers))} tokens")
-    return 0
 
 
 if __name__ == "__main__":

@@ -432,6 +432,27 @@ HOW = {
     "in.jsonl --num-prompts 1024 --out CORPUS_DIR": (
         "not in CI", "a 24-minute decode of the real model; the script runs on a tiny model in "
                      "tests/bench/test_draft_corpus.py"),
+    ".venv/bin/python bench/draft_corpus.py --model BASE_DIR --prompts ../shared/benchmarks/gsm8k_tra"
+    "in.jsonl --num-prompts 4096 --first 1024 2048 --out CORPUS_DIR": (
+        "not in CI", "a 50-minute decode of the real model; the script and `--first` run on a tiny model in "
+                     "tests/bench/test_draft_corpus.py"),
+    ".venv/bin/jf bench cycle --profile smollm2-135m --set evaluation.source=../shared/benchmarks/gsm"
+    "8k_test.jsonl --model BASE_DIR --no-tuned --num-prompts 16 --max-new-tokens 128 --threads 2 --co"
+    "nfig 'untrained:{\"block_size\": 16, \"num_blocks\": 1, \"pool_size\": 0, \"adaptive_width\": true, \"wid"
+    "th_scale\": 1.0, \"width_margin\": 2, \"width_floor\": 4, \"lookup\": 16, \"lookup_ngram\": 3, \"max_slots"
+    "\": 10}' --config 'c1024@CORPUS_DIR-1024:{\"block_size\": 16, \"num_blocks\": 1, \"pool_size\": 0, \"ada"
+    "ptive_width\": true, \"width_scale\": 1.0, \"width_margin\": 2, \"width_floor\": 4, \"lookup\": 16, \"look"
+    "up_ngram\": 3, \"max_slots\": 10, \"suffix\": 16, \"suffix_tree\": 10}' --config 'c4096@CORPUS_DIR:{\"bl"
+    "ock_size\": 16, \"num_blocks\": 1, \"pool_size\": 0, \"adaptive_width\": true, \"width_scale\": 1.0, \"wid"
+    "th_margin\": 2, \"width_floor\": 4, \"lookup\": 16, \"lookup_ngram\": 3, \"max_slots\": 10, \"suffix\": 16,"
+    " \"suffix_tree\": 10}'": (
+        "not in CI", "a benchmark of the real model (timing only); suffix drafts are tested lossless in "
+                     "tests/jf_core/decoding/proposers/test_suffix.py"),
+    ".venv/bin/jf eval --profile smollm2-135m --set prompts.source=../shared/benchmarks/gsm8k_train.j"
+    "sonl --set evaluation.source=../shared/benchmarks/gsm8k_test.jsonl --model CORPUS_DIR --untraine"
+    "d-from BASE_DIR": (
+        "not in CI", "the real benchmark files are not in the repository; `jf eval --untrained-from` runs on the "
+                     "embedded model in tests/jf_cli/test_evaluate.py"),
     ".venv/bin/jf bench cycle --profile smollm2-135m --set evaluation.source=../shared/benchmarks/gsm"
     "8k_test.jsonl --model BASE_DIR --no-tuned --num-prompts 8 --max-new-tokens 128 --threads 2 --con"
     "fig 'untrained6:{\"block_size\": 6, \"num_blocks\": 1, \"pool_size\": 0, \"adaptive_width\": true, \"widt"

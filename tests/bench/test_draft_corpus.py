@@ -31,3 +31,23 @@ def test_the_corpus_is_the_models_greedy_answers_and_loads_with_the_model(tmp_pa
     assert (out / "model.safetensors").is_symlink() and not (out / "config.json").is_symlink()
     with pytest.raises(SystemExit):
         main([*args, "--out", str(out)])  # an existing directory is refused
+
+
+def test_first_n_writes_the_smaller_corpora_from_the_same_decode(tmp_path):
+    """`--first 1 2` beside 3 answers: OUT-1 and OUT-2 hold the first 1 and 2 of OUT's answers, each a model
+    directory that loads; a size not below --num-prompts is refused before anything is decoded or written."""
+    from bench.draft_corpus import main
+
+    base = tmp_path / "base"
+    save_tiny(base)
+    (tmp_path / "q.jsonl").write_text("".join(json.dumps({"question": q}) + "\n" for q in ["2+3=", "7+1=", "4+4="]))
+    args = ["--model", str(base), "--prompts", str(tmp_path / "q.jsonl"), "--num-prompts", "3", "--threads", "1"]
+    with pytest.raises(SystemExit):
+        main([*args, "--out", str(tmp_path / "c"), "--first", "3"])
+    assert not list(tmp_path.glob("c*"))
+    main([*args, "--max-new-tokens", "8", "--out", str(tmp_path / "c"), "--first", "1", "2"])
+    every = json.loads((tmp_path / "c" / "answers.json").read_text())
+    for n in (1, 2):
+        assert json.loads((tmp_path / f"c-{n}" / "answers.json").read_text()) == every[:n]
+        with_corpus, _ = load_model(str(tmp_path / f"c-{n}"))
+        assert draft_corpus(with_corpus).tokens.tolist() == SuffixIndex.of(every[:n]).tokens.tolist()
