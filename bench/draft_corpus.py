@@ -43,16 +43,16 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     src, out = Path(args.model).resolve(), Path(args.out)
     subsets = {n: out.with_name(f"{out.name}-{n}") for n in args.first}
+    with open(args.prompts) as fh:
+        questions = [json.loads(line)[args.field] for line in fh if line.strip()][: args.num_prompts]
     for n, path in [(None, out), *subsets.items()]:
         if path.exists():
             ap.error(f"--out {path} exists")
-        if n is not None and not 0 < n < args.num_prompts:
-            ap.error(f"--first {n}: not between 0 and --num-prompts {args.num_prompts}")
+        if n is not None and not 0 < n < len(questions):  # the file may hold fewer than --num-prompts
+            ap.error(f"--first {n}: not between 0 and the {len(questions)} questions decoded from {args.prompts}")
     torch.set_num_threads(args.threads)
     model, tok = load_model(str(src))
     stop = stop_tokens(model, tok)
-    with open(args.prompts) as fh:
-        questions = [json.loads(line)[args.field] for line in fh if line.strip()][: args.num_prompts]
     ids = [tok(format_prompt(q, tok), add_special_tokens=False)["input_ids"] for q in questions]
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))  # similar lengths batched: less padding
     answers: list[list[int]] = [[] for _ in ids]

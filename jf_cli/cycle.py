@@ -2,7 +2,8 @@
 (jf_core/evaluation/cycle_cost.py). The model's own tuned config is measured unless `--no-tuned`; each `--config
 'NAME:{"field": value}'` is that config with the fields changed (a `JFDecodeConfig`'s), and `--config
 'NAME@MODEL:{...}'` the same on another model's tuned config, decoded on that model (another adapter on the same
-base: every output is still checked against the base's AR), so models compare in one run.
+base: every output is still checked against the base's AR), so models compare in one run. Each measured speedup
+comes with its 95% interval over resampled prompts; `--control` also times our AR against itself.
 
     jf bench cycle --profile smollm2-135m --model models:/jf-smollm2-135m@champion --num-prompts 8 \
         --config 'lookup8:{"lookup": 8}'
@@ -42,7 +43,14 @@ def config_item(text: str) -> tuple[str, str | None, dict]:
 
 def cmd_bench_cycle(args: argparse.Namespace) -> int:
     from jf_core.decoding import JFDecodeConfig, load_serving_spec
-    from jf_core.evaluation.cycle_cost import cost_table, measure_cycles, slot_table, summary
+    from jf_core.evaluation.cycle_cost import (
+        AR_NAME,
+        CONTROL_NAME,
+        cost_table,
+        measure_cycles,
+        slot_table,
+        summary,
+    )
     from jf_core.evaluation.evaluate import eval_set
     from jf_core.evaluation.tables import markdown
     from jf_core.models import load_model, stop_tokens
@@ -75,15 +83,20 @@ def cmd_bench_cycle(args: argparse.Namespace) -> int:
         configs,
         max_new_tokens=args.max_new_tokens,
         stop=stop_tokens(model, tok),
+        control=args.control,
         progress=lambda line: print(line, file=sys.stderr),
     )
     print(f"{path}: {len(data.prompts)} {data.benchmark} prompts, batch 1, {args.max_new_tokens} new tokens at most")
     print(markdown(*cost_table(costs)))
+    spread = abs(costs[AR_NAME].wall / costs[CONTROL_NAME].wall - 1) if args.control else None
+    if spread is not None:
+        print(f"timing spread (AR against AR in this run): {spread:.3f}")
     print("\nWhat each slot earns (by who laid it out):")
     print(markdown(*slot_table(costs)))
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"model": path, "prompts": len(data.prompts), "methods": summary(costs)}, fh, indent=2)
+            figures = {"model": path, "prompts": len(data.prompts), "methods": summary(costs)}
+            json.dump({**figures, **({} if spread is None else {"timing_spread": spread})}, fh, indent=2)
     return 0
 
 
@@ -99,5 +112,6 @@ def register_bench(bench_sub) -> None:
     p.add_argument("--num-prompts", type=positive("--num-prompts"), default=8, help="evaluation prompts")
     p.add_argument("--max-new-tokens", type=positive("--max-new-tokens"), default=128, help="tokens per prompt")
     p.add_argument("--json", help="also write the figures here")
+    p.add_argument("--control", action="store_true", help="also time our AR a second time: the timer's own spread")
     add_threads_option(p)
     p.set_defaults(func=cmd_bench_cycle)

@@ -448,6 +448,11 @@ HOW = {
     " \"suffix_tree\": 10}'": (
         "not in CI", "a benchmark of the real model (timing only); suffix drafts are tested lossless in "
                      "tests/jf_core/decoding/proposers/test_suffix.py"),
+    ".venv/bin/jf tune --profile smollm2-135m --set prompts.source=../shared/benchmarks/gsm8k_train."
+    "jsonl --set evaluation.source=../shared/benchmarks/gsm8k_test.jsonl --model CORPUS_DIR --grid b"
+    "lock_size=16 --crossover-batch-sizes": (
+        "not in CI", "the real benchmark files are not in the repository; `jf tune` runs on the embedded model in "
+                     "tests/jf_cli/test_evaluate.py::test_tune_saves_a_decode_config_from_calibration_prompts"),
     ".venv/bin/jf eval --profile smollm2-135m --set prompts.source=../shared/benchmarks/gsm8k_train.j"
     "sonl --set evaluation.source=../shared/benchmarks/gsm8k_test.jsonl --model CORPUS_DIR --untraine"
     "d-from BASE_DIR": (

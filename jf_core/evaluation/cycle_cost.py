@@ -7,6 +7,12 @@ turns prompt by prompt (the order rotated each prompt, so no method is always fi
 reported per cycle: in ms and in AR steps (that part's ms over AR's whole cycle, wall time). `unattributed` is the
 decode loop's wall time no part claims (streaming, the loop itself). Every output is checked against AR's.
 
+How far a measured speedup is from a decision: its 95% interval over resampled prompts (a paired bootstrap, as the
+evaluation's) says how much it owes to which prompts were drawn, and with `control` our AR decodes each prompt a
+second time, timed as a method of its own, so AR against AR says how far the timer moves on the same work. Neither
+sees a host that slows between runs: on a 2-core AMD EPYC the same two configs read 1.20x and 1.32x half an hour
+apart (2026-12-07, docs/experiments/corpus-size.md); a decision that matters is made on held-out prompts.
+
 What each slot earns (`slot_table`): by who laid it out (the window, each proposer, a draft adapter's chain) and its
 depth, the slots laid out a cycle and the tokens they had accepted; beside it a slot's cost (the method's cycle over
 AR's, less one AR step, per slot past the first) and the break-even acceptance a slot needs to pay for itself (a slot
@@ -25,9 +31,11 @@ from jf_core.decoding.clock import CycleClock
 from jf_core.decoding.jacobi import JacobiDecoder
 from jf_core.decoding.multiblock import JFDecoder
 from jf_core.evaluation.evaluate import LosslessnessError
+from jf_core.evaluation.speed import paired_ratio_interval
 
 PARTS = ("layout", "tensors", "forward", "head", "pick", "verify", "keep", "drop+compact")
 AR_NAME = "ar"
+CONTROL_NAME = "ar_again"  # our AR timed a second time: the timer's own spread
 
 
 @dataclass
@@ -43,6 +51,7 @@ class CycleCost:
     slots: int = 0  # tokens run by the cycles' forwards (batch 1: the window, its branches and chains)
     # (owner, depth) -> [slots laid out, slots accepted] (clock.py `CycleClock.outcomes`)
     outcomes: dict[tuple[str, int], list[int]] = field(default_factory=lambda: defaultdict(lambda: [0, 0]))
+    prompt_walls: list[float] = field(default_factory=list)  # each timed prompt's decode loop, in order
 
     @property
     def tpf(self) -> float:
@@ -65,16 +74,21 @@ def measure_cycles(
     max_new_tokens: int,
     stop: StopTokens,
     warmup: int = 1,
+    control: bool = False,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, CycleCost]:
     """{"ar": our AR's cycles on `model`, name: each config's}: every prompt decoded by each at batch 1, taking
     turns (the order rotated prompt by prompt), after `warmup` prompts decoded untimed by each. A config may come
     with its own model (`(model, config)`: another adapter on the same base, whose greedy text is the base's), so
-    models are compared in one run. Raises LosslessnessError when a config's output is not AR's (a greedy decoder's
-    contract)."""
+    models are compared in one run. `control`: our AR takes a second turn (`CONTROL_NAME`). Raises
+    LosslessnessError when a config's output is not AR's (a greedy decoder's contract)."""
     paired = {n: c if isinstance(c, tuple) else (model, c) for n, c in configs.items()}
-    names = [AR_NAME, *paired]
+    if AR_NAME in paired or CONTROL_NAME in paired:
+        raise ValueError(f"a config may not be named {AR_NAME!r} or {CONTROL_NAME!r}: those are our AR's rows")
+    names = [AR_NAME, *([CONTROL_NAME] if control else []), *paired]
     costs = {AR_NAME: CycleCost("greedy AR"), **{n: CycleCost(c.describe()) for n, (_, c) in paired.items()}}
+    if control:
+        costs = {AR_NAME: costs.pop(AR_NAME), CONTROL_NAME: CycleCost("greedy AR, timed again"), **costs}
     for i, prompt in enumerate([*prompts[:warmup], *prompts]):
         timed = i >= warmup
         outputs = {}
@@ -108,6 +122,7 @@ def _add(cost: CycleCost, clock: CycleClock, out) -> None:
         cost.seconds[part] += seconds
     cost.wall += out.stats.decode_seconds - clock.bookkeeping  # the slots' counting is the bench's, not the decode's
     cost.cycles += clock.cycles
+    cost.prompt_walls.append(out.stats.decode_seconds - clock.bookkeeping)
     cost.new_tokens += out.stats.new_tokens
     cost.forwards += out.stats.forwards
     cost.slots += clock.slots
@@ -135,7 +150,28 @@ def cost_table(costs: dict[str, CycleCost]) -> tuple[list[str], list[list[str]]]
     rows.append(["TPF", *(f"{c.tpf:.2f}" for c in costs.values())])
     rows.append(["x AR predicted (TPF / cycle)", *(f"{c.tpf * step / c.ms('cycle'):.2f}" for c in costs.values())])
     rows.append(["x AR measured (decode time)", *(f"{ar.wall / c.wall:.2f}" for c in costs.values())])
+    rows.append(["  95% over resampled prompts", *(_span(speedup_interval(c, ar)) for c in costs.values())])
+    first = next((n for n in costs if n not in (AR_NAME, CONTROL_NAME)), None)
+    if sum(n not in (AR_NAME, CONTROL_NAME) for n in costs) > 1:  # the decision is usually against the first config
+        one = costs[first]
+        rows.append([f"x {first} measured", *(f"{one.wall / c.wall:.2f}" for c in costs.values())])
+        rows.append(["  95% over resampled prompts", *(_span(speedup_interval(c, one)) for c in costs.values())])
     return head, rows
+
+
+def speedup_interval(cost: CycleCost, against: CycleCost) -> tuple[float, float] | None:
+    """`against`'s decode time over `cost`'s, the central 95% over resampled prompts (the same prompts drawn for
+    both); None for a method against itself or with fewer than two prompts. Both decoded the same tokens (every
+    output is AR's), so the ratio of times is the ratio of tokens/s."""
+    n = len(cost.prompt_walls)
+    if cost is against or n < 2 or len(against.prompt_walls) != n:
+        return None
+    ones = [1.0] * n
+    return paired_ratio_interval(ones, cost.prompt_walls, ones, against.prompt_walls)
+
+
+def _span(interval: tuple[float, float] | None) -> str:
+    return "-" if interval is None else f"{interval[0]:.2f}-{interval[1]:.2f}"
 
 
 def summary(costs: dict[str, CycleCost]) -> dict[str, dict]:
@@ -151,6 +187,7 @@ def summary(costs: dict[str, CycleCost]) -> dict[str, dict]:
             "ms_per_cycle": {p: c.ms(p) for p in [*c.seconds, "unattributed", "cycle"]},
             "ar_steps_per_cycle": c.ms("cycle") / step,
             "speedup_vs_ar": costs[AR_NAME].wall / c.wall,
+            "speedup_vs_ar_interval": speedup_interval(c, costs[AR_NAME]),
             # By who laid each slot out, then its depth: [slots laid out, slots accepted] over the whole run.
             "slots": {
                 owner: {str(d): list(v) for (o, d), v in sorted(c.outcomes.items()) if o == owner}

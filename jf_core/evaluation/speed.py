@@ -236,14 +236,28 @@ def ratio_interval(
     n = len(a.batch_seconds)
     if n < 2 or not len(a.batch_tokens) == len(b.batch_seconds) == len(b.batch_tokens) == n:
         return None
+    return paired_ratio_interval(a.batch_tokens, a.batch_seconds, b.batch_tokens, b.batch_seconds, level, draws, seed)
+
+
+def paired_ratio_interval(
+    a_tokens: Sequence[float],
+    a_seconds: Sequence[float],
+    b_tokens: Sequence[float],
+    b_seconds: Sequence[float],
+    level: float = 0.95,
+    draws: int = INTERVAL_DRAWS,
+    seed: int = 0,
+) -> tuple[float, float]:
+    """The central `level` of a's tokens/s over b's when the prompts (or batches) both decoded are drawn again with
+    replacement, each keeping both methods' tokens and seconds: `ratio_interval`'s bootstrap on plain lists."""
     import numpy as np
 
+    n = len(a_seconds)
     rng = np.random.default_rng(seed)
     pick = rng.integers(0, n, size=(draws, n))
-    a_tokens, a_seconds, b_tokens, b_seconds = (
-        np.asarray(x, dtype=float)[pick].sum(axis=1)
-        for x in (a.batch_tokens, a.batch_seconds, b.batch_tokens, b.batch_seconds)
+    a_tok, a_sec, b_tok, b_sec = (
+        np.asarray(x, dtype=float)[pick].sum(axis=1) for x in (a_tokens, a_seconds, b_tokens, b_seconds)
     )
-    ratios = (a_tokens / a_seconds) / (b_tokens / b_seconds)
+    ratios = (a_tok / a_sec) / (b_tok / b_sec)
     low, high = np.quantile(ratios, [(1 - level) / 2, (1 + level) / 2])
     return float(low), float(high)

@@ -33,9 +33,10 @@ def test_the_corpus_is_the_models_greedy_answers_and_loads_with_the_model(tmp_pa
         main([*args, "--out", str(out)])  # an existing directory is refused
 
 
-def test_first_n_writes_the_smaller_corpora_from_the_same_decode(tmp_path):
+def test_first_n_writes_the_smaller_corpora_from_the_same_decode(tmp_path, capsys):
     """`--first 1 2` beside 3 answers: OUT-1 and OUT-2 hold the first 1 and 2 of OUT's answers, each a model
-    directory that loads; a size not below --num-prompts is refused before anything is decoded or written."""
+    directory that loads; a size not below the questions the file holds is refused before anything is decoded or
+    written."""
     from bench.draft_corpus import main
 
     base = tmp_path / "base"
@@ -44,6 +45,10 @@ def test_first_n_writes_the_smaller_corpora_from_the_same_decode(tmp_path):
     args = ["--model", str(base), "--prompts", str(tmp_path / "q.jsonl"), "--num-prompts", "3", "--threads", "1"]
     with pytest.raises(SystemExit):
         main([*args, "--out", str(tmp_path / "c"), "--first", "3"])
+    more = [*args[:-4], "--num-prompts", "8", "--threads", "1"]  # the file holds 3 of the 8 asked
+    with pytest.raises(SystemExit):
+        main([*more, "--out", str(tmp_path / "c"), "--first", "3"])
+    assert "the 3 questions decoded from" in capsys.readouterr().err
     assert not list(tmp_path.glob("c*"))
     main([*args, "--max-new-tokens", "8", "--out", str(tmp_path / "c"), "--first", "1", "2"])
     every = json.loads((tmp_path / "c" / "answers.json").read_text())

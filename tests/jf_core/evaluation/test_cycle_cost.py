@@ -31,9 +31,21 @@ def test_cycles_in_ar_steps_for_each_config(embedded):
         assert c.ms("unattributed") >= 0, name
     head, rows = cost_table(costs)
     assert head[0] == "part" and len(head) == 4
-    assert [r[0] for r in rows][-5:] == [
-        "**cycle**", "slots per cycle", "TPF", "x AR predicted (TPF / cycle)", "x AR measured (decode time)"
+    assert [r[0] for r in rows][-8:] == [
+        "**cycle**", "slots per cycle", "TPF", "x AR predicted (TPF / cycle)", "x AR measured (decode time)",
+        "  95% over resampled prompts", "x n16 measured", "  95% over resampled prompts",
     ]  # fmt: skip
+    # Each speedup's interval over resampled prompts holds the measured speedup; a method against itself has none.
+    for name, c in costs.items():
+        assert len(c.prompt_walls) == len(PROMPTS) and sum(c.prompt_walls) == pytest.approx(c.wall)
+        interval = figures[name]["speedup_vs_ar_interval"]
+        if name == AR_NAME:
+            assert interval is None
+        else:
+            assert interval[0] <= figures[name]["speedup_vs_ar"] <= interval[1]
+    spans = (figures[n]["speedup_vs_ar_interval"] for n in configs)
+    assert rows[-3][1:] == ["-", *(f"{a:.2f}-{b:.2f}" for a, b in spans)]
+    assert rows[-1][2] == "-"  # n16 against itself
     # What each slot earned: the lookup config's slots by who laid them out, its lookup's among them; AR runs one
     # slot a cycle and has no row.
     head, rows = slot_table(costs)
@@ -76,3 +88,26 @@ def test_jf_bench_cycle_prints_the_table_and_writes_its_json(embedded, tmp_path,
     with pytest.raises(SystemExit):
         main([*argv, "--config", "n8:{not json}"])
     assert "its fields are not JSON" in capsys.readouterr().err
+
+
+def test_the_control_times_ar_twice_and_a_config_may_not_take_ars_name(embedded, capsys, tmp_path):
+    """`control`: our AR decodes every prompt a second time as its own timed row (the timer's spread), its output
+    checked like every config's; a config named as one of AR's rows is refused before anything decodes."""
+    import json
+
+    from jf_core.evaluation.cycle_cost import CONTROL_NAME
+
+    model, tok = embedded
+    configs = {"n8": JFDecodeConfig(block_size=8, num_blocks=1, pool_size=0)}
+    costs = measure_cycles(model, _prompts(tok), configs, max_new_tokens=16, stop=stop_tokens(model, tok), control=True)
+    assert list(costs) == [AR_NAME, CONTROL_NAME, "n8"]
+    again = costs[CONTROL_NAME]
+    assert again.tpf == 1.0 and again.new_tokens == costs[AR_NAME].new_tokens and len(again.prompt_walls) == 2
+    for name in (AR_NAME, CONTROL_NAME):
+        with pytest.raises(ValueError, match=name):
+            measure_cycles(model, _prompts(tok), {name: configs["n8"]}, max_new_tokens=16, stop=stop_tokens(model, tok))
+    out = tmp_path / "cycle.json"
+    argv = ["bench", "cycle", "--model", model.name_or_path, "--num-prompts", "2", "--max-new-tokens", "16"]
+    assert main([*argv, "--no-tuned", "--config", 'n8:{"block_size": 8}', "--control", "--json", str(out)]) == 0
+    spread = json.loads(out.read_text())["timing_spread"]
+    assert f"timing spread (AR against AR in this run): {spread:.3f}" in capsys.readouterr().out
