@@ -23,7 +23,10 @@
    against the base's greedy output (our AR: the adapter is unhooked outside a drafting forward); each batch size's
    rows are written as they finish (`adapter_speed.partial.json`), and where a Jacobi step's time goes (the forward
    against the host's work around it). Without a model (`--smoke`, CI) a random tiny model with a random adapter
-   runs the same code.
+   runs the same code. With `--tune`, each model's decode config is first tuned on the device (`jf tune`'s search,
+   `--tune-grid`, default `GPU_TUNE_GRID`: wide windows, the adapter's chain, the round's draft corpus as a tree) on
+   calibration questions taken after the timed ones, and timed as `tuned` and `base_tuned`: the rows a round's
+   evaluation reports, with the layouts a GPU affords.
    `scripts/gpu/lease_adapter.sh` trains the adapter on GSM8K's train split and runs this on the test split.
 
 Random weights: numerics on a random model are a worst case (near-tied argmaxes everywhere); the figures for a
@@ -325,12 +328,15 @@ def check_adapter_speed(
     batches: tuple[int, ...] = ADAPTER_BATCHES,
     sizes: tuple[int, ...] = (8, 16, 32),
     max_new_tokens: int = 256,
+    tune_grid: dict[str, list] | None = None,
+    tune_prompts: int = 4,
     save: Callable[[dict], None] | None = None,
 ) -> dict:
     """The adapter model's decoders against our AR (and its AR-against-AR control row: the timer's bias and spread),
     HF generate, HF prompt lookup (batch 1: HF's is one prompt at a time) and, with `base_dir`, the untrained base's
-    Jacobi with prompt lookup: the untrained decoders a user would pick instead. Each batch size's rows are
-    `save`d as they finish: a lease cut short keeps what it timed."""
+    Jacobi with prompt lookup: the untrained decoders a user would pick instead. With `tune_grid`, each model's
+    config tuned here on `tune_prompts` other questions is timed too (`tuned`, `base_tuned`). Each batch size's rows
+    are `save`d as they finish: a lease cut short keeps what it timed."""
     from jf_core.draft_adapter.adapter import attach_draft_adapter, draft_adapter
     from jf_core.draft_adapter.config import DraftLora
     from jf_core.evaluation.evaluate import with_control
@@ -347,7 +353,8 @@ def check_adapter_speed(
             for b in adapter.b.values():
                 b.copy_((torch.randn(b.shape, generator=g) * 0.5).to(b.device))
         base = random_qwen2(SMOKE, device, torch.float32)  # the same seed: the adapter model's base
-        prompts, new, sizes = random_prompts(SMOKE["vocab_size"], 4), 16, (4, 8)
+        prompts, new, sizes = random_prompts(SMOKE["vocab_size"], 4 + 1), 16, (4, 8)
+        prompts, calibration = prompts[:4], prompts[4:]
     else:
         from jf_core.models import load_model, stop_tokens
 
@@ -361,11 +368,26 @@ def check_adapter_speed(
             if draft_adapter(base) is not None:
                 raise ValueError(f"--base-model {base_dir} keeps a draft adapter: name the untrained model")
         stop = stop_tokens(model, tok)
-        prompts, new = adapter_prompts(tok, prompts_file, max(num_prompts, *batches)), max_new_tokens
+        timed_count = max(num_prompts, *batches)
+        prompts, new = adapter_prompts(tok, prompts_file, timed_count + tune_prompts), max_new_tokens
+        prompts, calibration = prompts[:timed_count], prompts[timed_count:]  # tuned on questions never timed
     largest = sizes[-1:]
-    built = build_methods(model, stop, new, block_sizes=sizes, lookup_sizes=largest)
-    untrained = build_methods(base, stop, new, ar=False, lookup_sizes=largest, model_tag="base") if base else {}
     out: dict = {"block_sizes": list(sizes), "prompts": len(prompts), "max_new_tokens": new}
+    tuned = {}
+    if tune_grid is not None:
+        t0 = time.perf_counter()
+        tuned = {
+            tag: tuned_config(m, calibration, stop, tune_grid, new) for tag, m in (("", model), ("base", base)) if m
+        }
+        out["tuned"] = {tag or "adapter model": cfg.describe() for tag, cfg in tuned.items()}
+        out["tune_seconds"] = time.perf_counter() - t0
+        print(f"tuned in {out['tune_seconds']:.0f} s: {out['tuned']}", flush=True)
+    built = build_methods(model, stop, new, block_sizes=sizes, lookup_sizes=largest, tuned=tuned.get(""))
+    untrained = (
+        build_methods(base, stop, new, ar=False, lookup_sizes=largest, model_tag="base", tuned=tuned.get("base"))
+        if base
+        else {}
+    )
     for batch in batches if not smoke else (1, 4):
         methods = {HF_GENERATE: hf_generate_decoder(model, stop, new)}
         if batch == 1:  # HF's prompt lookup decodes one prompt at a time
@@ -394,6 +416,33 @@ def check_adapter_speed(
         for method in ("ar", "jacobi")
     }
     return out
+
+
+# What `--tune` searches on a GPU, where a forward of 16-256 tokens costs about one of a token (the forward_cost
+# section; an H200 measured 1.16-1.20x, docs/development.md): full-width windows of 16 and 32, the adapter's chain of
+# 1 or 3, prompt lookup, and the round's corpus as suffix drafts in a tree of 10 or 32 tokens, with no slot budget
+# (the CPU's budget prices slots a GPU gives away). A model without an adapter or a corpus gets the grid's rest.
+GPU_TUNE_GRID = {
+    "block_size": [16, 32],
+    "num_blocks": [1],
+    "pool_size": [0],
+    "adaptive_width": [False],
+    "draft_span": [1, 3],
+    "lookup": [16],
+    "suffix": [16],
+    "suffix_tree": [10, 32],
+    "max_slots": [0],
+}
+
+
+def tuned_config(model, prompts: list[list[int]], stop: StopTokens, grid: dict[str, list], max_new_tokens: int):
+    """The fastest config of `grid` for `model` on `prompts` at batch 1, every config taking turns (`jf tune`'s
+    search; each field of `grid` replaces the profile default's)."""
+    from jf_core.evaluation.tune import TuneSpace, tune
+
+    space = TuneSpace({name: tuple(values) for name, values in grid.items()})
+    best, _ = tune(model, prompts, stop=stop, max_new_tokens=max_new_tokens, space=space)
+    return best
 
 
 def report(results: dict) -> str:
@@ -442,6 +491,8 @@ def report(results: dict) -> str:
                 for method, r in rows.items():
                     lines.append(f"| {key[6:]} | {method} | {r['tpf']:.2f} | {r['tps']:.1f} | {r['x_ar']:.2f} | "
                                  f"{r['x_hf']:.2f} | {r['identical_to_base']:.3f} |")  # fmt: skip
+        for tag, cfg in found.get("tuned", {}).items():
+            lines.append(f"- tuned here for the {tag}: {cfg}")
         for label, b in found["step_breakdown"].items():
             lines.append(f"- {label}: {b['ms_per_step']:.2f} ms a step, the forward {b['forward_share']:.0%} of it")
     lines.append(f"\nTotal {results['seconds']:.0f} s.")
@@ -463,6 +514,11 @@ def main() -> None:
     parser.add_argument("--batches", default="1,4,16", help="adapter_speed: batch sizes, in the order timed")
     parser.add_argument("--block-sizes", default="8,16,32", help="adapter_speed: Jacobi's n (lookup at the largest)")
     parser.add_argument("--max-new-tokens", type=int, default=256, help="adapter_speed: tokens per answer")
+    parser.add_argument(
+        "--tune", action="store_true", help="adapter_speed: also time each model's config tuned here (tuned rows)"
+    )
+    parser.add_argument("--tune-grid", type=json.loads, help="adapter_speed: the grid --tune searches (JSON)")
+    parser.add_argument("--tune-prompts", type=int, default=4, help="adapter_speed: calibration questions for --tune")
     args = parser.parse_args()
     device = torch.device(args.device)
     if device.type == "cuda":
@@ -498,6 +554,8 @@ def main() -> None:
             batches=tuple(int(b) for b in args.batches.split(",")),
             sizes=tuple(int(n) for n in args.block_sizes.split(",")),
             max_new_tokens=args.max_new_tokens,
+            tune_grid=(args.tune_grid or GPU_TUNE_GRID) if args.tune else None,
+            tune_prompts=args.tune_prompts,
             save=lambda partial: (out / "adapter_speed.partial.json").write_text(json.dumps(partial, indent=2)),
         ),
         "numerics": lambda: check_numerics(device, small, args.smoke),  # the longest: last

@@ -4,7 +4,8 @@
 # profile's recipe (spans packing, three noisy copies, 3-slot spans; bench/mechanism.py's default profile) on GSM8K's
 # train split to about 10^7 packed tokens, then timed against our AR (and AR again: the control row), HF generate, HF
 # prompt lookup and the untrained base's Jacobi with prompt lookup at batch 1, 16 and 4 on the test split, every output
-# checked against the base's greedy output (bench/gpu_check.py --only adapter_speed). Carry .gpu/part01 and the two
+# checked against the base's greedy output (bench/gpu_check.py --only adapter_speed), and each model's config tuned on
+# the GPU (--tune: the adapter's chain, prompt lookup and the round's corpus as suffix drafts, wide). Carry .gpu/part01 and the two
 # GSM8K files. QUESTIONS, STEPS, BATCH, LIMIT (the round's seconds) and TOTAL (the call's: the timing gets what the round
 # left) adjust it; what it wrote comes back
 # in $OUT. If the round fails on FlexAttention, it runs again on SDPA's dense mask (training.attention: sdpa), where
@@ -55,7 +56,7 @@ SPEED_LIMIT=${SPEED_LIMIT:-$(( ${TOTAL:-590} - ($(date +%s) - T0) - 15 ))}
 echo "timing for at most $SPEED_LIMIT s"
 timeout --signal=INT $SPEED_LIMIT $PY bench/gpu_check.py --device ${DEVICE:-cuda} --only adapter_speed \
   --adapter-model "$ADAPTER" --base-model "$GGUF.jf-fp32" --prompts .gpu/gsm8k_test.jsonl --num-prompts ${PROMPTS:-6} \
-  --batches 1,16,4 --block-sizes 16,32 --max-new-tokens ${TOKENS:-256} --out $OUT/speed 2>&1 | tail -40
+  --batches 1,16,4 --block-sizes 16,32 --max-new-tokens ${TOKENS:-256} --tune --out $OUT/speed 2>&1 | tail -40
 echo "total seconds=$(( $(date +%s) - T0 ))"
 cp /tmp/jf/gpu-check/gpu_check.json $OUT/flex_check.json 2>/dev/null
 tail -5 /tmp/jf/gpu_check.log 2>/dev/null

@@ -15,7 +15,16 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.mark.timeout(600)
 def test_gpu_check_runs_in_smoke_mode(tmp_path):
     out = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "gpu_check.py"), "--device", "cpu", "--smoke", "--out", str(tmp_path)],
+        [
+            sys.executable,
+            str(REPO / "bench" / "gpu_check.py"),
+            "--device",
+            "cpu",
+            "--smoke",
+            "--tune",
+            "--out",
+            str(tmp_path),
+        ],
         capture_output=True,
         text=True,
         timeout=600,
@@ -33,7 +42,10 @@ def test_gpu_check_runs_in_smoke_mode(tmp_path):
     adapter = data["adapter_speed"]
     # ...beside the untrained decoders a user would pick instead (HF's prompt lookup at batch 1, the base's Jacobi
     # with prompt lookup) and AR timed twice (the control row: the timer's spread).
+    # With --tune, each model's config tuned on a question never timed, as a round's evaluation reports them.
     ours = {"hf_generate", "ar", "ar_control", "jacobi_n4", "jacobi_n8", "lookup_n8", "base_lookup_n8"}
+    ours |= {"tuned", "base_tuned"}
+    assert set(adapter["tuned"]) == {"adapter model", "base"} and "span=" not in adapter["tuned"]["base"]
     assert set(adapter["batch 1"]) == ours | {"hf_prompt_lookup"} and set(adapter["batch 4"]) == ours
     assert all(r["identical_to_base"] == 1.0 for b in ("batch 1", "batch 4") for r in adapter[b].values())
     assert 0 < adapter["step_breakdown"]["jacobi, n=8, batch 1"]["forward_share"] <= 1
