@@ -376,8 +376,9 @@ def check_adapter_speed(
     tuned = {}
     if tune_grid is not None:
         t0 = time.perf_counter()
+        tokens = min(new, 64)  # the profile's tune's answer length: on a lease the tune's minutes are the timing's
         tuned = {
-            tag: tuned_config(m, calibration, stop, tune_grid, new) for tag, m in (("", model), ("base", base)) if m
+            tag: tuned_config(m, calibration, stop, tune_grid, tokens) for tag, m in (("", model), ("base", base)) if m
         }
         out["tuned"] = {tag or "adapter model": cfg.describe() for tag, cfg in tuned.items()}
         out["tune_seconds"] = time.perf_counter() - t0
