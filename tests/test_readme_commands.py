@@ -453,6 +453,11 @@ HOW = {
     "lock_size=16 --crossover-batch-sizes": (
         "not in CI", "the real benchmark files are not in the repository; `jf tune` runs on the embedded model in "
                      "tests/jf_cli/test_evaluate.py::test_tune_saves_a_decode_config_from_calibration_prompts"),
+    ".venv/bin/jf eval --profile smollm2-135m --set prompts.source=../shared/benchmarks/gsm8k_train."
+    "jsonl --set evaluation.source=../shared/benchmarks/gsm8k_test.jsonl --set evaluation.num_prompt"
+    "s=48 --set evaluation.speed_prompts=48 --model CORPUS_DIR-1024 --untrained-from BASE_DIR": (
+        "not in CI", "the real benchmark files are not in the repository; `jf eval --untrained-from` runs on the "
+                     "embedded model in tests/jf_cli/test_evaluate.py"),
     ".venv/bin/jf eval --profile smollm2-135m --set prompts.source=../shared/benchmarks/gsm8k_train.j"
     "sonl --set evaluation.source=../shared/benchmarks/gsm8k_test.jsonl --model CORPUS_DIR --untraine"
     "d-from BASE_DIR": (
