@@ -16,6 +16,8 @@ export PYTHONPATH=/tmp/site:$PWD JF_HOME=${JF_HOME:-/tmp/jf/home}
 PY=${PY:-python3}
 GGUF=${GGUF:-/tmp/jf/smollm2.gguf}
 T0=$(date +%s)
+# Warm-up steps: 30, or a tenth of a shorter run's (a rehearsal's few STEPS), since training refuses warmup >= steps.
+WARMUP=${WARMUP:-$(( ${STEPS:-660} >= 300 ? 30 : ${STEPS:-660} / 10 ))}
 [ -f "$GGUF" ] || { cat /tmp/jf/part00 .gpu/part01 > "$GGUF" && sha256sum "$GGUF" | cut -c1-16; }
 # QUESTIONS' synthetic trajectories first: on 2026-12-04's H200 they came at 2,400-3,500 answer tokens/s at a collect
 # batch of 512, no faster than 2026-11-27's 3,080 at 128 (so not the launches: unprofiled there), so 3,072 questions
@@ -33,7 +35,7 @@ round() {  # $1: the variant's name, $2: its extra training fields
     --set 'training.tpf_probe_block_sizes=[16,32]' --set trajectory.max_new_tokens=${TOKENS:-256} \
     --train ${QUESTIONS:-1536} --held-out 16 --measure-trained 8 --max-new-tokens ${TOKENS:-256} \
     --batch-size 64 --collect-batch-size ${COLLECT:-256} \
-    --variant "$1:{\"batch_size\": ${BATCH:-64}, \"grad_accum\": 1, \"steps\": ${STEPS:-660}, \"lr\": 1e-3, \"warmup_steps\": ${WARMUP:-30}$2}" \
+    --variant "$1:{\"batch_size\": ${BATCH:-64}, \"grad_accum\": 1, \"steps\": ${STEPS:-660}, \"lr\": 1e-3, \"warmup_steps\": ${WARMUP}$2}" \
     --out $OUT/adapter_round.json 2>&1 | stdbuf -oL tr "\r" "\n" \
     | awk '!/^train: / || ++n % 50 == 0 { print; fflush() }' | tee -a $OUT/adapter_round.log
 }
