@@ -86,9 +86,8 @@ def measure_cycles(
     if AR_NAME in paired or CONTROL_NAME in paired:
         raise ValueError(f"a config may not be named {AR_NAME!r} or {CONTROL_NAME!r}: those are our AR's rows")
     names = [AR_NAME, *([CONTROL_NAME] if control else []), *paired]
-    costs = {AR_NAME: CycleCost("greedy AR"), **{n: CycleCost(c.describe()) for n, (_, c) in paired.items()}}
-    if control:
-        costs = {AR_NAME: costs.pop(AR_NAME), CONTROL_NAME: CycleCost("greedy AR, timed again"), **costs}
+    again = {CONTROL_NAME: CycleCost("greedy AR, timed again")} if control else {}
+    costs = {AR_NAME: CycleCost("greedy AR"), **again, **{n: CycleCost(c.describe()) for n, (_, c) in paired.items()}}
     for i, prompt in enumerate([*prompts[:warmup], *prompts]):
         timed = i >= warmup
         outputs = {}
@@ -120,9 +119,10 @@ def _decode(model, prompt, config: JacobiConfig | None, *, max_new_tokens: int, 
 def _add(cost: CycleCost, clock: CycleClock, out) -> None:
     for part, seconds in clock.seconds.items():
         cost.seconds[part] += seconds
-    cost.wall += out.stats.decode_seconds - clock.bookkeeping  # the slots' counting is the bench's, not the decode's
+    wall = out.stats.decode_seconds - clock.bookkeeping  # the slots' counting is the bench's, not the decode's
+    cost.wall += wall
+    cost.prompt_walls.append(wall)
     cost.cycles += clock.cycles
-    cost.prompt_walls.append(out.stats.decode_seconds - clock.bookkeeping)
     cost.new_tokens += out.stats.new_tokens
     cost.forwards += out.stats.forwards
     cost.slots += clock.slots
@@ -151,9 +151,9 @@ def cost_table(costs: dict[str, CycleCost]) -> tuple[list[str], list[list[str]]]
     rows.append(["x AR predicted (TPF / cycle)", *(f"{c.tpf * step / c.ms('cycle'):.2f}" for c in costs.values())])
     rows.append(["x AR measured (decode time)", *(f"{ar.wall / c.wall:.2f}" for c in costs.values())])
     rows.append(["  95% over resampled prompts", *(_span(speedup_interval(c, ar)) for c in costs.values())])
-    first = next((n for n in costs if n not in (AR_NAME, CONTROL_NAME)), None)
-    if sum(n not in (AR_NAME, CONTROL_NAME) for n in costs) > 1:  # the decision is usually against the first config
-        one = costs[first]
+    configs = [n for n in costs if n not in (AR_NAME, CONTROL_NAME)]
+    if len(configs) > 1:  # the decision is usually against the first config
+        first, one = configs[0], costs[configs[0]]
         rows.append([f"x {first} measured", *(f"{one.wall / c.wall:.2f}" for c in costs.values())])
         rows.append(["  95% over resampled prompts", *(_span(speedup_interval(c, one)) for c in costs.values())])
     return head, rows

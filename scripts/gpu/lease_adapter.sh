@@ -5,8 +5,8 @@
 # train split to about 10^7 packed tokens, then timed against our AR (and AR again: the control row), HF generate, HF
 # prompt lookup and the untrained base's Jacobi with prompt lookup at batch 1, 16 and 4 on the test split, every output
 # checked against the base's greedy output (bench/gpu_check.py --only adapter_speed), and each model's config tuned on
-# the GPU (--tune: the adapter's chain, prompt lookup and the round's corpus as suffix drafts, wide). Carry .gpu/part01 and the two
-# GSM8K files. QUESTIONS, STEPS, BATCH, LIMIT (the round's seconds) and TOTAL (the call's: the timing gets what the round
+# the GPU (--tune: the adapter's chain, prompt lookup and the round's corpus as suffix drafts, wide). Carry
+# .gpu/part01 and the two GSM8K files. QUESTIONS, STEPS, BATCH, LIMIT (the round's seconds) and TOTAL (the call's: the timing gets what the round
 # left) adjust it; what it wrote comes back
 # in $OUT. If the round fails on FlexAttention, it runs again on SDPA's dense mask (training.attention: sdpa), where
 # the kept contexts apply. DEVICE=cpu with small QUESTIONS/STEPS/TOKENS rehearses it on a CPU.
