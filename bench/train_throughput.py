@@ -65,6 +65,8 @@ from jf_core.layers.siblings import ungrouped
 from jf_core.model_ref import resolve_model
 from jf_core.models import load_model
 from jf_core.onednn import CACHE_ENV, size_primitive_cache
+from jf_core.training.head import checkpointed_heads
+from jf_core.training.losses import ar_term_kept
 from jf_core.trajectory.collect import collect
 from jf_core.trajectory.prompts import load_prompts
 
@@ -74,6 +76,8 @@ SWITCHES = {
     "head_cast": uncast_head,  # the LM head's frozen weight cast once (layers/heads.py)
     "casts": uncached_casts,  # every frozen projection's weight cast once (layers/packed.py)
     "grouped": ungrouped,  # a layer's projections of one input as one product (layers/siblings.py)
+    "gradient_now": checkpointed_heads,  # a frozen head's loss chunks take their gradient as computed (head.py)
+    "ar_cut": ar_term_kept,  # the AR term left out where no gradient reaches it (losses.py)
 }
 NOT_TRAINING = ("threads", "off")
 

@@ -359,6 +359,14 @@ HOW = {
     "'before:{\"off\": [\"eager_backward\", \"head_cast\"]}' --option 'after:{}' --out ops.json": (
         "not in CI", "a profile of the real model's step (timing only); `--ops`' ranking is tested in "
                      "tests/bench/test_train_throughput.py"),
+    ".venv/bin/python bench/train_throughput.py --profile smollm2-135m --set "
+    "prompts.source=../shared/benchmarks/gsm8k_train.jsonl --questions 8 --steps 24 --repeats 3 --flops --option "
+    "'issue70_start:{\"draft_span\": 0, \"packing\": \"blocks\", \"context_memory_mb\": 0, \"noisy_copies\": 1, "
+    "\"off\": [\"eager_backward\", \"head_cast\", \"casts\", \"grouped\", \"gradient_now\", \"ar_cut\"]}' "
+    "--option 'profile_no_kept:{\"context_memory_mb\": 0}' --option 'profile:{}' --out before_after.json": (
+        "not in CI", "a benchmark of the real model (timing only); its `off` switches are tested in "
+                     "tests/bench/test_train_throughput.py, the AR term's in "
+                     "tests/jf_core/training/test_context_cache.py"),
     "ONEDNN_PRIMITIVE_CACHE_CAPACITY=1024 .venv/bin/python bench/train_throughput.py --profile smollm2-135m "
     "--set prompts.source=../shared/benchmarks/gsm8k_train.jsonl --questions 64 --collect-batch-size 32 --steps 150 "
     "--repeats 1 --stretch 50 --option 'default_cache:{\"context_memory_mb\": 0}' --out default_cache.json": (

@@ -34,6 +34,7 @@ normaliser, and the objective that runs them on a model (with the adapter's two 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
@@ -43,9 +44,19 @@ import torch.nn.functional as F
 
 from jf_core.decoding.backends import attention_implementation
 from jf_core.draft_adapter.adapter import gated
+from jf_core.layers.packed import switched_off
 from jf_core.training import context_cache as two_passes
 from jf_core.training.context_store import ContextStore
 from jf_core.training.head import Batch, chunked_sum, frozen, head_fn, hidden_states_at_head, unwrap
+
+_switch = {"ar_cut": True}
+
+
+def ar_term_kept() -> contextlib.AbstractContextManager:
+    """The AR term computed meanwhile even where no gradient reaches it: what leaving it out saves is measured
+    against it (bench/train_throughput.py)."""
+    return switched_off(_switch, "ar_cut")
+
 
 if TYPE_CHECKING:
     from jf_core.training.config import JFTrainConfig
@@ -310,7 +321,7 @@ class JacobiForcingObjective:
             # gradient reaches them, so that term is left out (jf_losses' ar_gradient).
             hidden, dependent = two_passes.forward(model, batch, self.store)
             ar_rows = dependent.gather(1, batch["ar_src"])[batch["ar_tgt"] != -100]
-            ar_gradient = bool(ar_rows.any())
+            ar_gradient = bool(ar_rows.any()) or not _switch["ar_cut"]
             return jf_losses(hidden, head_fn(model), batch, self.cfg, norm, base, ar_gradient=ar_gradient)
         with gated(model, batch.get("draft_gate")):
             if self.lean:

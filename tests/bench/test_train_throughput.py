@@ -89,10 +89,13 @@ def test_an_option_s_off_switches_are_off_for_its_runs_only():
     from bench.train_throughput import switched
     from jf_core.decoding import grouped_attention
     from jf_core.layers import heads
+    from jf_core.training import head, losses
 
-    with switched({"off": ["head_cast", "eager_backward"], "threads": 1}):
+    with switched({"off": ["head_cast", "eager_backward", "gradient_now", "ar_cut"], "threads": 1}):
         assert not heads._switch["cast"] and not grouped_attention._switch["eager"]
+        assert not head._switch["gradient_now"] and not losses._switch["ar_cut"]
     assert heads._switch["cast"] and grouped_attention._switch["eager"]
+    assert head._switch["gradient_now"] and losses._switch["ar_cut"]
     with pytest.raises(ValueError, match="unknown switch 'heads'"), switched({"off": ["heads"]}):
         pass
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
 from jf_core.training import context_cache as two_passes
 from jf_core.training.context_cache import adapter_dependent, applies, read_by_losses
-from jf_core.training.losses import JacobiForcingObjective, JFLossConfig
+from jf_core.training.losses import JacobiForcingObjective, JFLossConfig, ar_term_kept
 from jf_core.training.mask import CLEAN, NOISY, PROMPT
 from jf_core.training.packing import PackedExample, collate
 from tests.conftest import PAD, TINY_MODELS
@@ -48,6 +50,30 @@ def test_two_passes_give_the_one_packed_forwards_losses_and_gradients(arch, mask
     assert any(g.abs().sum() > 0 for g in g_one.values())
     for k in g_one:
         torch.testing.assert_close(g_two[k], g_one[k], rtol=1e-4, atol=1e-6)
+
+
+def test_the_ar_term_kept_for_a_bench_is_computed_again_and_moves_no_gradient():
+    """`ar_term_kept` (bench/train_throughput.py's `ar_cut` switch) times a step as it ran before the AR term was
+    left out: the term is back in the loss and the history, and the adapter's gradients are the same."""
+    model, _ = adapter_model("llama")
+    batch = collate(_examples(2), PAD, "clean_context")
+    objective = JacobiForcingObjective(JFLossConfig(chunk=5), "clean_context", context_cache=True)
+    results = []
+    for kept in (False, True):
+        model.zero_grad(set_to_none=True)
+        with ar_term_kept() if kept else contextlib.nullcontext():
+            loss, metrics = objective(model, batch)
+        loss.backward()
+        results.append(
+            (loss.detach(), metrics, {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None})
+        )
+    (loss_cut, m_cut, g_cut), (loss_kept, m_kept, g_kept) = results
+    assert "ar_loss" not in m_cut and m_kept["ar_loss"] > 0
+    torch.testing.assert_close(loss_kept, loss_cut + objective.cfg.ar_weight * m_kept["ar_loss"], rtol=1e-5, atol=1e-6)
+    assert g_cut.keys() == g_kept.keys()
+    for k in g_cut:
+        torch.testing.assert_close(g_kept[k], g_cut[k], rtol=0, atol=0)
+    assert "ar_loss" not in objective(model, batch)[1]  # the switch is back on after the block
 
 
 def test_the_second_pass_holds_exactly_what_the_adapter_reaches():
