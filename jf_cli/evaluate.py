@@ -51,6 +51,7 @@ def _report(result: Evaluation, args: argparse.Namespace, meta: dict, trained: M
     this model's untrained decoders (HF prompt lookup, our tuned decoder); else the round's anchors, if any ran."""
     from jf_core.evaluation.method import HF_PROMPT_LOOKUP, TUNED
     from jf_core.evaluation.plots import bench_figures, save_figures
+    from jf_core.evaluation.results import adapter_part
     from jf_core.evaluation.tables import format_markdown, format_table, write_json
 
     rows = result.rows()
@@ -65,6 +66,7 @@ def _report(result: Evaluation, args: argparse.Namespace, meta: dict, trained: M
     versus = result.versus(trained, [HF_PROMPT_LOOKUP, TUNED]) if trained is not None else result.versus()
     best, x = versus.best, versus.speedup
     print(f"{trained or result.headline_method}: " + versus.line(result.timing_spread))
+    print(adapter_part(result.speedup_vs_no_adapter, result.adapter_left_out), end="")
     result_fields = result.model_dump(mode="json", exclude={"methods"})
     meta = {**meta, "speedup_vs_untrained": x, "best_untrained": best and best.name, "result": result_fields}
     if getattr(args, "out", None):

@@ -108,7 +108,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         f"{resumed_note(summary.resumed_from_step)}\n"
         f"{stage_times(summary.stage_seconds)}\n"
         f"{versus}\n"
-        f"{adapter_part(summary.speedup_vs_no_adapter)}"
+        f"{adapter_part(summary.speedup_vs_no_adapter, summary.adapter_left_out)}"
         f"identical to greedy AR: {summary.identical_fraction:.3f} of the evaluation prompts ({dtype}"
         + ("; fp32 promises 1.000)" if dtype == "float32" else "; measured, see docs/decoding.md, 'numerics')")
     )

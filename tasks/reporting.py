@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
+from jf_core.evaluation.results import adapter_part
 from jf_core.evaluation.tables import markdown
 from jf_core.round.report import resumed_note, stage_times
 
@@ -34,6 +35,8 @@ def summary_markdown(report: RoundReport, registry: Registration | None, run_url
             gate += "".join(f"\n- {r}" for r in registry.gate_reasons)
     link = f"\n\n[MLflow run]({run_url})" if run_url else ""
     head = report.headline
+    adapter = adapter_part(report.eval.speedup_vs_no_adapter, report.eval.adapter_left_out).strip()
+    adapter_line = f"{adapter[0].upper()}{adapter[1:]}.\n\n" if adapter else ""
     return (
         f"# Jacobi Forcing round: {report.profile}, n={report.block_size}\n\n"
         f"Accuracy **{report.accuracy:.3f}** (input model {report.base_accuracy:.3f}); "
@@ -42,6 +45,7 @@ def summary_markdown(report: RoundReport, registry: Registration | None, run_url
         f"{resumed_note(report.train.resumed_from_step)}.\n\n"
         f"{stage_times(report.stage_seconds).capitalize()}.\n\n"
         f"{report.eval.versus().line(report.eval.timing_spread)}.\n\n"
+        f"{adapter_line}"
         f"Identical to greedy AR on {report.identical_fraction:.3f} of the evaluation prompts "
         f"({report.eval.dtype}).\n\n"
         f"{markdown_table(report.metrics_rows())}\n\n"

@@ -30,6 +30,7 @@ from jacobi_forcing.tasks.run_logs import library_warnings_in_run_log
 from jacobi_forcing.tasks.train_distributed import train_distributed
 from jacobi_forcing.tasks.trajectories import generate_trajectories
 from jf_core.config import Profile
+from jf_core.evaluation.results import adapter_part
 from jf_core.round.paths import RoundPaths
 from jf_core.round.results import PackResult, Registration, TrainResult, TrajectoriesResult, TuneResult
 from jf_core.round.stages import (
@@ -295,8 +296,8 @@ def evaluate(
         logger.info(
             "%s: %s (that anchor %.2fx AR)", label, result.versus().line(result.timing_spread), best.speedup_vs_ar
         )
-    if (adapter := result.speedup_vs_no_adapter) is not None:
-        logger.info("%s: %.2fx the same decoding without its draft adapter (no_adapter_tuned)", label, adapter)
+    if line := adapter_part(result.speedup_vs_no_adapter, result.adapter_left_out):
+        logger.info("%s: %s", label, line.rstrip())
     return reuse.state(result)
 
 

@@ -35,6 +35,7 @@ import torch
 
 from jf_core.config import EvalConfig, Profile
 from jf_core.decoding import JacobiConfig, StopTokens, decode
+from jf_core.draft_adapter.adapter import draft_adapter
 from jf_core.evaluation.anchors import Untrained, no_adapter_methods, untrained_methods
 from jf_core.evaluation.benchmarks import BenchmarkItem, load_benchmark, score
 from jf_core.evaluation.degeneracy import output_stats
@@ -173,6 +174,7 @@ def evaluate_model(
         headline_method=TUNED if TUNED in own else jacobi(best_n),
         decode_config=tuned or JacobiConfig(block_size=best_n, max_new_tokens=cfg.max_new_tokens),
         eval_seconds=time.perf_counter() - started,
+        draft_adapter=draft_adapter(model) is not None,
     )
 
 

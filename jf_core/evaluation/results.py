@@ -77,6 +77,7 @@ class Evaluation(JsonModel):
     decode_config: DecodeConfig  # the headline's (a JFDecodeConfig when the model was tuned)
     eval_seconds: float
     model: str | None = None  # what was evaluated, when the caller knows (the round's stage does)
+    draft_adapter: bool = False  # the evaluated model keeps a draft adapter (draft_adapter.safetensors)
     torch_threads: int | None = None  # the one thread count every method ran with
 
     def row(self, method: Method) -> MethodResult:
@@ -155,6 +156,12 @@ class Evaluation(JsonModel):
         input model with the trained model's corpus and config): what the adapter adds. None where it did not run."""
         return self.versus(anchors=[TUNED.of(NO_ADAPTER)]).speedup
 
+    @property
+    def adapter_left_out(self) -> bool:
+        """The model keeps a draft adapter and its tuned config decodes without it: the tune found its drafts cost
+        this machine more than they won, so the headline's speed owes nothing to the adapter's training."""
+        return self.draft_adapter and self.headline_method == TUNED and not self.decode_config.adapter
+
     def input_evaluation(self) -> Evaluation | None:
         """The input model's own evaluation, read from this one's untrained rows where they make it
         (`EvalConfig.reads_input_model`): its AR and plain Jacobi rows, scored on these prompts in this run's one
@@ -196,6 +203,7 @@ class Evaluation(JsonModel):
             **({} if versus.speedup is None else {"speedup_vs_untrained": versus.speedup}),
             **interval_metrics(versus.interval),
             **({} if adapter is None else {"speedup_vs_no_adapter": adapter}),
+            **({"adapter_in_headline": float(not self.adapter_left_out)} if self.draft_adapter else {}),
             **{f"tpf_n{n}": v for n, v in self.tpf.items()},
             **{f"tps_{name}": v for name, v in self.tps.items()},
         }
@@ -225,9 +233,17 @@ def interval_metrics(interval: tuple[float, float] | None) -> dict[str, float]:
     return {"speedup_vs_untrained_low": interval[0], "speedup_vs_untrained_high": interval[1]}
 
 
-def adapter_part(speedup: float | None) -> str:
-    """The report's line on the draft adapter (a line with its newline; empty where the row did not run): the
-    trained model against its own decoding without the adapter, so a corpus's gain is not read as training's."""
-    if speedup is None:
-        return ""
-    return f"{speedup:.2f}x the same decoding without its draft adapter (corpus and config kept: no_adapter_tuned)\n"
+def adapter_part(speedup: float | None, left_out: bool = False) -> str:
+    """The report's line on the draft adapter (a line with its newline; empty where the model has none): the
+    trained model against its own decoding without the adapter, or that the tune left the adapter out, so a corpus's
+    gain is not read as training's."""
+    if speedup is not None:
+        return (
+            f"{speedup:.2f}x the same decoding without its draft adapter (corpus and config kept: no_adapter_tuned)\n"
+        )
+    if left_out:
+        return (
+            "the tune left the draft adapter out (its drafts cost this machine more than they won): this speed is the "
+            "draft corpus's and the decode config's, none of it the adapter's training\n"
+        )
+    return ""

@@ -57,6 +57,7 @@ class RoundSummary(BaseModel):
     timing_spread: float | None = None
     # The headline over the same decoding without the draft adapter (its corpus and config kept): the adapter's part.
     speedup_vs_no_adapter: float | None = None
+    adapter_left_out: bool = False  # the model keeps a draft adapter its tuned config leaves out (Evaluation's)
     train_seconds: float
     # Wall seconds of each stage when it ran (RoundReport.stage_seconds): where a round's time went.
     stage_seconds: dict[str, float] = {}
@@ -280,6 +281,7 @@ class RoundReport(JsonModel):
             untrained_interval=versus.interval,
             timing_spread=self.eval.timing_spread,
             speedup_vs_no_adapter=self.eval.speedup_vs_no_adapter,
+            adapter_left_out=self.eval.adapter_left_out,
             train_seconds=self.train.train_seconds,
             stage_seconds=self.stage_seconds,
             resumed_from_step=self.train.resumed_from_step,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from jacobi_forcing.tasks.reporting import artifact_key, summary_markdown
+from jf_core.evaluation.results import Evaluation
 from jf_core.round.results import Registration
 from tests.reports import evaluation, round_report
 
@@ -47,6 +48,21 @@ def test_the_untrained_anchors_and_the_control_close_the_table_and_the_summary_s
     assert "1.25x the best untrained decoding of the input model (base_tuned); timing spread" in md
     assert "(AR against AR in this run) 0.020" in md
     assert "no untrained anchor in this run" in summary_markdown(REPORT, None, None)
+
+
+def test_the_summary_says_when_the_tune_left_the_models_draft_adapter_out():
+    """A round's model keeps a draft adapter and the round's corpus; where its tuned config decodes without the
+    adapter, the speed is the corpus's, and the summary says so rather than let it read as training's."""
+    config = {"block_size": 16, "num_blocks": 1, "pool_size": 0, "suffix": 16, "adapter": False}
+    tuned = {"tpf": 2.5, "tps": 1200.0, "config": config}
+    fields = evaluation({16: 1.7}, {"ar": 500.0, "jacobi_n16": 600.0}, tuned=tuned).model_dump()
+    left_out = Evaluation.model_validate({**fields, "draft_adapter": True})
+    md = summary_markdown(round_report(left_out, REPORT.base_eval), None, None)
+    assert "The tune left the draft adapter out (its drafts cost this machine more than they won)" in md
+    kept = Evaluation.model_validate({**fields, "draft_adapter": True, "decode_config": {**config, "adapter": True}})
+    plain = Evaluation.model_validate(fields)
+    for other in (kept, plain):
+        assert "draft adapter" not in summary_markdown(round_report(other, REPORT.base_eval), None, None)
 
 
 def test_the_table_names_the_method_that_trained_the_model():

@@ -445,6 +445,7 @@ def test_an_adapter_models_evaluation_times_its_decoding_without_the_adapter(pro
     from jf_core.evaluation.anchors import Untrained
     from jf_core.evaluation.evaluate import eval_set, evaluate_profile
     from jf_core.evaluation.method import NO_ADAPTER
+    from jf_core.evaluation.results import Evaluation, adapter_part
     from jf_core.model_dir import save_model_dir
     from jf_core.models import load_model, stop_tokens
     from jf_core.toy.bootstrap import embedded_model
@@ -474,6 +475,10 @@ def test_an_adapter_models_evaluation_times_its_decoding_without_the_adapter(pro
     assert result.headline.identical_fraction == 1.0
     assert result.speedup_vs_no_adapter == result.headline.tps / row.tps
     assert result.metrics()["speedup_vs_no_adapter"] == result.speedup_vs_no_adapter
+    assert result.draft_adapter and not result.adapter_left_out and result.metrics()["adapter_in_headline"] == 1.0
+    assert adapter_part(result.speedup_vs_no_adapter, result.adapter_left_out).startswith(
+        f"{result.speedup_vs_no_adapter:.2f}x the same decoding without its draft adapter"
+    )
     assert row not in result.untrained_rows  # the corpus is the round's: not what a user has without one
     # It drafts from the trained model's corpus (the input model keeps none): more tokens a forward than without.
     plain, _ = load_model(base, dtype="float32")
@@ -481,11 +486,17 @@ def test_an_adapter_models_evaluation_times_its_decoding_without_the_adapter(pro
     assert row.tpf > without.stats.tpf, (row.tpf, without.stats.tpf)
     alone = evaluate_profile(base, p, untrained=Untrained(base), tuning=(config, None))
     assert alone.speedup_vs_no_adapter is None and not [r for r in alone.rows() if r.method.model == NO_ADAPTER]
+    assert not alone.draft_adapter and "adapter_in_headline" not in alone.metrics()
+    assert adapter_part(alone.speedup_vs_no_adapter, alone.adapter_left_out) == ""
     # A tuned config that leaves the adapter out decodes as the row would: the same decoding is not timed twice.
     left_out = evaluate_profile(
         str(drafted), p, untrained=Untrained(base), tuning=(replace(config, adapter=False), None)
     )
     assert left_out.speedup_vs_no_adapter is None and not [r for r in left_out.rows() if r.method.model == NO_ADAPTER]
+    # ...and the report says that the adapter was left out, so the speed is not read as its training's.
+    assert left_out.adapter_left_out and left_out.metrics()["adapter_in_headline"] == 0.0
+    assert "left the draft adapter out" in adapter_part(left_out.speedup_vs_no_adapter, left_out.adapter_left_out)
+    assert Evaluation.model_validate_json(left_out.model_dump_json()).adapter_left_out  # the round's cached JSON
 
 
 def test_an_evaluation_in_a_fresh_process_measures_what_it_measures_here(profile, tmp_path):
