@@ -158,8 +158,8 @@ class Evaluation(JsonModel):
 
     @property
     def adapter_left_out(self) -> bool:
-        """The model keeps a draft adapter and its tuned config decodes without it: the tune found its drafts cost
-        this machine more than they won, so the headline's speed owes nothing to the adapter's training."""
+        """The model keeps a draft adapter and its tuned config decodes without it (the grid's adapter-off configs
+        decoded faster here), so the headline's speed owes nothing to the adapter's training."""
         return self.draft_adapter and self.headline_method == TUNED and not self.decode_config.adapter
 
     def input_evaluation(self) -> Evaluation | None:
@@ -243,7 +243,7 @@ def adapter_part(speedup: float | None, left_out: bool = False) -> str:
         )
     if left_out:
         return (
-            "the tune left the draft adapter out (its drafts cost this machine more than they won): this speed is the "
-            "draft corpus's and the decode config's, none of it the adapter's training\n"
+            "the tuned config leaves the draft adapter out (on this grid and machine decoding without it was faster): "
+            "this speed is the draft corpus's and the decode config's, none of it the adapter's training\n"
         )
     return ""

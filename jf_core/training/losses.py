@@ -49,6 +49,10 @@ from jf_core.training import context_cache as two_passes
 from jf_core.training.context_store import ContextStore
 from jf_core.training.head import Batch, chunked_sum, frozen, head_fn, hidden_states_at_head, unwrap
 
+if TYPE_CHECKING:
+    from jf_core.training.config import JFTrainConfig
+
+
 _switch = {"ar_cut": True}
 
 
@@ -56,10 +60,6 @@ def ar_term_kept() -> contextlib.AbstractContextManager:
     """The AR term computed meanwhile even where no gradient reaches it: what leaving it out saves is measured
     against it (bench/train_throughput.py)."""
     return switched_off(_switch, "ar_cut")
-
-
-if TYPE_CHECKING:
-    from jf_core.training.config import JFTrainConfig
 
 
 @dataclass(frozen=True)

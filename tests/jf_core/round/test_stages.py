@@ -495,7 +495,7 @@ def test_an_adapter_models_evaluation_times_its_decoding_without_the_adapter(pro
     assert left_out.speedup_vs_no_adapter is None and not [r for r in left_out.rows() if r.method.model == NO_ADAPTER]
     # ...and the report says that the adapter was left out, so the speed is not read as its training's.
     assert left_out.adapter_left_out and left_out.metrics()["adapter_in_headline"] == 0.0
-    assert "left the draft adapter out" in adapter_part(left_out.speedup_vs_no_adapter, left_out.adapter_left_out)
+    assert "leaves the draft adapter out" in adapter_part(left_out.speedup_vs_no_adapter, left_out.adapter_left_out)
     assert Evaluation.model_validate_json(left_out.model_dump_json()).adapter_left_out  # the round's cached JSON
 
 
