@@ -121,14 +121,13 @@ def evaluate_model(
     where AR was measured faster, the tuned config elsewhere. `timed_only`: methods that are references for the
     timing (the untrained anchors), run in the speed pass alone where it is a pass of its own, their outputs checked
     there against their `same_output_as`; the AR-against-AR control is always one of them."""
-    started, dtype = time.perf_counter(), next(model.parameters()).dtype
+    started, dtype, say = time.perf_counter(), next(model.parameters()).dtype, progress or (lambda _m: None)
     data = eval_set(cfg, tokenizer, fmt, part="confirmation")
     # The round's rows: our AR, plain Jacobi at each block size, the tuned config (methods.py builds every bench's).
     own = build_methods(
         model, stop, cfg.max_new_tokens, block_sizes=cfg.block_sizes, tuned=tuned, ar_above_batch=ar_above_batch
     )
     methods = with_control({**own, **(extra_methods or {})}, cfg.control)
-    say = progress or (lambda _m: None)
     speed_prompts = data.prompts[: cfg.speed_prompts]
     one_pass = len(speed_prompts) == len(data.prompts) and cfg.speed_batch_size == cfg.batch_size
     # What only the timing needs (the control, the anchors) costs the quality pass its largest batches for nothing.

@@ -339,6 +339,7 @@ SEAM = {
     "jf_core/evaluation/tune.py": "an adapter model's tune grid has the chain's span",
     "jf_core/evaluation/forward_cost.py": "`jf bench forward --gated`: a forward with the adapter acting, timed",
     "jf_core/evaluation/anchors.py": "an adapter model's evaluation times its decoding without the adapter",
+    "jf_core/evaluation/evaluate.py": "an evaluation records whether its model keeps an adapter (adapter_left_out)",
     "jf_vllm/launch.py": "the file's name: vLLM does not run the adapter, and says so",
     "bench/gpu_check.py": "a random adapter for the GPU check's timing",
     "bench/loss_terms.py": "the profile's adapter on the base (for_training), its training step timed",
