@@ -121,7 +121,8 @@ def evaluate_model(
     where AR was measured faster, the tuned config elsewhere. `timed_only`: methods that are references for the
     timing (the untrained anchors), run in the speed pass alone where it is a pass of its own, their outputs checked
     there against their `same_output_as`; the AR-against-AR control is always one of them."""
-    started, dtype, say = time.perf_counter(), next(model.parameters()).dtype, progress or (lambda _m: None)
+    started, dtype = time.perf_counter(), next(model.parameters()).dtype
+    say = progress or (lambda _m: None)
     data = eval_set(cfg, tokenizer, fmt, part="confirmation")
     # The round's rows: our AR, plain Jacobi at each block size, the tuned config (methods.py builds every bench's).
     own = build_methods(
@@ -133,21 +134,9 @@ def evaluate_model(
     # What only the timing needs (the control, the anchors) costs the quality pass its largest batches for nothing.
     skip = set() if one_pass else {AR_CONTROL, *timed_only}
     assessed = {m: d for m, d in methods.items() if m not in skip}
-    say(f"quality: {len(assessed)} methods on {len(data.prompts)} {data.benchmark} prompts, batch {cfg.batch_size}")
-    timing = {"repeats": cfg.repeats, "min_seconds": cfg.min_timed_seconds} if one_pass else {}  # else untimed: once
-    quality = {
-        r.method: r
-        for r in bench(
-            assessed,
-            data.prompts,
-            batch_size=cfg.batch_size,
-            **timing,
-            scorer=_scorer(tokenizer, data),
-            same_output_as=same_output_as,
-            progress=say,
-            describe=lambda seqs: output_stats(seqs, cfg.max_new_tokens, stop.eos),
-        )
-    }
+    quality = _quality_pass(
+        assessed, data, cfg, timed=one_pass, same_output_as=same_output_as, tokenizer=tokenizer, eos=stop.eos, say=say
+    )
     if dtype in EXACT_DTYPES:
         check_lossless(quality, exact_methods, dtype)
     speed = quality if one_pass else _speed_pass(methods, speed_prompts, cfg, same_output_as, say)
@@ -175,6 +164,34 @@ def evaluate_model(
         eval_seconds=time.perf_counter() - started,
         draft_adapter=draft_adapter(model) is not None,
     )
+
+
+def _quality_pass(
+    methods: dict[Method, Decoder],
+    data: EvalSet,
+    cfg: EvalConfig,
+    *,
+    timed: bool,
+    same_output_as: dict[Method, Method] | None,
+    tokenizer,
+    eos: frozenset[int],
+    say: Callable[[str], None],
+) -> dict[Method, MethodResult]:
+    """Every method decoding the whole evaluation set at the evaluation batch size: accuracy, TPF, identity and the
+    outputs' statistics; `timed` where this pass is also the speed pass (else each batch runs once, untimed)."""
+    say(f"quality: {len(methods)} methods on {len(data.prompts)} {data.benchmark} prompts, batch {cfg.batch_size}")
+    timing = {"repeats": cfg.repeats, "min_seconds": cfg.min_timed_seconds} if timed else {}
+    rows = bench(
+        methods,
+        data.prompts,
+        batch_size=cfg.batch_size,
+        **timing,
+        scorer=_scorer(tokenizer, data),
+        same_output_as=same_output_as,
+        progress=say,
+        describe=lambda seqs: output_stats(seqs, cfg.max_new_tokens, eos),
+    )
+    return {r.method: r for r in rows}
 
 
 def _speed_pass(
