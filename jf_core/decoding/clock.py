@@ -13,19 +13,19 @@ settling into the next window), `keep` (the cache's slots kept), and outside the
 dropped, the cache compacted).
 
 A `CycleClock` also counts what each slot earned (`outcomes`: by who laid it out and its depth, the slots laid out
-and those accepted; layout.py `slot_outcomes`), keeping its own counting time apart (`bookkeeping`) so that it is
-not charged to the decode."""
+and those accepted; layout.py `slot_outcomes`) and who won each row's forward (`wins`), keeping its own counting
+time apart (`bookkeeping`) so that it is not charged to the decode."""
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 
 import torch
 
-from jf_core.decoding.layout import Layout, tally_outcomes
+from jf_core.decoding.layout import Layout, tally_outcomes, winner
 
 _NOTHING = contextlib.nullcontext()
 
@@ -57,7 +57,10 @@ class CycleClock(NoClock):
         self.slots = 0
         # (owner, depth) -> [slots laid out, slots accepted]
         self.outcomes: dict[tuple[str, int], list[int]] = defaultdict(lambda: [0, 0])
-        self.bookkeeping = 0.0  # seconds spent counting `outcomes`, inside the decode's wall time
+        # Forwards by who won them (layout.py `winner`; None: only the known-correct token): a proposer's guesses
+        # are the next window's where it wins, so who wins says whose picks the next forward starts from.
+        self.wins: Counter = Counter()
+        self.bookkeeping = 0.0  # seconds spent counting `outcomes` and `wins`, inside the decode's wall time
 
     def _now(self) -> float:
         if self.cuda:
@@ -80,6 +83,7 @@ class CycleClock(NoClock):
         start = time.perf_counter()
         for lay, row in zip(layouts, picks, strict=True):
             tally_outcomes(self.outcomes, lay, row)
+            self.wins[winner(lay, row)[0]] += 1
         self.bookkeeping += time.perf_counter() - start
 
     @contextlib.contextmanager

@@ -62,14 +62,20 @@ def slot_outcomes(lay: Layout, picks: list[int]) -> list[tuple[str, int, bool]]:
     for owner, chain in [*zip(lay.owners, lay.branches, strict=True), *((DRAFT_CHAIN, c) for c in lay.drafts)]:
         for depth, slot in enumerate(chain):
             laid.setdefault(slot, (owner, depth))
-    won: list[int] = []
-    for branch in lay.branches:
+    accepted = set(winner(lay, picks)[1])
+    return [(*laid[slot], slot in accepted) for slot in sorted(laid) if slot]
+
+
+def winner(lay: Layout, picks: list[int]) -> tuple[str | None, list[int]]:
+    """The owner of the branch verification keeps (None where no slot past the known-correct token was accepted)
+    and its accepted slots past the root: the longest accepted prefix, ties keeping the earlier branch."""
+    owner, won = None, []
+    for name, branch in zip(lay.owners, lay.branches, strict=True):
         run = next((i for i, (a, b) in enumerate(itertools.pairwise(branch)) if picks[a] != lay.tokens[b]), None)
         path = branch[1:] if run is None else branch[1 : 1 + run]
         if len(path) > len(won):
-            won = path
-    accepted = set(won)
-    return [(*laid[slot], slot in accepted) for slot in sorted(laid) if slot]
+            owner, won = name, path
+    return owner, won
 
 
 def tally_outcomes(counts: dict[tuple[str, int], list[int]], lay: Layout, picks: list[int]) -> None:

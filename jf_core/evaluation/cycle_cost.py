@@ -16,11 +16,12 @@ apart (2026-12-07, docs/experiments/corpus-size.md); a decision that matters is 
 What each slot earns (`slot_table`): by who laid it out (the window, each proposer, a draft adapter's chain) and its
 depth, the slots laid out a cycle and the tokens they had accepted; beside it a slot's cost (the method's cycle over
 AR's, less one AR step, per slot past the first) and the break-even acceptance a slot needs to pay for itself (a slot
-accepted with probability p adds p tokens to TPF for its cost c, so it pays where p / TPF > c / cycle)."""
+accepted with probability p adds p tokens to TPF for its cost c, so it pays where p / TPF > c / cycle), and the
+share of forwards each won (whose picks the next forward starts from)."""
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -29,6 +30,7 @@ import torch
 from jf_core.decoding import JacobiConfig, JFDecodeConfig, StopTokens, ar_decode
 from jf_core.decoding.clock import CycleClock
 from jf_core.decoding.jacobi import JacobiDecoder
+from jf_core.decoding.layout import DRAFT_CHAIN
 from jf_core.decoding.multiblock import JFDecoder
 from jf_core.evaluation.evaluate import LosslessnessError
 from jf_core.evaluation.speed import paired_ratio_interval
@@ -52,6 +54,7 @@ class CycleCost:
     # (owner, depth) -> [slots laid out, slots accepted] (clock.py `CycleClock.outcomes`)
     outcomes: dict[tuple[str, int], list[int]] = field(default_factory=lambda: defaultdict(lambda: [0, 0]))
     prompt_walls: list[float] = field(default_factory=list)  # each timed prompt's decode loop, in order
+    wins: Counter = field(default_factory=Counter)  # each row's forwards by who won them (clock.py `CycleClock.wins`)
 
     @property
     def tpf(self) -> float:
@@ -129,6 +132,7 @@ def _add(cost: CycleCost, clock: CycleClock, out) -> None:
     for key, (laid, accepted) in clock.outcomes.items():
         cost.outcomes[key][0] += laid
         cost.outcomes[key][1] += accepted
+    cost.wins.update(clock.wins)
 
 
 def cost_table(costs: dict[str, CycleCost]) -> tuple[list[str], list[list[str]]]:
@@ -193,6 +197,8 @@ def summary(costs: dict[str, CycleCost]) -> dict[str, dict]:
                 owner: {str(d): list(v) for (o, d), v in sorted(c.outcomes.items()) if o == owner}
                 for owner in sorted({o for o, _ in c.outcomes})
             },
+            # Each row's forwards by who won them ("none": only the known-correct token was accepted).
+            "won": {owner or "none": n for owner, n in c.wins.items()},
         }
         for name, c in costs.items()
     }
@@ -216,21 +222,27 @@ def slot_table(costs: dict[str, CycleCost]) -> tuple[list[str], list[list[str]]]
     the break-even (`slot_cost`) with the tokens they earned: what a cut of them would save and lose."""
     ar = costs[AR_NAME]
     head = ["method", "laid out by", "slots / cycle", "accepted / cycle", "accepted / slot"]
-    head.append("below break-even: slots (accepted) / cycle")
+    head += ["below break-even: slots (accepted) / cycle", "forwards won"]
     rows = []
     for name, c in costs.items():
         priced = slot_cost(c, ar)
         if priced is None or not c.outcomes:
             continue
         rows.append(
-            [name, f"(a slot costs {priced[0]:.3f} AR steps; pays above {priced[1]:.3f} accepted)", "", "", "", ""]
+            [name, f"(a slot costs {priced[0]:.3f} AR steps; pays above {priced[1]:.3f} accepted)", "", "", "", "", ""]
         )
+        # Who won a row's forward decides whose picks the next one starts from: a draft chain's guesses are read
+        # only where the window wins or reaches past the winner (multiblock.py `settle`).
+        rows_won = sum(c.wins.values()) or 1
         for owner in sorted({o for o, _ in c.outcomes}):
             mine = {d: v for (o, d), v in c.outcomes.items() if o == owner}
             laid, accepted = (sum(v[i] for v in mine.values()) for i in (0, 1))
             low = [v for v in mine.values() if v[1] < priced[1] * v[0]]
             cut = f"{sum(v[0] for v in low) / c.cycles:.2f} ({sum(v[1] for v in low) / c.cycles:.3f})"
+            won = f"{c.wins[owner] / rows_won:.0%}" if owner != DRAFT_CHAIN else "-"  # never verified: never wins
             rows.append(
-                ["", owner, f"{laid / c.cycles:.2f}", f"{accepted / c.cycles:.3f}", f"{accepted / laid:.3f}", cut]
+                ["", owner, f"{laid / c.cycles:.2f}", f"{accepted / c.cycles:.3f}", f"{accepted / laid:.3f}", cut, won]
             )
+        if c.wins[None]:
+            rows.append(["", "(none: the known-correct token only)", "", "", "", "", f"{c.wins[None] / rows_won:.0%}"])
     return head, rows

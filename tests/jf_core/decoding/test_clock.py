@@ -31,6 +31,11 @@ def test_a_clocked_decode_is_the_same_decode_and_its_parts_fit_inside_its_wall_t
     assert sum(laid for laid, _ in clock.outcomes.values()) == clock.slots - clock.cycles
     assert sum(ok for _, ok in clock.outcomes.values()) == sum(a - 1 for s in timed.stats.sequences for a in s.accepted)
     assert {"window", "lookup"} <= {owner for owner, _ in clock.outcomes} and clock.bookkeeping >= 0
+    # Who won each forward: one winner a forward, no one exactly where the forward committed only its known-correct
+    # token, and both the window and the lookup winning some.
+    assert sum(clock.wins.values()) == clock.cycles
+    assert clock.wins[None] == sum(a == 1 for s in timed.stats.sequences for a in s.accepted)
+    assert clock.wins["lookup"] > 0 and clock.wins["window"] > 0, clock.wins
 
 
 def test_ar_counts_one_slot_a_cycle_and_the_head_is_unhooked_afterwards(embedded):

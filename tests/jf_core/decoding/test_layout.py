@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import torch
 
-from jf_core.decoding.layout import DRAFT_CHAIN, Layout, slot_outcomes, tree_positions_and_mask, with_guess
+from jf_core.decoding.layout import (
+    DRAFT_CHAIN,
+    Layout,
+    slot_outcomes,
+    tree_positions_and_mask,
+    winner,
+    with_guess,
+)
 from tests.jf_core.decoding.test_kv import build
 
 
@@ -75,3 +82,11 @@ def test_each_slot_is_credited_to_who_laid_it_out_and_accepted_only_on_the_greed
     # A recycled candidate repeating the window's accepted token in a slot of its own earns nothing: the window won.
     twin = Layout([*lay.tokens, 11], [*lay.branches, [0, 9]], lay.drafts, [*lay.owners, "recycling"])
     assert slot_outcomes(twin, [*picks, 0])[-1] == ("recycling", 1, False)
+    # Who won: the lookup (two slots past the root against the window's one), a tie keeping the earlier branch, and
+    # no one where nothing past the root was accepted.
+    assert winner(lay, picks) == ("lookup", [1, 4])
+    assert winner(twin, [*picks, 0])[0] == "lookup"
+    picks[4] = 21  # the lookup's guess accepted whole: still its win, with one slot more
+    assert winner(lay, picks) == ("lookup", [1, 4, 5])
+    picks[0] = 55  # the root's pick on no branch
+    assert winner(lay, picks) == (None, [])

@@ -85,6 +85,9 @@ def test_jf_bench_cycle_prints_the_table_and_writes_its_json(embedded, tmp_path,
     assert "| **cycle** |" in printed
     methods = json.loads(out.read_text())["methods"]
     assert set(methods) == {"ar", "n8", "there"} and methods["there"]["config"].startswith("n=4")
+    # Who won each forward, in the JSON and as the slot table's last column: every forward counted once.
+    assert sum(methods["n8"]["won"].values()) == methods["n8"]["cycles"] and methods["ar"]["won"] == {}
+    assert "| below break-even: slots (accepted) / cycle | forwards won |" in printed
     with pytest.raises(SystemExit):
         main([*argv, "--config", "n8:{not json}"])
     assert "its fields are not JSON" in capsys.readouterr().err
