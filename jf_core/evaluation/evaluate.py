@@ -134,12 +134,29 @@ def evaluate_model(
     # What only the timing needs (the control, the anchors) costs the quality pass its largest batches for nothing.
     skip = set() if one_pass else {AR_CONTROL, *timed_only}
     assessed = {m: d for m, d in methods.items() if m not in skip}
-    quality = _quality_pass(
-        assessed, data, cfg, timed=one_pass, same_output_as=same_output_as, tokenizer=tokenizer, eos=stop.eos, say=say
+    quality = _pass(
+        assessed,
+        data.prompts,
+        cfg,
+        batch_size=cfg.batch_size,
+        timed=one_pass,
+        same_output_as=same_output_as,
+        say=say,
+        quality=(data, tokenizer, stop.eos),
     )
     if dtype in EXACT_DTYPES:
         check_lossless(quality, exact_methods, dtype)
-    speed = quality if one_pass else _speed_pass(methods, speed_prompts, cfg, same_output_as, say)
+    speed = quality
+    if not one_pass:
+        speed = _pass(
+            methods,
+            speed_prompts,
+            cfg,
+            batch_size=cfg.speed_batch_size,
+            timed=True,
+            same_output_as=same_output_as,
+            say=say,
+        )
     timed = {m: speed[m] for m in methods if m not in quality}
     if dtype in EXACT_DTYPES:
         check_lossless(timed, exact_methods, dtype)
@@ -166,53 +183,40 @@ def evaluate_model(
     )
 
 
-def _quality_pass(
-    methods: dict[Method, Decoder],
-    data: EvalSet,
-    cfg: EvalConfig,
-    *,
-    timed: bool,
-    same_output_as: dict[Method, Method] | None,
-    tokenizer,
-    eos: frozenset[int],
-    say: Callable[[str], None],
-) -> dict[Method, MethodResult]:
-    """Every method decoding the whole evaluation set at the evaluation batch size: accuracy, TPF, identity and the
-    outputs' statistics; `timed` where this pass is also the speed pass (else each batch runs once, untimed)."""
-    say(f"quality: {len(methods)} methods on {len(data.prompts)} {data.benchmark} prompts, batch {cfg.batch_size}")
-    timing = {"repeats": cfg.repeats, "min_seconds": cfg.min_timed_seconds} if timed else {}
-    rows = bench(
-        methods,
-        data.prompts,
-        batch_size=cfg.batch_size,
-        **timing,
-        scorer=_scorer(tokenizer, data),
-        same_output_as=same_output_as,
-        progress=say,
-        describe=lambda seqs: output_stats(seqs, cfg.max_new_tokens, eos),
-    )
-    return {r.method: r for r in rows}
-
-
-def _speed_pass(
+def _pass(
     methods: dict[Method, Decoder],
     prompts: list[list[int]],
     cfg: EvalConfig,
+    *,
+    batch_size: int,
+    timed: bool,
     same_output_as: dict[Method, Method] | None,
     say: Callable[[str], None],
+    quality: tuple[EvalSet, object, frozenset[int]] | None = None,
 ) -> dict[Method, MethodResult]:
-    """The timed pass where it is not the quality pass (fewer prompts, or another batch size): every method taking
-    turns, each batch's fastest of `cfg.repeats` runs (more until each has `cfg.min_timed_seconds`)."""
-    b = cfg.speed_batch_size
-    say(f"speed: {len(methods)} methods taking turns on {len(prompts)} prompts, batch {b}, x{cfg.repeats}")
+    """One pass of `methods` over `prompts` at `batch_size`. With `quality` (the evaluation set, its tokenizer and
+    the stop tokens): the quality pass, every method decoding the whole set for accuracy, TPF, identity and the
+    outputs' statistics. `timed`: the methods take turns, each batch's fastest of `cfg.repeats` runs (more until each
+    has `cfg.min_timed_seconds`); untimed, each batch runs once."""
+    if quality is None:
+        say(f"speed: {len(methods)} methods taking turns on {len(prompts)} prompts, batch {batch_size}, x{cfg.repeats}")
+        scored = {}
+    else:
+        data, tokenizer, eos = quality
+        say(f"quality: {len(methods)} methods on {len(prompts)} {data.benchmark} prompts, batch {batch_size}")
+        scored = {
+            "scorer": _scorer(tokenizer, data),
+            "describe": lambda seqs: output_stats(seqs, cfg.max_new_tokens, eos),
+        }
+    timing = {"repeats": cfg.repeats, "min_seconds": cfg.min_timed_seconds} if timed else {}
     rows = bench(
         methods,
         prompts,
-        batch_size=b,
-        repeats=cfg.repeats,
+        batch_size=batch_size,
+        **timing,
+        **scored,
         same_output_as=same_output_as,
         progress=say,
-        min_seconds=cfg.min_timed_seconds,
     )
     return {r.method: r for r in rows}
 
