@@ -135,28 +135,11 @@ def evaluate_model(
     skip = set() if one_pass else {AR_CONTROL, *timed_only}
     assessed = {m: d for m, d in methods.items() if m not in skip}
     quality = _pass(
-        assessed,
-        data.prompts,
-        cfg,
-        batch_size=cfg.batch_size,
-        timed=one_pass,
-        same_output_as=same_output_as,
-        say=say,
-        quality=(data, tokenizer, stop.eos),
+        assessed, data.prompts, cfg, cfg.batch_size, one_pass, same_output_as, say, (data, tokenizer, stop.eos)
     )
     if dtype in EXACT_DTYPES:
         check_lossless(quality, exact_methods, dtype)
-    speed = quality
-    if not one_pass:
-        speed = _pass(
-            methods,
-            speed_prompts,
-            cfg,
-            batch_size=cfg.speed_batch_size,
-            timed=True,
-            same_output_as=same_output_as,
-            say=say,
-        )
+    speed = quality if one_pass else _pass(methods, speed_prompts, cfg, cfg.speed_batch_size, True, same_output_as, say)
     timed = {m: speed[m] for m in methods if m not in quality}
     if dtype in EXACT_DTYPES:
         check_lossless(timed, exact_methods, dtype)
@@ -187,7 +170,6 @@ def _pass(
     methods: dict[Method, Decoder],
     prompts: list[list[int]],
     cfg: EvalConfig,
-    *,
     batch_size: int,
     timed: bool,
     same_output_as: dict[Method, Method] | None,
